@@ -1,0 +1,3 @@
+"""vllm-patchset: bug fixes carried on top of a pinned vLLM release."""
+
+__version__ = "0.1.0"

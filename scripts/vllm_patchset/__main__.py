@@ -1,0 +1,3 @@
+from vllm_patchset.cli import main
+
+raise SystemExit(main())

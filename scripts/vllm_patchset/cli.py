@@ -1,0 +1,276 @@
+"""The command line: one parser, one function per subcommand, one error boundary (`main`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.lock import Lock
+from vllm_patchset.overlay import (
+    build_overlay,
+    compare_locks,
+    export_tree,
+    lock_for,
+    patches_for,
+    resolve_base,
+    walk,
+)
+from vllm_patchset.queue import export_queue, import_queue
+from vllm_patchset.reports import matrix_json, matrix_table, state_cell
+from vllm_patchset.series import load_series
+from vllm_patchset.states import State, Verdict
+from vllm_patchset.upstream import Mirror, Upstream, check_version
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _project(args: argparse.Namespace) -> Project:
+    return Project.load(args.project, args.cache_dir)
+
+
+def _mirror(project: Project) -> Mirror:
+    return Mirror(project.cache_dir, project.package, project.index_url)
+
+
+# -- status / check / matrix -------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    project = _project(args)
+    mirror = _mirror(project)
+    result = walk(mirror, mirror.release(project.pin), patches_for(project))
+    freshness = _lock_freshness(project, mirror, result)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "pin": project.pin,
+                    "patches": {v.patch: v.state.value for v in result.verdicts},
+                    "disagreements": {v.patch: list(v.disagreements) for v in result.verdicts},
+                    "lock": freshness,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"pin: {project.package} {project.pin}")
+        for verdict in result.verdicts:
+            print(f"  {verdict.patch}: {state_cell(verdict)}")
+            for note in verdict.disagreements:
+                print(f"    * {note}")
+        print(f"lock: {freshness}")
+    return 0 if freshness == "fresh" else 1
+
+
+def _lock_freshness(project: Project, mirror: Mirror, result: object) -> str:
+    from vllm_patchset.overlay import Walk
+
+    assert isinstance(result, Walk)
+    if not project.lock_path.is_file():
+        return "missing"
+    difference = compare_locks(lock_for(mirror, result, project.package), Lock.load(project.lock_path))
+    return "fresh" if difference is None else f"stale ({difference})"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    project = _project(args)
+    series = load_series(project.series_file, project.upstreamed_file)  # series <-> files, trailers
+    mirror = _mirror(project)
+    result = walk(mirror, mirror.release(project.pin), series.upstreamed + series.active)
+    problems = []
+    active = {p.key for p in series.active}
+    for verdict in result.verdicts:
+        if verdict.patch in active and verdict.state != State.APPLIES:
+            problems.append(f"{verdict.patch}: {verdict.state.value} on the pin {project.pin}")
+        elif verdict.patch in active and verdict.offsets:
+            problems.append(
+                f"{verdict.patch}: applies to {project.pin} only at an offset "
+                f"{verdict.offsets}: refresh it (queue import, queue export)"
+            )
+        elif verdict.patch not in active and verdict.state == State.APPLIES:
+            problems.append(f"{verdict.patch}: archived as upstream, yet applies to the pin")
+    freshness = _lock_freshness(project, mirror, result)
+    if freshness != "fresh":
+        problems.append(f"lock {project.lock_path.name}: {freshness}")
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    n = len(series.active) + len(series.upstreamed)
+    print(f"check: {n} patches, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    project = _project(args)
+    mirror = _mirror(project)
+    patches = patches_for(project)
+    started = time.perf_counter()
+    bases: list[Upstream] = [mirror.release(check_version(v)) for v in args.versions]
+    bases += [mirror.git_ref(args.git, ref) for ref in args.ref or []]
+    if not bases:
+        raise BadInput("matrix needs at least one VERSION (or --git URL --ref REF)")
+    columns: dict[str, Sequence[Verdict]] = {
+        base.label: walk(mirror, base, patches).verdicts for base in bases
+    }
+    elapsed = time.perf_counter() - started
+    print(matrix_json(columns) if args.json else matrix_table(columns))
+    print(f"matrix: {len(bases)} trees x {len(patches)} patches in {elapsed:.1f} s", file=sys.stderr)
+    return 0
+
+
+# -- upstream / overlay / tree -----------------------------------------------------------------
+def cmd_fetch(args: argparse.Namespace) -> int:
+    project = _project(args)
+    mirror = _mirror(project)
+    if args.installed or args.python:
+        upstream = mirror.installed(args.python)
+    else:
+        upstream = resolve_base(project, mirror, args.version, args.git, args.ref)
+    print(f"{upstream.label}: {upstream.tag} {upstream.commit[:12]} ({upstream.source})")
+    return 0
+
+
+def cmd_overlay_build(args: argparse.Namespace) -> int:
+    project = _project(args)
+    base = None
+    if args.base or args.git or args.ref:
+        base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
+    lock = build_overlay(project, update_lock=args.update_lock, base=base, out_dir=args.out)
+    where = args.out or project.overlay_dir
+    print(f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}")
+    for entry in lock.entries:
+        print(f"  {entry.path} {entry.patched_sha256[:12]} <- {', '.join(entry.patches)}")
+    return 0
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    project = _project(args)
+    base = None
+    if args.base or args.git or args.ref:
+        base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
+    dest = export_tree(project, base, args.dest, pristine=args.pristine)
+    print(f"wrote {'pristine' if args.pristine else 'patched'} tree to {dest}")
+    return 0
+
+
+def cmd_queue_import(args: argparse.Namespace) -> int:
+    info = import_queue(_project(args), force=args.force)
+    print(f"queue: {len(info.patches)} patch(es) as commits on {info.branch} in {info.worktree}")
+    return 0
+
+
+def cmd_queue_export(args: argparse.Namespace) -> int:
+    info = export_queue(_project(args), keep=not args.drop)
+    print(f"exported {len(info.patches)} patch(es) to patches/")
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------------
+def _add_base_options(parser: argparse.ArgumentParser, version_flag: str = "--base") -> None:
+    parser.add_argument(
+        version_flag, dest="base", metavar="VERSION", help="a vLLM release (default: the pin)"
+    )
+    parser.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")
+    parser.add_argument("--ref", metavar="REF", help="the ref of --git to use")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-patchset", description=__doc__)
+    parser.add_argument("--project", type=Path, help="project root (default: found from cwd)")
+    parser.add_argument("--cache-dir", type=Path, help="upstream mirror and downloads")
+    parser.add_argument("--verbose", action="store_true", help="tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("status", help="the pin, each patch's state on it, lock freshness")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("check", help="CI lint: series, trailers, clean apply on the pin, lock")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("matrix", help="each patch's state on each version")
+    p.add_argument("versions", nargs="*", metavar="VERSION")
+    p.add_argument("--git", metavar="URL|PATH", help="add refs of this repository as columns")
+    p.add_argument("--ref", action="append", metavar="REF")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_matrix)
+
+    p = sub.add_parser("fetch", help="put an upstream tree in the mirror")
+    p.add_argument("version", nargs="?")
+    p.add_argument("--git", metavar="URL|PATH")
+    p.add_argument("--ref", metavar="REF")
+    p.add_argument("--installed", action="store_true", help="the vllm of this interpreter")
+    p.add_argument("--python", metavar="EXE", help="the vllm of another interpreter")
+    p.set_defaults(func=cmd_fetch)
+
+    overlay = sub.add_parser("overlay", help="build, or deploy to an installed vllm")
+    osub = overlay.add_subparsers(dest="overlay_command", required=True)
+    p = osub.add_parser("build", help="regenerate overlay/vllm/** and check it against the lock")
+    p.add_argument("--update-lock", action="store_true", help="rewrite the lock")
+    p.add_argument("--out", type=Path, help="output dir (default: overlay/ for the pin)")
+    _add_base_options(p, "--pin")
+    p.set_defaults(func=cmd_overlay_build)
+    _register_deploy(osub)
+
+    p = sub.add_parser("tree", help="write a full pristine or patched vllm/ tree")
+    p.add_argument("dest", type=Path)
+    p.add_argument("--pristine", action="store_true")
+    _add_base_options(p)
+    p.set_defaults(func=cmd_tree)
+
+    queue = sub.add_parser("queue", help="edit the series as commits")
+    qsub = queue.add_subparsers(dest="queue_command", required=True)
+    p = qsub.add_parser("import", help="the series as commits on the pin in .queue/")
+    p.add_argument("--force", action="store_true", help="replace an existing queue")
+    p.set_defaults(func=cmd_queue_import)
+    p = qsub.add_parser("export", help="the queue's commits back to patches/")
+    p.add_argument("--drop", action="store_true", help="remove the worktree afterwards")
+    p.set_defaults(func=cmd_queue_export)
+
+    _register_more(sub)
+    return parser
+
+
+def _register_deploy(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`overlay apply|verify|revert|status` (deploy.py)."""
+    if importlib.util.find_spec("vllm_patchset.deploy") is not None:
+        importlib.import_module("vllm_patchset.deploy").register_cli(osub)
+
+
+def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands of their own modules: rebase, validate, bundle, bench."""
+    for name in ("rebase", "validate", "bundle", "bench"):
+        if importlib.util.find_spec(f"vllm_patchset.{name}") is not None:
+            importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except PatchsetError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"vllm-patchset: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("vllm-patchset: interrupted; nothing was left half-written", file=sys.stderr)
+        return 130
+
+
+def run() -> None:
+    raise SystemExit(main())
+
+
+__all__ = ["Finding", "main", "run"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

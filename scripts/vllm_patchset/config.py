@@ -1,0 +1,67 @@
+"""The project's settings, read from `[tool.vllm-patchset]` in pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_patchset.errors import BadInput
+
+
+def default_cache_dir() -> Path:
+    if env := os.environ.get("VLLM_PATCHSET_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm-patchset"
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    pin: str
+    package: str
+    index_url: str
+    series_file: Path
+    upstreamed_file: Path
+    overlay_dir: Path
+    lock_path: Path
+    cache_dir: Path
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.series_file.parent
+
+    @property
+    def pyproject(self) -> Path:
+        return self.root / "pyproject.toml"
+
+    @staticmethod
+    def find_root(start: Path) -> Path:
+        for folder in (start, *start.parents):
+            pyproject = folder / "pyproject.toml"
+            if pyproject.is_file() and "[tool.vllm-patchset]" in pyproject.read_text("utf-8"):
+                return folder
+        raise BadInput(f"no pyproject.toml with [tool.vllm-patchset] at or above {start}")
+
+    @staticmethod
+    def load(root: Path | None = None, cache_dir: Path | None = None) -> Project:
+        root = Project.find_root(Path.cwd()) if root is None else root.resolve()
+        try:
+            settings = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))["tool"][
+                "vllm-patchset"
+            ]
+            return Project(
+                root=root,
+                pin=str(settings["pin"]),
+                package=str(settings.get("package", "vllm")),
+                index_url=str(settings.get("index-url", "https://pypi.org/simple")).rstrip("/"),
+                series_file=root / settings.get("series", "patches/series"),
+                upstreamed_file=root / settings.get("upstreamed", "patches/upstreamed/series"),
+                overlay_dir=root / settings.get("overlay", "overlay"),
+                lock_path=root / settings.get("lock", "overlay/overlay.lock.json"),
+                cache_dir=cache_dir or default_cache_dir(),
+            )
+        except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
+            raise BadInput(f"{root / 'pyproject.toml'}: bad [tool.vllm-patchset] ({exc!r})") from None

@@ -1,0 +1,57 @@
+"""The project's errors. `cli.main` is the one place that turns them into exit codes.
+
+Exit codes: 0 success, 1 a finding (mismatch, conflict, drift), 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PatchsetError(Exception):
+    """Base class: the message is one line a user can act on."""
+
+    exit_code = 2
+
+
+class Finding(PatchsetError):
+    """The tool ran and found something wrong (a mismatch, a conflict, drift)."""
+
+    exit_code = 1
+
+
+class BadInput(PatchsetError):
+    """Bad usage or input: nothing was changed."""
+
+
+class GitError(BadInput):
+    def __init__(self, command: str, detail: str) -> None:
+        first = detail.strip().splitlines()[-1] if detail.strip() else "no output"
+        super().__init__(f"git {command} failed: {first}")
+
+
+class MalformedPatch(BadInput):
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"malformed patch {path}: {reason}")
+
+
+class SeriesError(BadInput):
+    pass
+
+
+class UnknownVersion(BadInput):
+    def __init__(self, package: str, version: str, where: str) -> None:
+        super().__init__(f"{package} {version} is not available from {where}")
+
+
+class DownloadFailed(BadInput):
+    pass
+
+
+class LockMismatch(Finding):
+    pass
+
+
+class PatchDoesNotApply(Finding):
+    def __init__(self, patch: str, base: str, detail: str) -> None:
+        super().__init__(f"{patch} does not apply to {base}: {detail}")

@@ -1,0 +1,227 @@
+"""The one git boundary: every git call of the project goes through here.
+
+GitPython runs the git command line; its errors become `GitError` with git's own last line.
+Commits made here have a fixed identity and date, so the same tree gives the same commit id
+in every mirror.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from vllm_patchset.errors import GitError
+
+BOT_NAME = "vllm-patchset"
+BOT_EMAIL = "vllm-patchset@users.noreply.github.com"
+FIXED_DATE = "1970-01-01T00:00:00+00:00"
+_BOT_ENV = {
+    "GIT_AUTHOR_NAME": BOT_NAME,
+    "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+    "GIT_COMMITTER_NAME": BOT_NAME,
+    "GIT_COMMITTER_EMAIL": BOT_EMAIL,
+    "GIT_AUTHOR_DATE": FIXED_DATE,
+    "GIT_COMMITTER_DATE": FIXED_DATE,
+}
+# format-patch output that is byte-identical across machines and git configs.
+FORMAT_PATCH_ARGS = (
+    "--zero-commit",
+    "--full-index",
+    "--no-signature",
+    "--no-numbered",
+    "--no-renames",
+    "--no-binary",
+    "--stat=80",
+    "--stat-graph-width=20",
+    "--subject-prefix=PATCH",
+)
+
+
+@dataclass(frozen=True)
+class Repo:
+    """A git repository: the upstream mirror (bare) or a worktree of it."""
+
+    path: Path
+
+    def run(self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> str:
+        return self.run_bytes(*args, env=env, stdin=stdin).decode("utf-8", "surrogateescape")
+
+    def run_bytes(
+        self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
+    ) -> bytes:
+        full_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(env or {})}
+        cmd = git.Git(str(self.path))
+        try:
+            out = cmd.execute(
+                ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args],
+                env=full_env,
+                istream=None if stdin is None else _stdin_file(stdin),
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+            )
+        except git.exc.GitCommandError as exc:
+            stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
+            raise GitError(args[0], stderr.strip().strip("'")) from None
+        except (git.exc.GitError, OSError) as exc:
+            raise GitError(args[0], str(exc)) from None
+        assert isinstance(out, bytes)
+        return out
+
+    # -- objects ---------------------------------------------------------------------------
+    def resolve(self, rev: str) -> str | None:
+        try:
+            return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+        except GitError:
+            return None
+
+    def tree_of(self, rev: str) -> str:
+        return self.run("rev-parse", f"{rev}^{{tree}}").strip()
+
+    def read_blob(self, rev: str, path: str) -> bytes | None:
+        """File bytes at `rev:path`, or None when the file is not there."""
+        listing = self.run("ls-tree", rev, "--", path).strip()
+        if not listing:
+            return None
+        mode_type_sha = listing.split("\t", 1)[0].split()
+        if mode_type_sha[1] != "blob":
+            return None
+        return self.run_bytes("cat-file", "blob", mode_type_sha[2])
+
+    def list_files(self, rev: str, prefix: str = "") -> list[str]:
+        args = ["ls-tree", "-r", "--name-only", "-z", rev]
+        if prefix:
+            args += ["--", prefix]
+        return [p for p in self.run(*args).split("\0") if p]
+
+    def tags(self, pattern: str) -> list[str]:
+        return self.run("tag", "--list", pattern).split()
+
+    def set_tag(self, name: str, commit: str) -> None:
+        self.run("tag", "-f", name, commit)
+
+    def delete_ref(self, ref: str) -> None:
+        self.run("update-ref", "-d", ref)
+
+    def commit_tree(self, tree: str, message: str, parent: str | None = None) -> str:
+        args = ["commit-tree", tree, "-m", message]
+        if parent:
+            args += ["-p", parent]
+        return self.run(*args, env=_BOT_ENV).strip()
+
+    # -- building trees without a worktree ---------------------------------------------------
+    def tree_from_directory(self, directory: Path) -> str:
+        """Write every file under `directory` as a tree (a temporary index, no worktree)."""
+        with self._temp_index() as env:
+            env = {**env, "GIT_WORK_TREE": str(directory)}
+            self.run("add", "--all", "--force", ".", env=env)
+            return self.run("write-tree", env=env).strip()
+
+    def wrap_tree(self, subtree: str, name: str) -> str:
+        """A root tree holding `subtree` as the folder `name`."""
+        return self.run("mktree", stdin=f"040000 tree {subtree}\t{name}\n".encode()).strip()
+
+    def subtree(self, rev: str, path: str) -> str | None:
+        try:
+            return self.run("rev-parse", "--verify", "--quiet", f"{rev}:{path}").strip() or None
+        except GitError:
+            return None
+
+    def apply_to_tree(self, tree: str, patch: bytes, *, three_way: bool = False) -> str:
+        """The tree that `patch` makes of `tree` (no fuzz: context must match exactly)."""
+        with self._temp_index() as env:
+            self.run("read-tree", tree, env=env)
+            args = ["apply", "--cached", "--whitespace=nowarn"]
+            if three_way:
+                args.append("--3way")
+            self.run(*args, "-", env=env, stdin=patch)
+            return self.run("write-tree", env=env).strip()
+
+    def check_apply(self, tree: str, patch: bytes) -> tuple[bool, str]:
+        """Whether `patch` applies to `tree` with no fuzz, and git's words about it."""
+        with self._temp_index() as env:
+            self.run("read-tree", tree, env=env)
+            try:
+                out = self.run(
+                    "apply", "--cached", "--check", "--verbose", "-", env=env, stdin=patch
+                )
+                return True, out
+            except GitError as exc:
+                return False, str(exc)
+
+    @contextmanager
+    def _temp_index(self) -> Iterator[dict[str, str]]:
+        with tempfile.TemporaryDirectory(prefix="vllm-patchset-index-") as tmp:
+            yield {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+
+    def archive_to(self, rev: str, dest: Path) -> None:
+        """Write the files of `rev` (a commit or tree) under `dest`."""
+        data = self.run_bytes("archive", "--format=tar", rev)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dest, filter="data")
+
+    def fetch(self, url: str, ref: str) -> str:
+        """Fetch `ref` of the repository at `url` (a path or URL) and return its commit."""
+        self.run("fetch", "--quiet", "--no-tags", url, ref)
+        sha = self.resolve("FETCH_HEAD")
+        if sha is None:
+            raise GitError("fetch", f"{ref} of {url} is not a commit")
+        return sha
+
+    # -- worktrees (queue, rebase) ------------------------------------------------------------
+    def add_worktree(self, path: Path, branch: str, commit: str) -> Repo:
+        self.run("worktree", "add", "--force", "-B", branch, str(path), commit)
+        return Repo(path)
+
+    def remove_worktree(self, path: Path) -> None:
+        self.run("worktree", "remove", "--force", str(path))
+        self.run("worktree", "prune")
+
+    def am(self, patches: list[bytes]) -> None:
+        for patch in patches:
+            self.run("am", "--keep-cr", "--committer-date-is-author-date", "-", stdin=patch,
+                     env={"GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL})
+
+    def format_patches(self, base: str, head: str = "HEAD") -> list[tuple[str, bytes]]:
+        """(file name, bytes) of each commit in base..head, as `git format-patch` writes them."""
+        with tempfile.TemporaryDirectory(prefix="vllm-patchset-fp-") as tmp:
+            names = self.run(
+                "format-patch", *FORMAT_PATCH_ARGS, "-o", tmp, f"{base}..{head}"
+            ).split()
+            return [(Path(n).name, Path(n).read_bytes()) for n in names]
+
+    def is_dirty(self) -> bool:
+        return bool(self.run("status", "--porcelain", "--untracked-files=no").strip())
+
+    def head(self) -> str:
+        sha = self.resolve("HEAD")
+        assert sha is not None
+        return sha
+
+    def count(self, base: str, head: str = "HEAD") -> int:
+        return int(self.run("rev-list", "--count", f"{base}..{head}").strip())
+
+
+def init_bare(path: Path) -> Repo:
+    if not (path / "HEAD").is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            git.Repo.init(str(path), bare=True)
+        except (git.exc.GitError, OSError) as exc:
+            raise GitError("init", str(exc)) from None
+    return Repo(path)
+
+
+def _stdin_file(data: bytes) -> object:
+    """GitPython takes stdin as a file object."""
+    handle = tempfile.TemporaryFile()
+    handle.write(data)
+    handle.seek(0)
+    return handle

@@ -1,0 +1,206 @@
+"""Walk the series over an upstream tree, and build the overlay and its lock from the result.
+
+The walk classifies each patch (the upstreamed archive first, then the series) on the tree with
+the earlier applicable patches applied, and applies the ones that apply. The overlay is the set
+of files that the applied patches touch, patched, at vLLM's own paths.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
+from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.series import Patch, load_series
+from vllm_patchset.states import State, Verdict, classify
+from vllm_patchset.upstream import Mirror, Upstream
+
+TREE_INFO = "vllm-patchset-tree.json"
+
+
+@dataclass(frozen=True)
+class Walk:
+    upstream: Upstream
+    verdicts: tuple[Verdict, ...]
+    applied: tuple[Patch, ...]
+    tree: str  # the patched tree
+
+
+def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk:
+    repo = mirror.repo
+    tree = repo.tree_of(upstream.commit)
+    verdicts: list[Verdict] = []
+    applied: list[Patch] = []
+    for patch in patches:
+        verdict = classify(repo, tree, patch, base=upstream.label, version=upstream.version)
+        verdicts.append(verdict)
+        if verdict.state == State.APPLIES:
+            tree = repo.apply_to_tree(tree, patch.raw)
+            applied.append(patch)
+    return Walk(upstream, tuple(verdicts), tuple(applied), tree)
+
+
+def require_no_conflict(result: Walk) -> None:
+    for verdict in result.verdicts:
+        if verdict.state == State.CONFLICT:
+            hunk = next(h for h in verdict.hunks if h.applies_at is None and not h.result_present)
+            raise PatchDoesNotApply(
+                verdict.patch,
+                result.upstream.label,
+                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line "
+                f"{hunk.found_at}",
+            )
+
+
+def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
+    touched: dict[str, list[str]] = {}
+    for patch in result.applied:
+        for path in patch.paths:
+            touched.setdefault(path, []).append(patch.key)
+    entries = []
+    for path, keys in sorted(touched.items()):
+        pristine = mirror.repo.read_blob(result.upstream.commit, path)
+        patched = mirror.repo.read_blob(result.tree, path)
+        if pristine is None or patched is None:
+            raise BadInput(f"{path}: patches that add or delete files are not supported")
+        entries.append(LockEntry(path, sha256_bytes(pristine), sha256_bytes(patched), tuple(keys)))
+    return Lock(
+        package=package,
+        version=result.upstream.version or result.upstream.label,
+        source=result.upstream.source,
+        upstream_commit=result.upstream.commit,
+        patches=tuple(p.key for p in result.applied),
+        entries=tuple(entries),
+    )
+
+
+def resolve_base(
+    project: Project, mirror: Mirror, version: str | None, git_url: str | None, ref: str | None
+) -> Upstream:
+    if git_url or ref:
+        if not (git_url and ref):
+            raise BadInput("--git and --ref go together")
+        return mirror.git_ref(git_url, ref)
+    return mirror.release(version or project.pin)
+
+
+def patches_for(project: Project) -> tuple[Patch, ...]:
+    """The upstreamed archive first (older fixes), then the series."""
+    series = load_series(project.series_file, project.upstreamed_file)
+    return series.upstreamed + series.active
+
+
+def compare_locks(built: Lock, committed: Lock) -> str | None:
+    """A one-line description of the first difference, or None."""
+    if (built.version, built.upstream_commit) != (committed.version, committed.upstream_commit):
+        return (
+            f"lock is for {committed.version} ({committed.upstream_commit[:12]}), "
+            f"build is for {built.version} ({built.upstream_commit[:12]})"
+        )
+    paths = sorted({e.path for e in built.entries} | {e.path for e in committed.entries})
+    for path in paths:
+        a, b = built.entry(path), committed.entry(path)
+        if a != b:
+            what = "missing from the lock" if b is None else "not built" if a is None else (
+                "patched sha256 differs" if a.patched_sha256 != b.patched_sha256
+                else "pristine sha256 differs" if a.pristine_sha256 != b.pristine_sha256
+                else "patch list differs"
+            )
+            return f"{path}: {what}"
+    if built.patches != committed.patches:
+        return f"applied patches {list(built.patches)} differ from the lock's {list(committed.patches)}"
+    return None
+
+
+def build_overlay(
+    project: Project,
+    *,
+    update_lock: bool = False,
+    base: Upstream | None = None,
+    out_dir: Path | None = None,
+) -> Lock:
+    """Regenerate the overlay from pristine upstream + patches and check it against the lock.
+
+    For the pin, the series must apply cleanly and the result must match the committed lock
+    (or rewrite it with `update_lock`). For another base, the overlay and a lock of its own go
+    to `out_dir`; the committed lock is not touched.
+    """
+    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    upstream = base or mirror.release(project.pin)
+    is_pin = base is None or (upstream.version == project.pin and upstream.tag == f"v{project.pin}")
+    result = walk(mirror, upstream, patches_for(project))
+    require_no_conflict(result)
+    lock = lock_for(mirror, result, project.package)
+    target = out_dir or (project.overlay_dir if is_pin else project.root / "build" /
+                         f"overlay-{upstream.tag.replace('/', '-')}")
+    lock_path = project.lock_path if target == project.overlay_dir else target / "overlay.lock.json"
+    if is_pin and target == project.overlay_dir and not update_lock:
+        committed = Lock.load(project.lock_path)
+        difference = compare_locks(lock, committed)
+        if difference:
+            raise LockMismatch(
+                f"overlay does not match {project.lock_path.name}: {difference}"
+                " (rebuild with --update-lock if the change is intended)"
+            )
+    with _replaced_dir(target / project.package) as staging:
+        for entry in lock.entries:
+            data = mirror.repo.read_blob(result.tree, entry.path)
+            assert data is not None
+            out = staging.parent / entry.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+    if update_lock or lock_path != project.lock_path:
+        _write_atomic(lock_path, lock.to_json().encode())
+    return lock
+
+
+def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine: bool) -> Path:
+    """Write a full `vllm/` tree (pristine, or with every applicable patch) under `dest`."""
+    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    upstream = base or mirror.release(project.pin)
+    if pristine:
+        tree, applied = mirror.repo.tree_of(upstream.commit), ()
+    else:
+        result = walk(mirror, upstream, patches_for(project))
+        require_no_conflict(result)
+        tree, applied = result.tree, tuple(p.key for p in result.applied)
+    if (dest / project.package).exists():
+        raise BadInput(f"{dest / project.package} exists already: give an empty destination")
+    dest.mkdir(parents=True, exist_ok=True)
+    mirror.repo.archive_to(tree, dest)
+    info = {
+        "version": upstream.version or upstream.label,
+        "label": upstream.label,
+        "source": upstream.source,
+        "kind": "pristine" if pristine else "overlay",
+        "patches": list(applied),
+    }
+    (dest / TREE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return dest
+
+
+@contextmanager
+def _replaced_dir(final: Path) -> Iterator[Path]:
+    """Yield a staging dir; on success it replaces `final` whole, on error nothing changes."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=final.parent) as tmp:
+        staging = Path(tmp) / final.name
+        staging.mkdir()
+        yield staging
+        old = Path(tmp) / "old"
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)

@@ -1,0 +1,249 @@
+"""The patch series: `patches/series`, the `git format-patch` files it names, their hunks and
+their provenance trailers (DEP-3 meaning), and the archive of patches upstream has merged."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from vllm_patchset.errors import MalformedPatch, SeriesError
+
+REQUIRED_TRAILERS = (
+    "Upstream-PR",
+    "Introduced-by",
+    "Introduced-in",
+    "Applied-upstream",
+    "Regression-test",
+)
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_INDEX_RE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int
+    new_start: int
+    lines: tuple[str, ...]  # each with its ' ', '-' or '+' prefix
+
+    @property
+    def pre(self) -> tuple[str, ...]:
+        return tuple(line[1:] for line in self.lines if line[0] in " -")
+
+    @property
+    def post(self) -> tuple[str, ...]:
+        return tuple(line[1:] for line in self.lines if line[0] in " +")
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return tuple(line[1:] for line in self.lines if line[0] == "-")
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        return tuple(line[1:] for line in self.lines if line[0] == "+")
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    path: str
+    old_blob: str | None  # None for a new file
+    new_blob: str | None  # None for a deleted file
+    hunks: tuple[Hunk, ...]
+
+
+@dataclass(frozen=True)
+class Trailers:
+    upstream_pr: str
+    introduced_by: str
+    introduced_in: str  # a release, or "nightly"
+    applied_upstream: str  # first release with the fix; empty while pending or local
+    regression_tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str  # file name, as in the series
+    key: str  # path under patches/: the name, or "upstreamed/<name>" for the archive
+    path: Path
+    subject: str
+    trailers: Trailers
+    files: tuple[FilePatch, ...]
+    raw: bytes
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files)
+
+
+@dataclass(frozen=True)
+class Series:
+    active: tuple[Patch, ...]  # patches/series, in order
+    upstreamed: tuple[Patch, ...]  # patches/upstreamed/series, in order
+
+    @property
+    def all(self) -> tuple[Patch, ...]:
+        return self.upstreamed + self.active
+
+
+def _check_path(patch: Path, path: str) -> str:
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] != "vllm":
+        raise MalformedPatch(patch, f"touches {path!r}, outside the vllm/ package")
+    return path
+
+
+def parse_patch(path: Path, key: str | None = None) -> Patch:
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MalformedPatch(path, f"unreadable ({exc})") from None
+    head, sep, diff = text.partition("\ndiff --git ")
+    if not sep:
+        raise MalformedPatch(path, "no `diff --git` section")
+    if not head.startswith("From ") or "\nSubject: " not in head:
+        raise MalformedPatch(path, "not `git format-patch` output (no From/Subject header)")
+    subject = _subject(head)
+    message = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+    message = message.split("\n---\n", 1)[0]
+    trailers = _trailers(path, message)
+    files = tuple(_parse_file(path, "diff --git " + chunk) for chunk in diff.split("\ndiff --git "))
+    return Patch(
+        name=path.name,
+        key=key or path.name,
+        path=path,
+        subject=subject,
+        trailers=trailers,
+        files=files,
+        raw=raw,
+    )
+
+
+def _subject(head: str) -> str:
+    lines = head.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("Subject: "))
+    subject = lines[start][len("Subject: ") :]
+    for line in lines[start + 1 :]:
+        if not line.startswith(" "):
+            break
+        subject += line
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+
+
+def _trailers(path: Path, message: str) -> Trailers:
+    found: dict[str, list[str]] = {}
+    for line in message.strip().split("\n"):
+        key, sep, value = line.partition(":")
+        if sep and key in REQUIRED_TRAILERS:
+            found.setdefault(key, []).append(value.strip())
+    missing = [k for k in REQUIRED_TRAILERS if k not in found]
+    if missing:
+        raise MalformedPatch(path, f"missing trailer(s) {', '.join(missing)}")
+    tests = tuple(t for value in found["Regression-test"] for t in value.split() if t)
+    if not tests:
+        raise MalformedPatch(path, "empty Regression-test trailer")
+    return Trailers(
+        upstream_pr=found["Upstream-PR"][0],
+        introduced_by=found["Introduced-by"][0],
+        introduced_in=found["Introduced-in"][0],
+        applied_upstream=found["Applied-upstream"][0],
+        regression_tests=tests,
+    )
+
+
+def _parse_file(patch: Path, chunk: str) -> FilePatch:
+    lines = chunk.split("\n")
+    header = lines[0]
+    match = re.match(r"^diff --git a/(\S+) b/(\S+)$", header)
+    if not match:
+        raise MalformedPatch(patch, f"bad diff header {header!r}")
+    path = _check_path(patch, match.group(2))
+    _check_path(patch, match.group(1))
+    old_blob: str | None = None
+    new_blob: str | None = None
+    i = 1
+    while i < len(lines) and not lines[i].startswith("@@"):
+        line = lines[i]
+        if index := _INDEX_RE.match(line):
+            old_blob, new_blob = index.group(1), index.group(2)
+        elif line.startswith(("GIT binary patch", "Binary files")):
+            raise MalformedPatch(patch, f"binary diff of {path}")
+        i += 1
+    zero = re.fullmatch(r"0+", old_blob or "")
+    old_blob = None if zero else old_blob
+    new_blob = None if re.fullmatch(r"0+", new_blob or "") else new_blob
+    hunks: list[Hunk] = []
+    while i < len(lines):
+        hunk_match = _HUNK_RE.match(lines[i])
+        if not hunk_match:
+            if lines[i] == "" and all(rest in ("", "-- ") for rest in lines[i:]):
+                break
+            if lines[i] == "-- ":  # signature
+                break
+            raise MalformedPatch(patch, f"{path}: unexpected line {lines[i]!r}")
+        old_len = int(hunk_match.group(2) or 1)
+        new_len = int(hunk_match.group(4) or 1)
+        body: list[str] = []
+        i += 1
+        seen_old = seen_new = 0
+        while (seen_old < old_len or seen_new < new_len) and i < len(lines):
+            line = lines[i]
+            if line.startswith("\\"):
+                i += 1
+                continue
+            tag = line[:1] or " "
+            if tag not in " -+":
+                raise MalformedPatch(patch, f"{path}: bad hunk line {line!r}")
+            seen_old += tag in " -"
+            seen_new += tag in " +"
+            body.append(tag + line[1:])
+            i += 1
+        if (seen_old, seen_new) != (old_len, new_len):
+            raise MalformedPatch(patch, f"{path}: hunk line counts do not match its header")
+        while i < len(lines) and lines[i].startswith("\\"):
+            i += 1
+        hunks.append(Hunk(int(hunk_match.group(1)), int(hunk_match.group(3)), tuple(body)))
+    if not hunks:
+        raise MalformedPatch(patch, f"{path}: no hunks")
+    return FilePatch(path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks))
+
+
+def read_series_file(series_file: Path) -> list[str]:
+    """Patch names in order; blank lines and `#` comments are ignored (as quilt does)."""
+    if not series_file.is_file():
+        return []
+    names = []
+    for number, line in enumerate(series_file.read_text("utf-8").splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if "/" in entry or entry.startswith(".") or not entry.endswith(".patch"):
+            raise SeriesError(f"{series_file}:{number}: bad series entry {entry!r}")
+        names.append(entry)
+    if len(set(names)) != len(names):
+        raise SeriesError(f"{series_file}: a patch is listed twice")
+    return names
+
+
+def _load_dir(series_file: Path, prefix: str) -> tuple[Patch, ...]:
+    names = read_series_file(series_file)
+    folder = series_file.parent
+    for name in names:
+        if not (folder / name).is_file():
+            raise SeriesError(f"{series_file}: entry {name} has no file {folder / name}")
+    unlisted = sorted(p.name for p in folder.glob("*.patch") if p.name not in names)
+    if unlisted:
+        raise SeriesError(f"{folder / unlisted[0]} is not listed in {series_file}")
+    return tuple(parse_patch(folder / name, prefix + name) for name in names)
+
+
+def load_series(series_file: Path, upstreamed_file: Path) -> Series:
+    return Series(
+        active=_load_dir(series_file, ""),
+        upstreamed=_load_dir(upstreamed_file, upstreamed_file.parent.name + "/"),
+    )
+
+
+def write_series_file(series_file: Path, names: list[str]) -> None:
+    series_file.parent.mkdir(parents=True, exist_ok=True)
+    series_file.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")

@@ -1,0 +1,277 @@
+"""Upstream vLLM trees in one local git mirror: one commit and tag per version or ref.
+
+Sources: a PyPI sdist (sha256 checked against the index), a git URL or path plus a ref, or the
+vllm installed in an environment (files checked against its RECORD). Only the `vllm/` package
+is kept, without compiled or cached files, so git's content hashes make trees from every
+source agree where their files agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
+from vllm_patchset.gitrepo import Repo, init_bare
+
+SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
+VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?$")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One upstream tree in the mirror."""
+
+    label: str  # "0.24.0", or "git:<ref>" for a git ref
+    version: str | None  # the release version, when known
+    tag: str  # tag in the mirror
+    commit: str
+    source: str  # where it came from, for the lock and reports
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("rc")[0]))
+
+
+def check_version(version: str) -> str:
+    if not VERSION_RE.match(version):
+        raise BadInput(f"not a vLLM version: {version!r} (expected e.g. 0.24.0)")
+    return version
+
+
+def _kept(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    return (
+        len(parts) > 1
+        and parts[0] == "vllm"
+        and "__pycache__" not in parts
+        and not path.endswith(SKIPPED_SUFFIXES)
+    )
+
+
+class Mirror:
+    """The local upstream mirror under the cache directory."""
+
+    def __init__(self, cache_dir: Path, package: str = "vllm", index_url: str = "") -> None:
+        self.cache_dir = cache_dir
+        self.package = package
+        self.index_url = index_url or "https://pypi.org/simple"
+        self.repo: Repo = init_bare(cache_dir / "mirror.git")
+        self.sdists = cache_dir / "sdists"
+
+    # -- lookups ------------------------------------------------------------------------------
+    def get(self, tag: str) -> Upstream | None:
+        commit = self.repo.resolve(f"refs/tags/{tag}")
+        if commit is None:
+            return None
+        message = self.repo.run("log", "-1", "--format=%B", commit)
+        meta = json.loads(message.split("\n\n", 1)[1]) if "\n\n" in message else {}
+        return Upstream(
+            label=meta.get("label", tag),
+            version=meta.get("version"),
+            tag=tag,
+            commit=commit,
+            source=meta.get("source", tag),
+        )
+
+    def _store(self, tree: str, tag: str, label: str, version: str | None, source: str) -> Upstream:
+        meta = {"label": label, "version": version, "source": source}
+        message = f"{self.package} {label}\n\n{json.dumps(meta, sort_keys=True)}\n"
+        commit = self.repo.commit_tree(tree, message)
+        self.repo.set_tag(tag, commit)
+        return Upstream(label=label, version=version, tag=tag, commit=commit, source=source)
+
+    # -- PyPI ---------------------------------------------------------------------------------
+    def release(self, version: str) -> Upstream:
+        """The PyPI release `version`, fetched once; a second call needs no network."""
+        check_version(version)
+        cached = self.get(f"v{version}")
+        if cached is not None:
+            return cached
+        sdist, sha256, url = self._download_sdist(version)
+        with tempfile.TemporaryDirectory(prefix="vllm-patchset-sdist-") as tmp:
+            root = Path(tmp)
+            _extract_package(sdist, root, self.package)
+            tree = self.repo.tree_from_directory(root)
+        return self._store(
+            tree, f"v{version}", version, version, f"pypi:{sdist.name} sha256:{sha256} {url}"
+        )
+
+    def _index_files(self) -> list[dict[str, object]]:
+        url = f"{self.index_url}/{self.package}/"
+        request = urllib.request.Request(
+            url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                files = json.load(response)["files"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise DownloadFailed(
+                f"cannot read the package index {url} ({exc}) and the release is not cached"
+            ) from None
+        return list(files)
+
+    def available_versions(self) -> list[str]:
+        prefix = f"{self.package}-"
+        versions = {
+            str(f["filename"])[len(prefix) : -len(".tar.gz")]
+            for f in self._index_files()
+            if str(f["filename"]).endswith(".tar.gz") and not f.get("yanked")
+        }
+        return sorted((v for v in versions if VERSION_RE.match(v)), key=version_key)
+
+    def _download_sdist(self, version: str) -> tuple[Path, str, str]:
+        name = f"{self.package}-{version}.tar.gz"
+        target = self.sdists / name
+        files = {str(f["filename"]): f for f in self._index_files()}
+        if name not in files:
+            raise UnknownVersion(self.package, version, f"{self.index_url} (no sdist {name})")
+        entry = files[name]
+        hashes = entry.get("hashes")
+        assert isinstance(hashes, dict)
+        expected = str(hashes["sha256"])
+        url = str(entry["url"])
+        if target.is_file() and _sha256(target) == expected:
+            return target, expected, url
+        self.sdists.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        try:
+            _download(url, partial, name)
+            got = _sha256(partial)
+            if got != expected:
+                raise DownloadFailed(
+                    f"{name}: sha256 {got} does not match the index's {expected}"
+                    " (truncated or altered download; nothing was imported)"
+                )
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target, expected, url
+
+    # -- git ----------------------------------------------------------------------------------
+    def git_ref(self, url: str, ref: str) -> Upstream:
+        """The `vllm/` package of `ref` in the repository at `url` (a path or URL)."""
+        commit = self.repo.fetch(url, ref)
+        subtree = self.repo.subtree(commit, self.package)
+        if subtree is None:
+            raise BadInput(f"{ref} of {url} has no {self.package}/ package")
+        tree = self.repo.wrap_tree(subtree, self.package)
+        version = ref.removeprefix("v") if VERSION_RE.match(ref.removeprefix("v")) else None
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", ref)
+        return self._store(tree, f"git/{safe}", f"git:{ref}", version, f"git:{url}@{commit}")
+
+    # -- an installed vllm --------------------------------------------------------------------
+    def installed(self, python: str | None = None) -> Upstream:
+        """The vllm installed for `python` (default: this interpreter), checked against RECORD."""
+        site, version, record = _locate_installed(python or sys.executable, self.package)
+        with tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp:
+            root = Path(tmp)
+            for path, digest in record.items():
+                if not _kept(path):
+                    continue
+                data = (site / path).read_bytes()
+                if digest and _record_digest(data) != digest:
+                    raise BadInput(
+                        f"{site / path} does not match its RECORD hash: the installed"
+                        f" {self.package} {version} was modified"
+                    )
+                out = root / path
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(data)
+            tree = self.repo.tree_from_directory(root)
+        return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _record_digest(data: bytes) -> str:
+    raw = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _download(url: str, dest: Path, name: str) -> None:
+    """Download with a progress line on stderr."""
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response, dest.open("wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            done = 0
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+                done += len(chunk)
+                if total and sys.stderr.isatty():
+                    sys.stderr.write(f"\rdownloading {name}: {done * 100 // total:3d}%")
+            if sys.stderr.isatty():
+                sys.stderr.write("\n")
+            print(f"downloaded {name} ({done / 1e6:.1f} MB)", file=sys.stderr)
+    except (urllib.error.URLError, OSError) as exc:
+        raise DownloadFailed(f"download of {url} failed: {exc}") from None
+
+
+def _extract_package(sdist: Path, dest: Path, package: str) -> None:
+    """Extract `<name>-<version>/<package>/**` of the sdist into dest/<package>/."""
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            for member in tar:
+                parts = PurePosixPath(member.name).parts
+                if len(parts) < 3 or parts[1] != package or not member.isfile():
+                    continue
+                rel = "/".join(parts[1:])
+                if ".." in parts or not _kept(rel):
+                    continue
+                handle = tar.extractfile(member)
+                assert handle is not None
+                out = dest / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(handle.read())
+                if member.mode & 0o111:
+                    out.chmod(0o755)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DownloadFailed(f"{sdist} is not a readable sdist ({exc})") from None
+    if not (dest / package / "__init__.py").is_file():
+        raise DownloadFailed(f"{sdist} holds no {package}/ package")
+
+
+_LOCATE = """
+import importlib.metadata as md, importlib.util as u, json, sys
+spec = u.find_spec(sys.argv[1])
+dist = md.distribution(sys.argv[1])
+print(json.dumps({"init": spec.origin if spec else None, "version": dist.version,
+                  "record": dist.read_text("RECORD")}))
+"""
+
+
+def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, str]]:
+    try:
+        out = subprocess.run(
+            [python, "-c", _LOCATE, package], capture_output=True, text=True, check=True
+        ).stdout
+        info = json.loads(out)
+    except (OSError, subprocess.CalledProcessError, ValueError) as exc:
+        raise BadInput(f"no installed {package} found for {python} ({exc})") from None
+    if not info["init"] or not info["record"]:
+        raise BadInput(f"{package} for {python} has no package files or no RECORD")
+    site = Path(info["init"]).parent.parent
+    record = {
+        row[0]: row[1]
+        for row in csv.reader(io.StringIO(info["record"]))
+        if row and len(row) >= 2
+    }
+    return site, str(info["version"]), record
