@@ -75,7 +75,9 @@ def _lock_freshness(project: Project, mirror: Mirror, result: object) -> str:
     assert isinstance(result, Walk)
     if not project.lock_path.is_file():
         return "missing"
-    difference = compare_locks(lock_for(mirror, result, project.package), Lock.load(project.lock_path))
+    difference = compare_locks(
+        lock_for(mirror, result, project.package), Lock.load(project.lock_path)
+    )
     return "fresh" if difference is None else f"stale ({difference})"
 
 
@@ -120,7 +122,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     }
     elapsed = time.perf_counter() - started
     print(matrix_json(columns) if args.json else matrix_table(columns))
-    print(f"matrix: {len(bases)} trees x {len(patches)} patches in {elapsed:.1f} s", file=sys.stderr)
+    print(
+        f"matrix: {len(bases)} trees x {len(patches)} patches in {elapsed:.1f} s", file=sys.stderr
+    )
     return 0
 
 
@@ -141,8 +145,7 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
     base = None
     if args.base or args.git or args.ref:
         base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
-    lock = build_overlay(project, update_lock=args.update_lock, base=base, out_dir=args.out)
-    where = args.out or project.overlay_dir
+    lock, where = build_overlay(project, update_lock=args.update_lock, base=base, out_dir=args.out)
     print(f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}")
     for entry in lock.entries:
         print(f"  {entry.path} {entry.patched_sha256[:12]} <- {', '.join(entry.patches)}")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from vllm_patchset.errors import BadInput
 
@@ -64,4 +65,6 @@ class Project:
                 cache_dir=cache_dir or default_cache_dir(),
             )
         except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
-            raise BadInput(f"{root / 'pyproject.toml'}: bad [tool.vllm-patchset] ({exc!r})") from None
+            raise BadInput(
+                f"{root / 'pyproject.toml'}: bad [tool.vllm-patchset] ({exc!r})"
+            ) from None

@@ -59,19 +59,23 @@ class Repo:
     ) -> bytes:
         full_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(env or {})}
         cmd = git.Git(str(self.path))
-        try:
-            out = cmd.execute(
-                ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args],
-                env=full_env,
-                istream=None if stdin is None else _stdin_file(stdin),
-                stdout_as_string=False,
-                strip_newline_in_stdout=False,
-            )
-        except git.exc.GitCommandError as exc:
-            stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
-            raise GitError(args[0], stderr.strip().strip("'")) from None
-        except (git.exc.GitError, OSError) as exc:
-            raise GitError(args[0], str(exc)) from None
+        with tempfile.TemporaryFile() as stdin_file:
+            if stdin is not None:
+                stdin_file.write(stdin)
+                stdin_file.seek(0)
+            try:
+                out = cmd.execute(
+                    ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args],
+                    istream=stdin_file if stdin is not None else None,
+                    env=full_env,
+                    stdout_as_string=False,
+                    strip_newline_in_stdout=False,
+                )
+            except git.exc.GitCommandError as exc:
+                stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
+                raise GitError(args[0], stderr.strip().strip("'")) from None
+            except (git.exc.GitError, OSError) as exc:
+                raise GitError(args[0], str(exc)) from None
         assert isinstance(out, bytes)
         return out
 
@@ -186,8 +190,14 @@ class Repo:
 
     def am(self, patches: list[bytes]) -> None:
         for patch in patches:
-            self.run("am", "--keep-cr", "--committer-date-is-author-date", "-", stdin=patch,
-                     env={"GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL})
+            self.run(
+                "am",
+                "--keep-cr",
+                "--committer-date-is-author-date",
+                "-",
+                stdin=patch,
+                env={"GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL},
+            )
 
     def format_patches(self, base: str, head: str = "HEAD") -> list[tuple[str, bytes]]:
         """(file name, bytes) of each commit in base..head, as `git format-patch` writes them."""
@@ -217,11 +227,3 @@ def init_bare(path: Path) -> Repo:
         except (git.exc.GitError, OSError) as exc:
             raise GitError("init", str(exc)) from None
     return Repo(path)
-
-
-def _stdin_file(data: bytes) -> object:
-    """GitPython takes stdin as a file object."""
-    handle = tempfile.TemporaryFile()
-    handle.write(data)
-    handle.seek(0)
-    return handle

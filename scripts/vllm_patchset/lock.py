@@ -89,5 +89,7 @@ class Lock:
     @staticmethod
     def load(path: Path) -> Lock:
         if not path.is_file():
-            raise BadInput(f"no overlay lock at {path}: run `vllm-patchset overlay build --update-lock`")
+            raise BadInput(
+                f"no overlay lock at {path}: run `vllm-patchset overlay build --update-lock`"
+            )
         return Lock.from_json(path.read_text(encoding="utf-8"), str(path))

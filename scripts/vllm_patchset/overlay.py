@@ -53,8 +53,7 @@ def require_no_conflict(result: Walk) -> None:
             raise PatchDoesNotApply(
                 verdict.patch,
                 result.upstream.label,
-                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line "
-                f"{hunk.found_at}",
+                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line {hunk.found_at}",
             )
 
 
@@ -107,14 +106,22 @@ def compare_locks(built: Lock, committed: Lock) -> str | None:
     for path in paths:
         a, b = built.entry(path), committed.entry(path)
         if a != b:
-            what = "missing from the lock" if b is None else "not built" if a is None else (
-                "patched sha256 differs" if a.patched_sha256 != b.patched_sha256
-                else "pristine sha256 differs" if a.pristine_sha256 != b.pristine_sha256
-                else "patch list differs"
+            what = (
+                "missing from the lock"
+                if b is None
+                else "not built"
+                if a is None
+                else (
+                    "patched sha256 differs"
+                    if a.patched_sha256 != b.patched_sha256
+                    else "pristine sha256 differs"
+                    if a.pristine_sha256 != b.pristine_sha256
+                    else "patch list differs"
+                )
             )
             return f"{path}: {what}"
     if built.patches != committed.patches:
-        return f"applied patches {list(built.patches)} differ from the lock's {list(committed.patches)}"
+        return f"applied patches {list(built.patches)} differ from {list(committed.patches)}"
     return None
 
 
@@ -124,7 +131,7 @@ def build_overlay(
     update_lock: bool = False,
     base: Upstream | None = None,
     out_dir: Path | None = None,
-) -> Lock:
+) -> tuple[Lock, Path]:
     """Regenerate the overlay from pristine upstream + patches and check it against the lock.
 
     For the pin, the series must apply cleanly and the result must match the committed lock
@@ -137,8 +144,11 @@ def build_overlay(
     result = walk(mirror, upstream, patches_for(project))
     require_no_conflict(result)
     lock = lock_for(mirror, result, project.package)
-    target = out_dir or (project.overlay_dir if is_pin else project.root / "build" /
-                         f"overlay-{upstream.tag.replace('/', '-')}")
+    target = out_dir or (
+        project.overlay_dir
+        if is_pin
+        else project.root / "build" / f"overlay-{upstream.tag.replace('/', '-')}"
+    )
     lock_path = project.lock_path if target == project.overlay_dir else target / "overlay.lock.json"
     if is_pin and target == project.overlay_dir and not update_lock:
         committed = Lock.load(project.lock_path)
@@ -157,7 +167,7 @@ def build_overlay(
             out.write_bytes(data)
     if update_lock or lock_path != project.lock_path:
         _write_atomic(lock_path, lock.to_json().encode())
-    return lock
+    return lock, target
 
 
 def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine: bool) -> Path:
@@ -165,7 +175,7 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
     mirror = Mirror(project.cache_dir, project.package, project.index_url)
     upstream = base or mirror.release(project.pin)
     if pristine:
-        tree, applied = mirror.repo.tree_of(upstream.commit), ()
+        tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
     else:
         result = walk(mirror, upstream, patches_for(project))
         require_no_conflict(result)
@@ -174,7 +184,7 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
         raise BadInput(f"{dest / project.package} exists already: give an empty destination")
     dest.mkdir(parents=True, exist_ok=True)
     mirror.repo.archive_to(tree, dest)
-    info = {
+    info: dict[str, object] = {
         "version": upstream.version or upstream.label,
         "label": upstream.label,
         "source": upstream.source,

@@ -31,7 +31,9 @@ def branch_name(project: Project) -> str:
     return f"queue/{project.pin}"
 
 
-def import_queue(project: Project, *, force: bool = False, base: Upstream | None = None) -> QueueInfo:
+def import_queue(
+    project: Project, *, force: bool = False, base: Upstream | None = None
+) -> QueueInfo:
     """The series as commits on the pin (or `base`) in the worktree `.queue/`."""
     series = load_series(project.series_file, project.upstreamed_file)
     mirror = Mirror(project.cache_dir, project.package, project.index_url)
@@ -47,7 +49,9 @@ def import_queue(project: Project, *, force: bool = False, base: Upstream | None
     except BadInput:
         drop_queue(project)
         raise
-    return QueueInfo(path, upstream.commit, branch_name(project), tuple(p.name for p in series.active))
+    return QueueInfo(
+        path, upstream.commit, branch_name(project), tuple(p.name for p in series.active)
+    )
 
 
 def open_queue(project: Project) -> tuple[Repo, str]:

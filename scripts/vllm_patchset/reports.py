@@ -37,16 +37,14 @@ def verdict_json(verdict: Verdict) -> dict[str, object]:
 def matrix_json(columns: dict[str, Sequence[Verdict]]) -> str:
     doc = {
         "versions": {label: {v.patch: v.state.value for v in vs} for label, vs in columns.items()},
-        "details": {
-            label: {v.patch: verdict_json(v) for v in vs} for label, vs in columns.items()
-        },
+        "details": {label: {v.patch: verdict_json(v) for v in vs} for label, vs in columns.items()},
     }
     return json.dumps(doc, indent=2)
 
 
 def state_cell(verdict: Verdict) -> str:
     cell = verdict.state.value
-    if verdict.offsets:
+    if verdict.offsets and verdict.state.value == "applies":
         cell += f" (offset {','.join(f'{o:+d}' for o in verdict.offsets)})"
     if verdict.disagreements:
         cell += " *"

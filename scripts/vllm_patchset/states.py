@@ -94,15 +94,33 @@ def _closest_window(lines: list[str], pre: tuple[str, ...]) -> tuple[float, int]
     return best_ratio, best_at
 
 
+def _change_groups(hunk: Hunk) -> list[tuple[list[str], list[str]]]:
+    """(removed, added) code lines of each run of changed lines in the hunk."""
+    groups: list[tuple[list[str], list[str]]] = []
+    in_run = False
+    for line in hunk.lines:
+        if line[0] == " ":
+            in_run = False
+            continue
+        if not in_run:
+            groups.append(([], []))
+            in_run = True
+        (groups[-1][0] if line[0] == "-" else groups[-1][1]).append(line[1:])
+    return [(_code(removed), _code(added)) for removed, added in groups]
+
+
 def _result_present(code_lines: list[str], hunk: Hunk) -> bool:
-    added, removed = _code(hunk.added), _code(hunk.removed)
-    if added:
-        return bool(_find_block(code_lines, added)) and not (
-            removed and _find_block(code_lines, removed)
-        )
-    # A pure removal: the removed code is gone and its context is still there.
+    """Every change of the hunk is there: its added code found, its removed code gone."""
+    for removed, added in _change_groups(hunk):
+        if removed and _find_block(code_lines, removed):
+            return False
+        if added and not _find_block(code_lines, added):
+            return False
+    if any(added for _, added in _change_groups(hunk)):
+        return True
+    # A pure removal: its context must still be there to tell "removed" from "absent".
     context = _code(tuple(line[1:] for line in hunk.lines if line[0] == " "))
-    return not _find_block(code_lines, removed) and bool(_find_block(code_lines, context))
+    return bool(_find_block(code_lines, context))
 
 
 def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
@@ -117,24 +135,53 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
             header = f"@@ -{hunk.old_start} +{hunk.new_start} @@"
             if blob is None:
                 findings.append(
-                    HunkFinding(file_patch.path, number, header, None, None, False, False,
-                                hunk.pre, (), None)
+                    HunkFinding(
+                        file_patch.path,
+                        number,
+                        header,
+                        None,
+                        None,
+                        False,
+                        False,
+                        hunk.pre,
+                        (),
+                        None,
+                    )
                 )
                 continue
             exact = _find_block(lines, hunk.pre)
             if exact:
                 at = min(exact, key=lambda i: abs(i + 1 - hunk.old_start)) + 1
                 findings.append(
-                    HunkFinding(file_patch.path, number, header, at, at - hunk.old_start,
-                                _result_present(code_lines, hunk), True, hunk.pre, (), None)
+                    HunkFinding(
+                        file_patch.path,
+                        number,
+                        header,
+                        at,
+                        at - hunk.old_start,
+                        _result_present(code_lines, hunk),
+                        True,
+                        hunk.pre,
+                        (),
+                        None,
+                    )
                 )
                 continue
             ratio, start = _closest_window(lines, hunk.pre)
             window = tuple(lines[start : start + len(hunk.pre)])
             findings.append(
-                HunkFinding(file_patch.path, number, header, None, None,
-                            _result_present(code_lines, hunk), ratio >= LOCATE_RATIO,
-                            hunk.pre, window, start + 1)
+                HunkFinding(
+                    file_patch.path,
+                    number,
+                    header,
+                    None,
+                    None,
+                    _result_present(code_lines, hunk),
+                    ratio >= LOCATE_RATIO,
+                    hunk.pre,
+                    window,
+                    start + 1,
+                )
             )
     return tuple(findings)
 
@@ -177,16 +224,21 @@ def classify(repo: Repo, tree: str, patch: Patch, *, base: str, version: str | N
             f"the code it changes is gone from {base}; trailers say merged upstream in "
             f"{patch.trailers.applied_upstream}"
         )
-    elif expected is not None and expected != text and not (
-        expected == State.APPLIES and text == State.CONFLICT
+    elif (
+        expected is not None
+        and expected != text
+        and not (expected == State.APPLIES and text == State.CONFLICT)
     ):
         notes.append(f"text says {text.value}, trailers say {expected.value}")
     if state == State.UPSTREAM:
+        pure_additions = {
+            number
+            for number, hunk in enumerate((h for f in patch.files for h in f.hunks), 1)
+            if not hunk.removed
+        }
         for h in hunks:
-            if h.result_present and h.applies_at is None and not h.located:
-                notes.append(
-                    f"hunk {h.number} ({h.file}): code present, surrounding text differs"
-                )
+            if h.number in pure_additions and h.applies_at is None and not h.located:
+                notes.append(f"hunk {h.number} ({h.file}): code present, surrounding text differs")
         _note_comment_drift(repo, tree, patch, notes)
     return Verdict(
         patch=patch.key,
@@ -207,9 +259,7 @@ def _note_comment_drift(repo: Repo, tree: str, patch: Patch, notes: list[str]) -
         text_lines = [line.strip() for line in blob.decode("utf-8", "replace").split("\n")]
         for hunk in file_patch.hunks:
             number += 1
-            comments = [
-                line.strip() for line in hunk.added if line.strip().startswith("#")
-            ]
+            comments = [line.strip() for line in hunk.added if line.strip().startswith("#")]
             if comments and not _find_block(text_lines, comments):
                 notes.append(
                     f"hunk {number} ({file_patch.path}): code matches upstream,"

@@ -270,8 +270,6 @@ def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, s
         raise BadInput(f"{package} for {python} has no package files or no RECORD")
     site = Path(info["init"]).parent.parent
     record = {
-        row[0]: row[1]
-        for row in csv.reader(io.StringIO(info["record"]))
-        if row and len(row) >= 2
+        row[0]: row[1] for row in csv.reader(io.StringIO(info["record"])) if row and len(row) >= 2
     }
     return site, str(info["version"]), record
