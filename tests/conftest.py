@@ -1,0 +1,135 @@
+"""Shared fixtures: real vLLM releases from PyPI (cached once per test session), real git repos,
+and a guard that makes writes to the real $HOME or site-packages fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vllm_patchset.config import Project
+from vllm_patchset.upstream import Mirror
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT_FILES = ("pyproject.toml", "patches", "overlay/overlay.lock.json", "CHANGELOG.md")
+NIGHTLY_LINE_FIXED = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)"
+NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer.weight.device)"
+ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+
+_REAL_HOME = Path(os.path.expanduser("~")).resolve()
+_PROTECTED = tuple(
+    {Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["purelib"])}
+    | {_REAL_HOME}
+)
+_guard_active = False
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    """Refuse writes to the real $HOME and site-packages while a test runs."""
+    if not _guard_active or event != "open":
+        return
+    path, mode = args[0], args[1]
+    if not isinstance(path, str | bytes | os.PathLike) or not isinstance(mode, str):
+        return
+    if not any(flag in mode for flag in "wax+"):
+        return
+    target = Path(os.fsdecode(path)).resolve()
+    for protected in _PROTECTED:
+        if target.is_relative_to(protected) and not target.is_relative_to(REPO):
+            raise PermissionError(f"test tried to write {target} (under {protected})")
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    global _guard_active
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.delenv("VLLM_PATCHSET_CACHE", raising=False)
+    _guard_active = True
+    try:
+        yield
+    finally:
+        _guard_active = False
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The upstream mirror for the whole session (env VLLM_PATCHSET_TEST_CACHE reuses one)."""
+    if env := os.environ.get("VLLM_PATCHSET_TEST_CACHE"):
+        Path(env).mkdir(parents=True, exist_ok=True)
+        return Path(env)
+    return tmp_path_factory.mktemp("upstream-cache")
+
+
+@pytest.fixture(scope="session")
+def mirror(cache_dir: Path) -> Mirror:
+    return Mirror(cache_dir)
+
+
+@pytest.fixture
+def project(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """A copy of this project's patch set in a fresh git repo, using the session's mirror
+    (also for the CLI, through VLLM_PATCHSET_CACHE)."""
+    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(cache_dir))
+    root = tmp_path / "project"
+    for name in PROJECT_FILES:
+        src = REPO / name
+        dest = root / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        elif src.exists():
+            shutil.copy2(src, dest)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "project")
+    return Project.load(root, cache_dir)
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def make_upstream_repo(mirror: Mirror, version: str, path: Path) -> Path:
+    """A local git repo holding vLLM `version` (from its PyPI sdist), tagged v<version>."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    mirror.repo.archive_to(mirror.release(version).commit, path)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", f"vllm {version}")
+    git(path, "tag", f"v{version}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def nightly_repo(mirror: Mirror, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The nightly-like base: v0.21.0 with vLLM PR #41630's one line reverted (tag `nightly`)."""
+    path = make_upstream_repo(mirror, "0.21.0", tmp_path_factory.mktemp("nightly") / "vllm")
+    oracle = path / ORACLE
+    text = oracle.read_text()
+    assert text.count(NIGHTLY_LINE_FIXED) == 1
+    oracle.write_text(text.replace(NIGHTLY_LINE_FIXED, NIGHTLY_LINE_BUGGY))
+    git(path, "commit", "-q", "-am", "Revert #41630: take the device from layer.weight")
+    git(path, "tag", "nightly")
+    return path
