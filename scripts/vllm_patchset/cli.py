@@ -164,7 +164,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
     info = import_queue(_project(args), force=args.force)
-    print(f"queue: {len(info.patches)} patch(es) as commits on {info.branch} in {info.worktree}")
+    print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.worktree}")
     return 0
 
 

@@ -180,8 +180,10 @@ class Repo:
         return sha
 
     # -- worktrees (queue, rebase) ------------------------------------------------------------
-    def add_worktree(self, path: Path, branch: str, commit: str) -> Repo:
-        self.run("worktree", "add", "--force", "-B", branch, str(path), commit)
+    def add_worktree(self, path: Path, commit: str) -> Repo:
+        """A worktree at `commit`, detached: the mirror is shared by every checkout of the
+        project, so a branch name could collide; the worktree's HEAD keeps its commits."""
+        self.run("worktree", "add", "--force", "--detach", str(path), commit)
         return Repo(path)
 
     def remove_worktree(self, path: Path) -> None:
@@ -206,6 +208,45 @@ class Repo:
                 "format-patch", *FORMAT_PATCH_ARGS, "-o", tmp, f"{base}..{head}"
             ).split()
             return [(Path(n).name, Path(n).read_bytes()) for n in names]
+
+    # -- rebase ------------------------------------------------------------------------------
+    def am_3way(self, patch: bytes) -> bool:
+        """`git am -3` one patch: False when it stopped on a conflict (the am stays in progress
+        for the maintainer: resolve, `git am --continue`)."""
+        try:
+            self.run(
+                "am",
+                "-3",
+                "--keep-cr",
+                "--committer-date-is-author-date",
+                "-",
+                stdin=patch,
+                env={"GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL},
+            )
+        except GitError:
+            if self.am_in_progress():
+                return False
+            raise
+        return True
+
+    def am_in_progress(self) -> bool:
+        return (self.path / self.run("rev-parse", "--git-path", "rebase-apply").strip()).is_dir()
+
+    def am_quit(self) -> None:
+        self.run("am", "--quit")
+
+    def unmerged_paths(self) -> list[str]:
+        return [
+            p for p in self.run("diff", "--name-only", "--diff-filter=U", "-z").split("\0") if p
+        ]
+
+    def changed_paths(self, *pathspecs: str) -> list[str]:
+        """`git status --porcelain` lines (tracked changes and untracked files) under pathspecs."""
+        out = self.run("status", "--porcelain", "--untracked-files=all", "--", *pathspecs)
+        return [line for line in out.split("\n") if line]
+
+    def prune_worktrees(self) -> None:
+        self.run("worktree", "prune")
 
     def is_dirty(self) -> bool:
         return bool(self.run("status", "--porcelain", "--untracked-files=no").strip())

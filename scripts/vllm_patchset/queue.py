@@ -18,17 +18,12 @@ QUEUE_DIR = ".queue"
 @dataclass(frozen=True)
 class QueueInfo:
     worktree: Path
-    base: str  # the pin's commit
-    branch: str
+    base: str  # the upstream the queue sits on
     patches: tuple[str, ...]
 
 
 def queue_path(project: Project) -> Path:
     return project.root / QUEUE_DIR
-
-
-def branch_name(project: Project) -> str:
-    return f"queue/{project.pin}"
 
 
 def import_queue(
@@ -43,15 +38,13 @@ def import_queue(
         if not force:
             raise BadInput(f"{path} exists: export it first, or import again with --force")
         drop_queue(project)
-    worktree = mirror.repo.add_worktree(path, branch_name(project), upstream.commit)
+    worktree = mirror.repo.add_worktree(path, upstream.commit)
     try:
         worktree.am([patch.raw for patch in series.active])
     except BadInput:
         drop_queue(project)
         raise
-    return QueueInfo(
-        path, upstream.commit, branch_name(project), tuple(p.name for p in series.active)
-    )
+    return QueueInfo(path, upstream.label, tuple(p.name for p in series.active))
 
 
 def open_queue(project: Project) -> tuple[Repo, str]:
@@ -85,7 +78,7 @@ def export_queue(project: Project, *, keep: bool = True) -> QueueInfo:
         write_series_file(project.series_file, names)
     if not keep:
         drop_queue(project)
-    return QueueInfo(worktree.path, base, branch_name(project), tuple(names))
+    return QueueInfo(worktree.path, project.pin, tuple(names))
 
 
 def drop_queue(project: Project) -> None:

@@ -99,7 +99,7 @@ def parse_patch(path: Path, key: str | None = None) -> Patch:
     except (OSError, UnicodeDecodeError) as exc:
         raise MalformedPatch(path, f"unreadable ({exc})") from None
     head, sep, diff = text.partition("\ndiff --git ")
-    if not sep:
+    if not sep and "diff --git " not in text:
         raise MalformedPatch(path, "no `diff --git` section")
     if not head.startswith("From ") or "\nSubject: " not in head:
         raise MalformedPatch(path, "not `git format-patch` output (no From/Subject header)")

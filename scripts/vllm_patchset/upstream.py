@@ -156,6 +156,7 @@ class Mirror:
                     " (truncated or altered download; nothing was imported)"
                 )
             partial.replace(target)
+            print(f"downloaded {name}, sha256 verified", file=sys.stderr)
         finally:
             partial.unlink(missing_ok=True)
         return target, expected, url
@@ -220,7 +221,6 @@ def _download(url: str, dest: Path, name: str) -> None:
                     sys.stderr.write(f"\rdownloading {name}: {done * 100 // total:3d}%")
             if sys.stderr.isatty():
                 sys.stderr.write("\n")
-            print(f"downloaded {name} ({done / 1e6:.1f} MB)", file=sys.stderr)
     except (urllib.error.URLError, OSError) as exc:
         raise DownloadFailed(f"download of {url} failed: {exc}") from None
 
