@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
@@ -32,15 +31,27 @@ def diff(path: str, hunk: str = HUNK) -> str:
 # (patch text, the error after "malformed patch <path>: ")
 MALFORMED = [
     ("just some text\n", "no `diff --git` section"),
-    ("diff --git a/vllm/x.py b/vllm/x.py\n" + HUNK, "not `git format-patch` output (no From/Subject header)"),
+    (
+        "diff --git a/vllm/x.py b/vllm/x.py\n" + HUNK,
+        "not `git format-patch` output (no From/Subject header)",
+    ),
     (GOOD_HEADER + diff("../etc/passwd"), "touches '../etc/passwd', outside the vllm/ package"),
     (GOOD_HEADER + diff("/etc/passwd"), "touches '/etc/passwd', outside the vllm/ package"),
     (GOOD_HEADER + diff("setup.py"), "touches 'setup.py', outside the vllm/ package"),
-    (GOOD_HEADER + diff("vllm/x.py", "@@ -1,2 +1,1 @@\n-a\n+b\n"), "vllm/x.py: hunk line counts do not match its header"),
+    (
+        GOOD_HEADER + diff("vllm/x.py", "@@ -1,2 +1,1 @@\n-a\n+b\n"),
+        "vllm/x.py: hunk line counts do not match its header",
+    ),
     (GOOD_HEADER + diff("vllm/x.py", HUNK + "junk\n"), "vllm/x.py: unexpected line 'junk'"),
     (GOOD_HEADER + diff("vllm/x.py", ""), "vllm/x.py: no hunks"),
-    (GOOD_HEADER.replace("Regression-test: tests/test_bad_input.py\n", "") + diff("vllm/x.py"), "missing trailer(s) Regression-test"),
-    (GOOD_HEADER.replace("Upstream-PR: none\n", "") + diff("vllm/x.py"), "missing trailer(s) Upstream-PR"),
+    (
+        GOOD_HEADER.replace("Regression-test: tests/test_bad_input.py\n", "") + diff("vllm/x.py"),
+        "missing trailer(s) Regression-test",
+    ),
+    (
+        GOOD_HEADER.replace("Upstream-PR: none\n", "") + diff("vllm/x.py"),
+        "missing trailer(s) Upstream-PR",
+    ),
 ]
 
 
@@ -62,7 +73,10 @@ def test_malformed_patch(
     for argv in (["overlay", "build"], ["check"], ["status"], ["matrix", "0.24.0"]):
         assert main(["--project", str(project.root), *argv]) == 2
         err = capsys.readouterr().err
-        assert err == f"vllm-patchset: malformed patch {project.patches_dir / '0002-bad.patch'}: {reason}\n"
+        assert (
+            err
+            == f"vllm-patchset: malformed patch {project.patches_dir / '0002-bad.patch'}: {reason}\n"
+        )
     assert snapshot(project.root) == before
 
 
@@ -77,7 +91,11 @@ SERIES_PROBLEMS = [
 
 @pytest.mark.parametrize(("series", "extra", "message"), SERIES_PROBLEMS)
 def test_series_problems(
-    project: Project, capsys: pytest.CaptureFixture[str], series: str, extra: str | None, message: str
+    project: Project,
+    capsys: pytest.CaptureFixture[str],
+    series: str,
+    extra: str | None,
+    message: str,
 ) -> None:
     (project.patches_dir / "series").write_text(series)
     if extra:
@@ -90,14 +108,23 @@ def test_series_problems(
 
 
 VERSION_PROBLEMS = [
-    ("9.9.9", 2, "vllm-patchset: vllm 9.9.9 is not available from https://pypi.org/simple (no sdist vllm-9.9.9.tar.gz)\n"),
+    (
+        "9.9.9",
+        2,
+        "vllm-patchset: vllm 9.9.9 is not available from https://pypi.org/simple (no sdist vllm-9.9.9.tar.gz)\n",
+    ),
     ("latest", 2, "vllm-patchset: not a vLLM version: 'latest' (expected e.g. 0.24.0)\n"),
 ]
 
 
 @pytest.mark.parametrize(("version", "code", "message"), VERSION_PROBLEMS)
 def test_unknown_version(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], project: Project, version: str, code: int, message: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    project: Project,
+    version: str,
+    code: int,
+    message: str,
 ) -> None:
     cache = tmp_path / "fresh-cache"
     argv = ["--project", str(project.root), "--cache-dir", str(cache)]
@@ -127,7 +154,15 @@ class _Index:
         (self.root / "files" / name).write_bytes(served)
         index = self.root / "simple" / "vllm"
         index.mkdir(parents=True, exist_ok=True)
-        doc = {"files": [{"filename": name, "url": f"{self.url[:-7]}/files/{name}", "hashes": {"sha256": sha256}}]}
+        doc = {
+            "files": [
+                {
+                    "filename": name,
+                    "url": f"{self.url[:-7]}/files/{name}",
+                    "hashes": {"sha256": sha256},
+                }
+            ]
+        }
         (index / "index.html").write_text(json.dumps(doc))
 
 
@@ -142,19 +177,29 @@ def local_index(tmp_path: Path) -> Iterator[_Index]:
 
 
 def _use_index(project: Project, url: str) -> None:
-    text = project.pyproject.read_text().replace('index-url = "https://pypi.org/simple"', f'index-url = "{url}"')
+    text = project.pyproject.read_text().replace(
+        'index-url = "https://pypi.org/simple"', f'index-url = "{url}"'
+    )
     project.pyproject.write_text(text)
 
 
 def test_truncated_download_imports_nothing(
-    project: Project, mirror: Mirror, local_index: _Index, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    project: Project,
+    mirror: Mirror,
+    local_index: _Index,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     mirror.release("0.24.0")
     real = (mirror.sdists / "vllm-0.24.0.tar.gz").read_bytes()
-    local_index.publish("vllm-0.24.0.tar.gz", real[: len(real) // 2], hashlib.sha256(real).hexdigest())
+    local_index.publish(
+        "vllm-0.24.0.tar.gz", real[: len(real) // 2], hashlib.sha256(real).hexdigest()
+    )
     _use_index(project, local_index.url)
     cache = tmp_path / "fresh-cache"
-    assert main(["--project", str(project.root), "--cache-dir", str(cache), "overlay", "build"]) == 2
+    assert (
+        main(["--project", str(project.root), "--cache-dir", str(cache), "overlay", "build"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("vllm-patchset: vllm-0.24.0.tar.gz: sha256 ")
     assert err.endswith(" (truncated or altered download; nothing was imported)\n")
@@ -179,12 +224,18 @@ def test_corrupt_sdist_with_matching_hash_imports_nothing(
     assert Mirror(cache).repo.tags("*") == []
 
 
-def test_no_network_and_no_cache(project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_network_and_no_cache(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _use_index(project, "http://127.0.0.1:9/simple")  # nothing listens on the discard port
     cache = tmp_path / "fresh-cache"
-    assert main(["--project", str(project.root), "--cache-dir", str(cache), "overlay", "build"]) == 2
+    assert (
+        main(["--project", str(project.root), "--cache-dir", str(cache), "overlay", "build"]) == 2
+    )
     err = capsys.readouterr().err
-    assert err.startswith("vllm-patchset: cannot read the package index http://127.0.0.1:9/simple/vllm/ (")
+    assert err.startswith(
+        "vllm-patchset: cannot read the package index http://127.0.0.1:9/simple/vllm/ ("
+    )
     assert err.endswith(") and the release is not cached\n")
     assert Mirror(cache).repo.tags("*") == []
     assert not (project.overlay_dir / "vllm").exists()
@@ -199,7 +250,10 @@ def test_second_build_runs_offline(project: Project, capsys: pytest.CaptureFixtu
 
 
 GIT_PROBLEMS = [
-    (["overlay", "build", "--git", "/nonexistent/repo"], "vllm-patchset: --git and --ref go together\n"),
+    (
+        ["overlay", "build", "--git", "/nonexistent/repo"],
+        "vllm-patchset: --git and --ref go together\n",
+    ),
     (["fetch", "--git", "{tmp}/not-a-repo", "--ref", "main"], "vllm-patchset: git fetch failed: "),
     (["fetch", "--git", "{nightly}", "--ref", "no-such-ref"], "vllm-patchset: git fetch failed: "),
 ]
@@ -207,7 +261,12 @@ GIT_PROBLEMS = [
 
 @pytest.mark.parametrize(("argv", "message"), GIT_PROBLEMS)
 def test_bad_git_sources(
-    project: Project, nightly_repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    project: Project,
+    nightly_repo: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
 ) -> None:
     (tmp_path / "not-a-repo").mkdir()
     argv = [a.format(tmp=tmp_path, nightly=nightly_repo) for a in argv]

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ORACLE
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
@@ -92,7 +91,9 @@ def test_overlay_for_nightly_like_base(
     assert "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)" in text
     assert "layer.weight.device" not in text
     lock = Lock.load(out / "overlay.lock.json")
-    assert lock.patches == ("upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch",)
+    assert lock.patches == (
+        "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch",
+    )
     assert lock.version == "git:nightly"
     # The committed lock of the pin is untouched.
     assert not (project.overlay_dir / "vllm").exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import git
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
@@ -14,7 +13,9 @@ FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def test_import_export_round_trip_is_byte_identical(
@@ -30,8 +31,7 @@ def test_import_export_round_trip_is_byte_identical(
     assert snapshot(project.patches_dir) == before
     assert not queue.exists()
     assert capsys.readouterr().out == (
-        f"queue: 1 patch(es) as commits on 0.24.0 in {queue}\n"
-        "exported 1 patch(es) to patches/\n"
+        f"queue: 1 patch(es) as commits on 0.24.0 in {queue}\nexported 1 patch(es) to patches/\n"
     )
 
 
@@ -39,7 +39,9 @@ def test_edit_loop_adds_a_patch(project: Project, capsys: pytest.CaptureFixture[
     root = str(project.root)
     assert main(["--project", root, "queue", "import"]) == 0
     queue = project.root / ".queue"
-    target = queue / "vllm" / "model_executor" / "layers" / "fused_moe" / "experts" / "triton_moe.py"
+    target = (
+        queue / "vllm" / "model_executor" / "layers" / "fused_moe" / "experts" / "triton_moe.py"
+    )
     target.write_text(target.read_text().replace('"""Triton-based MoE', '"""Triton MoE', 1))
     message = (
         "docs: shorter docstring\n\nWhy.\n\nUpstream-PR: none (local)\nIntroduced-by: none\n"
@@ -55,7 +57,9 @@ def test_edit_loop_adds_a_patch(project: Project, capsys: pytest.CaptureFixture[
     capsys.readouterr()
 
 
-def test_export_refuses_uncommitted_edits(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_refuses_uncommitted_edits(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = str(project.root)
     assert main(["--project", root, "queue", "import"]) == 0
     (project.root / ".queue" / "vllm" / "__init__.py").write_text("# edited\n")

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 

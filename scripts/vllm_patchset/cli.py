@@ -132,8 +132,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     project = _project(args)
     mirror = _mirror(project)
-    if args.installed or args.python:
-        upstream = mirror.installed(args.python)
+    if args.installed or args.python or args.target:
+        upstream = mirror.installed(args.python, args.target)
     else:
         upstream = resolve_base(project, mirror, args.version, args.git, args.ref)
     print(f"{upstream.label}: {upstream.tag} {upstream.commit[:12]} ({upstream.source})")
@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", metavar="REF")
     p.add_argument("--installed", action="store_true", help="the vllm of this interpreter")
     p.add_argument("--python", metavar="EXE", help="the vllm of another interpreter")
+    p.add_argument("--target", type=Path, metavar="DIR", help="the vllm installed in DIR")
     p.set_defaults(func=cmd_fetch)
 
     overlay = sub.add_parser("overlay", help="build, or deploy to an installed vllm")

@@ -174,9 +174,13 @@ class Mirror:
         return self._store(tree, f"git/{safe}", f"git:{ref}", version, f"git:{url}@{commit}")
 
     # -- an installed vllm --------------------------------------------------------------------
-    def installed(self, python: str | None = None) -> Upstream:
-        """The vllm installed for `python` (default: this interpreter), checked against RECORD."""
-        site, version, record = _locate_installed(python or sys.executable, self.package)
+    def installed(self, python: str | None = None, target: Path | None = None) -> Upstream:
+        """The vllm installed in `target` (a dir holding the package, as pip's --target) or for
+        `python` (default: this interpreter), every file checked against its RECORD."""
+        if target is not None:
+            site, version, record = _read_installed(target, self.package)
+        else:
+            site, version, record = _locate_installed(python or sys.executable, self.package)
         with tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp:
             root = Path(tmp)
             for path, digest in record.items():
@@ -249,6 +253,26 @@ def _extract_package(sdist: Path, dest: Path, package: str) -> None:
         raise DownloadFailed(f"{sdist} holds no {package}/ package")
 
 
+def _read_installed(site: Path, package: str) -> tuple[Path, str, dict[str, str]]:
+    infos = sorted(site.glob(f"{package}-*.dist-info"))
+    if len(infos) != 1 or not (site / package / "__init__.py").is_file():
+        raise BadInput(f"{site} holds no single installed {package} (package + dist-info)")
+    try:
+        metadata = (infos[0] / "METADATA").read_text("utf-8", "replace")
+        record_text = (infos[0] / "RECORD").read_text("utf-8")
+    except OSError as exc:
+        raise BadInput(f"{infos[0]}: unreadable ({exc})") from None
+    headers = (line.split(":", 1) for line in metadata.splitlines() if ":" in line)
+    version = next((value.strip() for key, value in headers if key == "Version"), None)
+    if version is None:
+        raise BadInput(f"{infos[0] / 'METADATA'}: no Version")
+    return site, version, _parse_record(record_text)
+
+
+def _parse_record(text: str) -> dict[str, str]:
+    return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row and len(row) >= 2}
+
+
 _LOCATE = """
 import importlib.metadata as md, importlib.util as u, json, sys
 spec = u.find_spec(sys.argv[1])
@@ -269,7 +293,4 @@ def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, s
     if not info["init"] or not info["record"]:
         raise BadInput(f"{package} for {python} has no package files or no RECORD")
     site = Path(info["init"]).parent.parent
-    record = {
-        row[0]: row[1] for row in csv.reader(io.StringIO(info["record"])) if row and len(row) >= 2
-    }
-    return site, str(info["version"]), record
+    return site, str(info["version"]), _parse_record(info["record"])

@@ -1,0 +1,74 @@
+"""Upstream sources agree by content: a PyPI sdist, a git clone and an installed wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import make_upstream_repo
+from vllm_install import Pristine, pristine, replace_file, target
+from vllm_patchset.cli import main
+from vllm_patchset.config import Project
+from vllm_patchset.upstream import Mirror
+
+FUSED_MOE = "vllm/model_executor/layers/fused_moe"
+TRITON = f"{FUSED_MOE}/experts/triton_moe.py"
+__all__ = ["pristine", "target"]  # fixtures from vllm_install
+
+
+def tree_id(mirror: Mirror, commit: str, path: str) -> str:
+    return mirror.repo.run("rev-parse", f"{commit}:{path}").strip()
+
+
+def test_sdist_and_git_clone_give_the_same_tree(mirror: Mirror, tmp_path: Path) -> None:
+    release = mirror.release("0.24.0")
+    clone = make_upstream_repo(mirror, "0.24.0", tmp_path / "vllm")
+    from_git = mirror.git_ref(str(clone), "v0.24.0")
+    assert (from_git.label, from_git.version, from_git.tag) == (
+        "git:v0.24.0",
+        "0.24.0",
+        "git/v0.24.0",
+    )
+    assert mirror.repo.tree_of(from_git.commit) == mirror.repo.tree_of(release.commit)
+    # A second fetch of the release needs no network: it is the same mirror commit.
+    assert (
+        Mirror(mirror.cache_dir, index_url="http://127.0.0.1:9/simple").release("0.24.0") == release
+    )
+
+
+def test_installed_wheel_agrees_with_sdist(
+    mirror: Mirror, pristine: Pristine, project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--project", str(project.root), "fetch", "--target", str(pristine.root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0.24.0: installed/0.24.0 ")
+    installed = mirror.get("installed/0.24.0")
+    assert installed is not None
+    release = mirror.release("0.24.0")
+    # MISSION.md: the wheel's files are byte-identical to the sdist's for these paths.
+    assert tree_id(mirror, installed.commit, FUSED_MOE) == tree_id(
+        mirror, release.commit, FUSED_MOE
+    )
+    assert not [p for p in mirror.repo.list_files(installed.commit) if p.endswith((".so", ".pyc"))]
+
+
+def test_modified_install_is_refused(
+    mirror: Mirror, target: Path, project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = target / TRITON
+    replace_file(path, path.read_bytes() + b"# local edit\n")
+    before = mirror.repo.tags("*")
+    assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 2
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {path} does not match its RECORD hash: the installed vllm 0.24.0 was modified\n"
+    )
+    assert mirror.repo.tags("*") == before
+
+
+def test_target_without_vllm(
+    tmp_path: Path, project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--project", str(project.root), "fetch", "--target", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {tmp_path} holds no single installed vllm (package + dist-info)\n"
+    )
