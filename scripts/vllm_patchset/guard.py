@@ -1,0 +1,142 @@
+"""A vLLM general plugin: at start, in every vLLM process, say whether the overlay is active.
+
+vLLM calls `register()` through the entry point `vllm_patchset_guard` (group
+`vllm.general_plugins`, see pyproject.toml) from `vllm.plugins.load_general_plugins()`, in the
+API server, the engine core and each worker. It logs one line: the overlay is active with its
+patches, or a loud warning when it is missing, partial, or was applied to another vLLM version
+(as after `pip install -U vllm`). With VLLM_PATCHSET_STRICT=1 that warning is a startup error
+instead. Nothing else it meets may stop vLLM: its own failures are logged and swallowed.
+
+It checks against the record that `overlay apply` leaves beside the install
+(`<site-packages>/.vllm-patchset/applied.json`), not a copy of the lock shipped in this
+package: the record says what was applied to *this* install, so it stays right when vllm and
+vllm-patchset are upgraded separately or deployed with `--target`/`--python`, and there is no
+second copy of the lock to keep in sync. The check reads one small JSON file and the METADATA
+and hashes the overlaid files (a few tens of kB): about 0.1 ms, and a few ms with the import
+of this module in a vLLM process (benchmarks/bench_guard.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from vllm_patchset.errors import PatchsetError
+from vllm_patchset.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
+
+STRICT_ENV = "VLLM_PATCHSET_STRICT"
+# Under "vllm": vLLM's own handler and format print it, at vLLM's log level.
+logger = logging.getLogger("vllm.vllm_patchset")
+
+
+class OverlayNotActive(RuntimeError):
+    """Raised at vLLM start under VLLM_PATCHSET_STRICT=1 when the overlay is not active."""
+
+
+class Outcome(NamedTuple):  # not a dataclass: this module is imported at every vLLM start
+    active: bool
+    message: str
+
+
+def check(root: Path, package: str = "vllm") -> Outcome:
+    """Is the overlay recorded in `root` (the dir holding the package) active there?
+
+    Reads the record as plain JSON (`deploy.read_record` would import the dataclasses)."""
+    where = root / package
+    state = root / STATE_DIR
+    try:
+        version = installed_version(root, package)
+    except PatchsetError as exc:
+        return Outcome(False, f"vllm-patchset: cannot check the overlay of {where}: {exc}")
+    if (state / JOURNAL).exists():
+        return Outcome(
+            False,
+            f"vllm-patchset: an interrupted `overlay apply` left {where} half-done: run"
+            f" `vllm-patchset overlay status --target {root}`",
+        )
+    try:
+        lock = json.loads((state / RECORD).read_bytes())["lock"]
+        locked_version = str(lock["version"])
+        patches = [str(p) for p in lock["patches"]]
+        files = {str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()}
+    except FileNotFoundError:
+        return Outcome(
+            False,
+            f"vllm-patchset: NO overlay applied to {package} {version} at {where}: its fixes are"
+            " NOT active (run `vllm-patchset overlay apply`)",
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Outcome(
+            False,
+            f"vllm-patchset: unreadable record {state / RECORD} ({type(exc).__name__}): the"
+            " overlay cannot be confirmed (run `vllm-patchset overlay status`)",
+        )
+    if version != locked_version:
+        return Outcome(
+            False,
+            f"vllm-patchset: the overlay was applied to {package} {locked_version}, but"
+            f" {package} {version} is installed at {where} now (upgraded?): its fixes are NOT"
+            f" active (rebase the patch set onto {version} and apply it)",
+        )
+    unpatched = [
+        rel.rsplit("/", 1)[-1] for rel, sha in files.items() if _sha256(root, package, rel) != sha
+    ]
+    if unpatched:
+        return Outcome(
+            False,
+            f"vllm-patchset: the overlay on {package} {version} at {where} is PARTIAL:"
+            f" {len(unpatched)} of {len(files)} files are not patched"
+            f" ({', '.join(unpatched)}): its fixes are NOT active (run"
+            " `vllm-patchset overlay status`, then apply)",
+        )
+    return Outcome(
+        True,
+        f"vllm-patchset: overlay active on {package} {version}: {', '.join(patches)}"
+        f" ({len(files)} files)",
+    )
+
+
+def _sha256(root: Path, package: str, rel: str) -> str | None:
+    parts = path_parts(package, rel)
+    try:
+        return hashlib.sha256(root.joinpath(*parts).read_bytes()).hexdigest() if parts else None
+    except OSError:
+        return None
+
+
+def _installed_root(package: str) -> Path | None:
+    """The dir holding the package this process imports (vllm is importing us: it is loaded)."""
+    module = sys.modules.get(package)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin is None:
+        spec = importlib.util.find_spec(package)
+        origin = spec.origin if spec is not None else None
+    return Path(origin).parent.parent if origin else None
+
+
+def register() -> None:
+    strict = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+    try:
+        root = _installed_root("vllm")
+        outcome = (
+            check(root)
+            if root is not None
+            else Outcome(False, "vllm-patchset: vllm is not importable: no overlay to check")
+        )
+    except Exception as exc:  # the guard must never be the reason vLLM does not start
+        logger.warning(
+            "vllm-patchset: could not check the overlay (%s: %s)", type(exc).__name__, exc
+        )
+        return
+    if outcome.active:
+        logger.info("%s", outcome.message)
+    elif strict:
+        raise OverlayNotActive(f"{outcome.message} [{STRICT_ENV}=1]")
+    else:
+        logger.warning("%s", outcome.message)

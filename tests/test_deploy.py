@@ -1,0 +1,757 @@
+"""`overlay apply | verify | revert | status` on a real vllm 0.24.0 (the PyPI wheel, installed
+with pip --target), with the overlay built by `build_overlay`: the round trip, every guard,
+killed runs, concurrent runs and stale bytecode. Each fault case asserts the exit code, the
+message and what the files hold afterwards."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import py_compile
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+
+import pytest
+from vllm_install import (
+    NVFP4_EMU,
+    TRITON_MOE,
+    Overlay,
+    Pristine,
+    cli_command,
+    journal_path,
+    overlay,
+    pristine,
+    read_only,
+    record_doc,
+    record_mismatches,
+    replace_file,
+    run_cli,
+    target,
+    tree_state,
+)
+from vllm_patchset.cli import main
+from vllm_patchset.deploy import KILL_ENV, LOCK_TIMEOUT_ENV
+from vllm_patchset.lock import Lock, LockEntry
+
+__all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
+
+OVERLAID = (NVFP4_EMU, TRITON_MOE)  # the lock's order (sorted)
+PATCH = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+STATE = ".vllm-patchset"
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(overlay: Overlay, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """`vllm-patchset overlay ARGS` in this process: (exit code, stdout, stderr)."""
+
+    def run(*args: str, project: Path | None = None) -> tuple[int, str, str]:
+        root = project or overlay.project.root
+        argv = ["--project", str(root), "--cache-dir", str(overlay.project.cache_dir)]
+        code = main([*argv, "overlay", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def header(command: str, outcome: str, target: Path) -> str:
+    return f"overlay {command}: {outcome} ({target}/vllm, 0.24.0; overlay for 0.24.0: {PATCH})"
+
+
+def assert_pristine(target: Path, pristine: Pristine) -> None:
+    for rel in OVERLAID:
+        assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes(), rel
+    assert not journal_path(target).exists()
+
+
+def assert_patched(target: Path, overlay: Overlay) -> None:
+    for rel in OVERLAID:
+        assert (target / rel).read_bytes() == overlay.patched(rel), rel
+    assert not journal_path(target).exists()
+
+
+def no_temp_files(target: Path) -> bool:
+    return not [p for p in target.rglob("*vllm-patchset-tmp")]
+
+
+def project_with_lock(tmp_path: Path, overlay: Overlay, lock: Lock) -> Path:
+    """A project like the session's, with another lock (and the same overlay files)."""
+    root = tmp_path / "other-project"
+    shutil.copytree(overlay.project.root, root, ignore=shutil.ignore_patterns(".git"))
+    (root / "overlay" / "overlay.lock.json").write_text(lock.to_json())
+    return root
+
+
+# -- the round trip ----------------------------------------------------------------------------
+def test_apply_verify_reapply_revert_round_trip(
+    cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
+) -> None:
+    t = str(target)
+    assert cli("status", "--target", t) == (
+        0,
+        "\n".join(
+            [
+                header("status", "not applied", target),
+                f"  pristine   {NVFP4_EMU}",
+                f"  pristine   {TRITON_MOE}",
+            ]
+        )
+        + "\n",
+        "",
+    )
+    code, out, _ = cli("verify", "--target", t)
+    assert code == 1 and out.splitlines()[0] == header("verify", "NOT verified", target)
+
+    untouched = tree_state(target)
+    code, out, _ = cli("apply", "--target", t, "--dry-run")
+    assert (code, out.splitlines()[0]) == (0, header("apply", "would apply", target))
+    assert tree_state(target) == untouched
+
+    assert cli("apply", "--target", t) == (
+        0,
+        "\n".join(
+            [
+                header("apply", "applied", target),
+                f"  patch      {NVFP4_EMU}",
+                f"  patch      {TRITON_MOE}",
+            ]
+        )
+        + "\n",
+        "",
+    )
+    assert_patched(target, overlay)
+    for rel in OVERLAID:
+        assert (target / STATE / "originals" / rel).read_bytes() == (
+            pristine.root / rel
+        ).read_bytes()
+        assert (target / rel).stat().st_mode == (pristine.root / rel).stat().st_mode
+    assert sorted(os.listdir(target / STATE)) == ["applied.json", "lock", "originals"]
+    doc = record_doc(target)
+    assert doc["lock"] == json.loads(overlay.lock.to_json())
+    assert doc["originals"] == {rel: pristine.record[rel] for rel in OVERLAID}
+
+    code, out, err = cli("verify", "--target", t)
+    assert (code, out.splitlines()[0], err) == (0, header("verify", "verified", target), "")
+    code, out, _ = cli("status", "--target", t, "--json")
+    assert (code, json.loads(out)["outcome"]) == (0, "applied")
+
+    applied = tree_state(target)
+    code, out, _ = cli("apply", "--target", t)
+    assert (code, out.splitlines()[0]) == (0, header("apply", "already applied", target))
+    assert tree_state(target) == applied  # no-op: not one file rewritten
+
+    code, out, _ = cli("revert", "--target", t, "--dry-run")
+    assert (code, out.splitlines()[0]) == (0, header("revert", "would revert", target))
+    assert tree_state(target) == applied
+
+    code, out, err = cli("revert", "--target", t)
+    assert (code, out.splitlines()[0], err) == (0, header("revert", "reverted", target), "")
+    # byte-identical to the wheel, every file; nothing else left but the lock file
+    assert record_mismatches(target, pristine.record) == []
+    assert set(tree_state(target)) == set(tree_state(pristine.root)) | {STATE, f"{STATE}/lock"}
+
+    reverted = tree_state(target)
+    code, out, _ = cli("revert", "--target", t)
+    assert (code, out.splitlines()[0]) == (0, header("revert", "already pristine", target))
+    assert tree_state(target) == reverted
+
+
+# -- guards: version, hashes ---------------------------------------------------------------------
+def set_version(target: Path, version: str) -> None:
+    meta = target / "vllm-0.24.0.dist-info" / "METADATA"
+    replace_file(
+        meta, meta.read_bytes().replace(b"\nVersion: 0.24.0\n", f"\nVersion: {version}\n".encode())
+    )
+
+
+def test_apply_refuses_another_vllm_version(cli: Cli, target: Path) -> None:
+    set_version(target, "0.25.0")
+    before = tree_state(target)
+    assert cli("apply", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: vllm 0.25.0 is installed at {target}, but the overlay is for 0.24.0:"
+        " nothing changed (rebase the patch set onto 0.25.0, or install vllm==0.24.0)\n",
+    )
+    assert tree_state(target) == before
+
+
+def test_revert_refuses_after_vllm_was_upgraded(cli: Cli, target: Path, overlay: Overlay) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    set_version(target, "0.25.0")  # as `pip install -U vllm` would, replacing the files too
+    replace_file(target / TRITON_MOE, b"# vllm 0.25.0's triton_moe.py\n")
+    before = tree_state(target)
+    code, out, err = cli("revert", "--target", str(target))
+    assert (code, out) == (1, "")
+    assert err.startswith("vllm-patchset: vllm 0.25.0 is installed at ") and "for 0.24.0" in err
+    assert tree_state(target) == before
+    code, out, _ = cli("status", "--target", str(target))
+    assert (code, out.splitlines()[0]) == (
+        1,
+        f"overlay status: other version (the lock is for 0.24.0) ({target}/vllm, 0.25.0;"
+        f" overlay for 0.24.0: {PATCH})",
+    )
+    assert cli("verify", "--target", str(target))[0] == 1
+    assert tree_state(target) == before
+
+
+def test_hand_edited_file_refused_then_forced_and_reverted_to_the_edit(
+    cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
+) -> None:
+    edited = (pristine.root / TRITON_MOE).read_bytes() + b"# local hotfix\n"
+    replace_file(target / TRITON_MOE, edited)
+    before = tree_state(target)
+    why = (
+        f"{TRITON_MOE} (sha256 {sha(edited)[:12]}: neither the pristine nor the patched"
+        " vllm 0.24.0)"
+    )
+    assert cli("apply", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: refusing to apply, nothing changed: {why}. --force overwrites such files"
+        " (the hash guard only), keeping their bytes for revert\n",
+    )
+    assert tree_state(target) == before
+
+    code, out, err = cli("apply", "--target", str(target), "--force")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == (
+        f"  note: --force: overwrote {TRITON_MOE} (sha256 {sha(edited)[:12]}, neither the"
+        " pristine nor the patched vllm 0.24.0); its bytes are kept for revert"
+    )
+    assert_patched(target, overlay)
+    assert (target / STATE / "originals" / TRITON_MOE).read_bytes() == edited
+    assert cli("verify", "--target", str(target))[0] == 0
+
+    assert cli("revert", "--target", str(target))[0] == 0
+    assert (target / TRITON_MOE).read_bytes() == edited  # the user's edit is back, byte for byte
+    assert (target / NVFP4_EMU).read_bytes() == (pristine.root / NVFP4_EMU).read_bytes()
+
+
+def test_missing_file_refused(cli: Cli, target: Path) -> None:
+    (target / NVFP4_EMU).unlink()
+    before = tree_state(target)
+    assert cli("apply", "--target", str(target), "--force") == (
+        1,
+        "",
+        f"vllm-patchset: {target / NVFP4_EMU} is missing: not a complete vllm\n",
+    )
+    assert tree_state(target) == before
+
+
+def test_revert_refuses_a_file_edited_after_apply_unless_forced(
+    cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
+) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    edited = overlay.patched(TRITON_MOE) + b"# edited after apply\n"
+    replace_file(target / TRITON_MOE, edited)
+    before = tree_state(target)
+    assert cli("revert", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: refusing to revert, nothing changed: {TRITON_MOE} (modified, sha256"
+        f" {sha(edited)[:12]}) changed since apply. --force restores the saved originals over"
+        " them (the hash guard only)\n",
+    )
+    assert tree_state(target) == before
+    code, out, _ = cli("revert", "--target", str(target), "--force")
+    assert code == 0
+    assert (
+        out.splitlines()[-1]
+        == f"  note: --force: restored the original over {TRITON_MOE} (modified)"
+    )
+    assert_pristine(target, pristine)
+    assert sorted(os.listdir(target / STATE)) == ["lock"]
+
+
+def test_revert_without_saved_originals_refused(cli: Cli, target: Path, overlay: Overlay) -> None:
+    for rel in OVERLAID:  # an overlay copied in by hand: no record, no originals
+        replace_file(target / rel, overlay.patched(rel))
+    before = tree_state(target)
+    assert cli("revert", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: no saved original for {target / NVFP4_EMU} (this overlay was not applied"
+        " by vllm-patchset): reinstall vllm==0.24.0 to undo it\n",
+    )
+    assert tree_state(target) == before
+
+
+def test_revert_refuses_a_corrupt_saved_original(cli: Cli, target: Path, overlay: Overlay) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    saved = target / STATE / "originals" / TRITON_MOE
+    replace_file(saved, b"not the original\n")
+    before = tree_state(target)
+    assert cli("revert", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: the saved original {saved} is corrupt (its sha256 differs from the"
+        f" record): cannot restore {TRITON_MOE}; reinstall vllm==0.24.0\n",
+    )
+    assert tree_state(target) == before
+    assert_patched(target, overlay)
+
+
+def test_corrupt_record_is_bad_input(cli: Cli, target: Path) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    record = target / STATE / "applied.json"
+    replace_file(record, b"{not json")
+    before = tree_state(target)
+    for command in ("apply", "revert"):
+        code, out, err = cli(command, "--target", str(target))
+        assert (code, out) == (2, "")
+        assert err.startswith(f"vllm-patchset: {record}: not a valid record (JSONDecodeError(")
+        assert err.endswith("); move it away to continue\n")
+    assert tree_state(target) == before
+
+
+def test_apply_refuses_while_another_overlay_is_applied(
+    cli: Cli, target: Path, overlay: Overlay, tmp_path: Path, pristine: Pristine
+) -> None:
+    # Another build of the overlay (say an older patch set): other patched bytes, other lock.
+    other_bytes = overlay.patched(TRITON_MOE) + b"# older patch set\n"
+    entries = tuple(
+        LockEntry(e.path, e.pristine_sha256, sha(other_bytes), ("0001-older.patch",))
+        if e.path == TRITON_MOE
+        else e
+        for e in overlay.lock.entries
+    )
+    older = dataclasses.replace(overlay.lock, patches=("0001-older.patch",), entries=entries)
+    older_project = project_with_lock(tmp_path, overlay, older)
+    replace_file(older_project / "overlay" / TRITON_MOE, other_bytes)
+    assert cli("apply", "--target", str(target), project=older_project)[0] == 0
+
+    before = tree_state(target)
+    assert cli("apply", "--target", str(target)) == (
+        1,
+        "",
+        f"vllm-patchset: refusing to apply, nothing changed: {target / NVFP4_EMU} holds another"
+        " overlay (0001-older.patch): run `vllm-patchset overlay revert` first\n",
+    )
+    assert tree_state(target) == before
+    # revert undoes what was applied (the record's lock), whatever this project's lock says
+    assert cli("revert", "--target", str(target))[0] == 0
+    assert_pristine(target, pristine)
+    assert cli("apply", "--target", str(target))[0] == 0
+    assert_patched(target, overlay)
+
+
+# -- guards: paths that lead out ------------------------------------------------------------------
+UNSAFE_LOCK_PATHS = (
+    "../evil.py",
+    "/tmp/evil.py",
+    "vllm/../../evil.py",
+    "vllm/./model_executor/evil.py",
+    "torch/evil.py",
+    "vllm\\..\\evil.py",
+    "vllm",
+)
+
+
+@pytest.mark.parametrize("bad", UNSAFE_LOCK_PATHS)
+def test_lock_paths_outside_the_package_refused(
+    cli: Cli, target: Path, overlay: Overlay, tmp_path: Path, bad: str
+) -> None:
+    entry = LockEntry(bad, "0" * 64, "1" * 64, (PATCH,))
+    lock = dataclasses.replace(overlay.lock, entries=(*overlay.lock.entries, entry))
+    project = project_with_lock(tmp_path, overlay, lock)
+    before = tree_state(target.parent)
+    for command in ("apply", "revert", "verify"):
+        assert cli(command, "--target", str(target), project=project) == (
+            1,
+            "",
+            f"vllm-patchset: refusing lock path {bad!r}: only relative paths inside the vllm"
+            " package are deployed\n",
+        )
+    assert tree_state(target.parent) == before
+
+
+SYMLINKS = {
+    # what becomes a symlink -> where it leads (outside the target)
+    "package dir": "vllm/model_executor/layers/fused_moe/experts",
+    "file": TRITON_MOE,
+    "bytecode dir": "vllm/model_executor/layers/fused_moe/experts/__pycache__",
+    "state dir": STATE,
+}
+
+
+@pytest.mark.parametrize("what", SYMLINKS)
+def test_symlinks_leading_out_refused(cli: Cli, target: Path, tmp_path: Path, what: str) -> None:
+    link = target / SYMLINKS[what]
+    outside = tmp_path / "outside" / link.name
+    outside.parent.mkdir()
+    if link.is_dir():
+        shutil.copytree(link, outside)
+        shutil.rmtree(link)
+    elif link.exists():
+        shutil.copy2(link, outside)
+        link.unlink()
+    else:
+        outside.mkdir()
+        (outside / "triton_moe.cpython-311.pyc").write_bytes(b"pyc outside")
+    link.symlink_to(outside)
+    before, outside_before = tree_state(target), tree_state(outside.parent)
+    code, out, err = cli("apply", "--target", str(target))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"vllm-patchset: refusing {link}: it is a symlink (to {outside});")
+    assert tree_state(target) == before
+    assert tree_state(outside.parent) == outside_before
+
+
+# -- guards: read-only target, the lock held, bad input ------------------------------------------
+def test_read_only_target_refused_with_nothing_changed(overlay: Overlay, target: Path) -> None:
+    before = tree_state(target)
+    with read_only(target) as prefix:
+        done = run_cli(overlay, "apply", "--target", str(target), prefix=prefix)
+    assert (done.returncode, done.stdout) == (1, "")
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"vllm-patchset: cannot write in {target} (")
+    assert lines[0].endswith("): the target is read-only here; nothing was changed")
+    assert tree_state(target) == before
+
+
+def test_read_only_target_once_applied(overlay: Overlay, target: Path, cli: Cli) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    applied = tree_state(target)
+    with read_only(target) as prefix:
+        again = run_cli(overlay, "apply", "--target", str(target), prefix=prefix)
+        verify = run_cli(overlay, "verify", "--target", str(target), prefix=prefix)
+        revert = run_cli(overlay, "revert", "--target", str(target), prefix=prefix)
+    assert (again.returncode, again.stdout.splitlines()[0]) == (
+        0,
+        header("apply", "already applied", target),
+    )
+    assert (verify.returncode, verify.stdout.splitlines()[0]) == (
+        0,
+        header("verify", "verified", target),
+    )
+    assert (revert.returncode, revert.stdout) == (1, "")
+    assert revert.stderr.startswith("vllm-patchset: cannot write in ")
+    assert revert.stderr.endswith(": the target is read-only here; nothing was changed\n")
+    assert tree_state(target) == applied
+
+
+def test_lock_held_by_another_run_times_out(
+    cli: Cli, target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (target / STATE).mkdir()
+    lock_file = target / STATE / "lock"
+    monkeypatch.setenv(LOCK_TIMEOUT_ENV, "0.2")
+    with lock_file.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        before = tree_state(target)
+        assert cli("apply", "--target", str(target)) == (
+            1,
+            "",
+            f"vllm-patchset: another vllm-patchset run holds {lock_file} (waited 0.2 s):"
+            " nothing was changed\n",
+        )
+        assert tree_state(target) == before
+
+
+def test_overlay_missing_or_stale_in_the_project(
+    cli: Cli, target: Path, overlay: Overlay, tmp_path: Path
+) -> None:
+    project = project_with_lock(tmp_path, overlay, overlay.lock)
+    source = project / "overlay" / TRITON_MOE
+    before = tree_state(target)
+    source.unlink()
+    assert cli("apply", "--target", str(target), project=project) == (
+        2,
+        "",
+        f"vllm-patchset: {source} is missing: run `vllm-patchset overlay build`\n",
+    )
+    source.write_bytes(b"stale\n")
+    assert cli("apply", "--target", str(target), project=project) == (
+        1,
+        "",
+        f"vllm-patchset: {source} does not match the lock's patched sha256: rebuild it with"
+        " `vllm-patchset overlay build`\n",
+    )
+    assert tree_state(target) == before
+
+
+def break_no_dist_info(target: Path) -> str:
+    (target / "vllm-0.24.0.dist-info").rename(target / "vllm-0.24.0.dist-info.old")
+    return f"{target}: no vllm-*.dist-info beside the package"
+
+
+def break_two_dist_infos(target: Path) -> str:
+    shutil.copytree(target / "vllm-0.24.0.dist-info", target / "vllm-0.23.0.dist-info")
+    return f"{target}: 2 vllm-*.dist-info beside the package"
+
+
+def break_no_version(target: Path) -> str:
+    meta = target / "vllm-0.24.0.dist-info" / "METADATA"
+    replace_file(meta, meta.read_bytes().replace(b"\nVersion: 0.24.0\n", b"\n"))
+    return f"{meta}: no Version header"
+
+
+def break_no_package(target: Path) -> str:
+    (target / "vllm" / "__init__.py").unlink()
+    return f"{target} holds no vllm package (vllm/__init__.py is missing)"
+
+
+BROKEN_INSTALLS = (break_no_dist_info, break_two_dist_infos, break_no_version, break_no_package)
+
+
+@pytest.mark.parametrize("breakage", BROKEN_INSTALLS)
+def test_broken_installs_are_bad_input(
+    cli: Cli, target: Path, breakage: Callable[[Path], str]
+) -> None:
+    message = breakage(target)
+    before = tree_state(target)
+    for command in ("apply", "status"):
+        assert cli(command, "--target", str(target)) == (2, "", f"vllm-patchset: {message}\n")
+    assert tree_state(target) == before
+
+
+def test_bad_target_and_python_options(
+    cli: Cli, tmp_path: Path, target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("apply", "--target", str(empty)) == (
+        2,
+        "",
+        f"vllm-patchset: {empty} holds no vllm package (vllm/__init__.py is missing)\n",
+    )
+    missing = tmp_path / "nowhere"
+    assert cli("verify", "--target", str(missing))[0] == 2
+    assert not missing.exists()
+    assert cli("apply", "--python", "/nonexistent/python") == (
+        2,
+        "",
+        "vllm-patchset: cannot run --python /nonexistent/python: [Errno 2] No such file or"
+        " directory: '/nonexistent/python'\n",
+    )
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # this venv has no vllm of its own
+    assert cli("apply", "--python", sys.executable) == (
+        2,
+        "",
+        f"vllm-patchset: {sys.executable} has no vllm package installed\n",
+    )
+    with pytest.raises(SystemExit) as exited:  # argparse: the two exclude each other
+        cli("apply", "--target", str(target), "--python", sys.executable)
+    assert exited.value.code == 2
+
+
+# -- another interpreter, and this one ---------------------------------------------------------
+def test_python_option_finds_another_environments_vllm(
+    cli: Cli, target: Path, tmp_path: Path, overlay: Overlay
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    for name in ("vllm", "vllm-0.24.0.dist-info"):
+        shutil.copytree(target / name, site / name, copy_function=os.link)
+    python = str(venv / "bin" / "python")
+    code, out, _ = cli("apply", "--python", python)
+    assert (code, out.splitlines()[0]) == (0, header("apply", "applied", site.resolve()))
+    assert_patched(site, overlay)
+    assert cli("verify", "--python", python)[0] == 0
+
+
+def test_default_is_the_vllm_of_this_interpreter(overlay: Overlay, target: Path) -> None:
+    done = run_cli(overlay, "apply", env={"PYTHONPATH": str(target)})
+    assert (done.returncode, done.stdout.splitlines()[0]) == (0, header("apply", "applied", target))
+    assert_patched(target, overlay)
+
+
+# -- killed runs -------------------------------------------------------------------------------
+# Write points of an apply of two files: journal, 2 originals, 2 files, record; two each (temp
+# file complete, replaced). The record's replace (12) commits; 13 is never reached.
+APPLY_POINTS = 12
+RECOVERED_BY = ("apply", "revert", "status")
+
+
+def expected_repair_note(point: int) -> str | None:
+    if point == 1:
+        return None  # killed before its journal existed: only a temp file to sweep
+    if point == APPLY_POINTS:
+        return "finished an interrupted apply (it had committed)"
+    replaced = 0 if point < 8 else 1 if point < 10 else 2
+    return f"rolled back an interrupted apply ({replaced} of 2 files had been replaced)"
+
+
+@pytest.mark.parametrize("recover", RECOVERED_BY)
+@pytest.mark.parametrize("point", range(1, APPLY_POINTS + 2))
+def test_apply_killed_at_each_write_then_recovered(
+    cli: Cli, overlay: Overlay, target: Path, pristine: Pristine, point: int, recover: str
+) -> None:
+    killed = run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: str(point)})
+    if point > APPLY_POINTS:
+        assert killed.returncode == 0
+        return
+    assert killed.returncode == -signal.SIGKILL
+    code, out, err = cli(recover, "--target", str(target))
+    assert (code, err) == (0, "")
+    note = expected_repair_note(point)
+    notes = [line for line in out.splitlines() if line.startswith("  note: ")]
+    assert notes[:1] == ([f"  note: {note}"] if note else [])
+    assert no_temp_files(target)
+    committed = point == APPLY_POINTS
+    if recover == "apply" or (recover == "status" and committed):
+        assert_patched(target, overlay)
+        assert cli("verify", "--target", str(target))[0] == 0
+    else:
+        assert_pristine(target, pristine)
+        assert not (target / STATE / "applied.json").exists()
+        assert not [p for p in (target / STATE).rglob("*") if p.is_file() and p.name != "lock"]
+
+
+REVERT_POINTS = 6  # journal, 2 files
+
+
+@pytest.mark.parametrize("point", range(1, REVERT_POINTS + 1))
+def test_revert_killed_at_each_write_then_finished(
+    cli: Cli, overlay: Overlay, target: Path, pristine: Pristine, point: int
+) -> None:
+    assert cli("apply", "--target", str(target))[0] == 0
+    killed = run_cli(overlay, "revert", "--target", str(target), env={KILL_ENV: str(point)})
+    assert killed.returncode == -signal.SIGKILL
+    code, out, _ = cli("status", "--target", str(target))
+    assert no_temp_files(target)
+    if point == 1:  # killed before its journal existed: the overlay is still whole
+        assert (code, out.splitlines()[0]) == (0, header("status", "applied", target))
+        assert_patched(target, overlay)
+        return
+    restored = 0 if point < 4 else 1 if point < 6 else 2
+    assert (code, out.splitlines()) == (
+        0,
+        [
+            header("status", "not applied", target),
+            f"  pristine   {NVFP4_EMU}",
+            f"  pristine   {TRITON_MOE}",
+            f"  note: finished an interrupted revert ({restored} of 2 files had been restored)",
+        ],
+    )
+    assert_pristine(target, pristine)
+    assert sorted(os.listdir(target / STATE)) == ["lock"]
+
+
+def test_recovery_killed_too_is_recovered_by_the_next_run(
+    cli: Cli, overlay: Overlay, target: Path, pristine: Pristine
+) -> None:
+    assert run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: "8"}).returncode < 0
+    # the repair restores triton_moe.py... and is killed in the middle of that write
+    assert run_cli(overlay, "status", "--target", str(target), env={KILL_ENV: "1"}).returncode < 0
+    assert journal_path(target).exists()
+    code, out, _ = cli("status", "--target", str(target))
+    assert (
+        out.splitlines()[-1]
+        == "  note: rolled back an interrupted apply (1 of 2 files had been replaced)"
+    )
+    assert code == 0
+    assert_pristine(target, pristine)
+    assert no_temp_files(target)
+
+
+def test_dry_run_with_an_interrupted_run_pending_changes_nothing(
+    cli: Cli, overlay: Overlay, target: Path
+) -> None:
+    assert run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: "8"}).returncode < 0
+    before = tree_state(target)
+    for command in ("apply", "revert"):
+        code, out, _ = cli(command, "--target", str(target), "--dry-run")
+        outcome = f"would repair an interrupted run, then {command}"
+        assert (code, out.splitlines()[0]) == (0, header(command, outcome, target))
+    code, out, _ = cli("verify", "--target", str(target))
+    assert code == 1
+    assert "  note: an interrupted run is pending (`overlay status` repairs it)" in out.splitlines()
+    assert tree_state(target) == before
+
+
+# -- concurrent runs ---------------------------------------------------------------------------
+@pytest.mark.parametrize("hold_first", [True, False], ids=["queued-on-the-lock", "free-race"])
+def test_concurrent_applies_apply_once(
+    overlay: Overlay, target: Path, pristine: Pristine, hold_first: bool
+) -> None:
+    (target / STATE).mkdir()
+    command = cli_command(overlay, "apply", "--target", str(target), "--json")
+    with (target / STATE / "lock").open("w") as held:
+        if hold_first:  # every run starts while the lock is taken, and waits for it
+            fcntl.flock(held, fcntl.LOCK_EX)
+        runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+        if hold_first:
+            time.sleep(2)  # let them reach the lock (not a timing assertion: any order passes)
+            assert [run.poll() for run in runs] == [None, None, None]
+            fcntl.flock(held, fcntl.LOCK_UN)
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0]
+    outcomes = sorted(json.loads(out)["outcome"] for out in outputs)
+    assert outcomes == ["already applied", "already applied", "applied"]
+    assert_patched(target, overlay)
+    assert record_doc(target)["originals"] == {rel: pristine.record[rel] for rel in OVERLAID}
+
+
+# -- stale bytecode ----------------------------------------------------------------------------
+def compile_unchecked(source: Path, optimization: int | str = "") -> Path:
+    pyc = Path(importlib.util.cache_from_source(str(source), optimization=optimization))
+    py_compile.compile(
+        str(source),
+        cfile=str(pyc),
+        doraise=True,
+        optimize=optimization or -1,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    return pyc
+
+
+def test_unchecked_hash_pyc_present_before_apply_is_removed(
+    cli: Cli, target: Path, overlay: Overlay
+) -> None:
+    source = target / TRITON_MOE
+    stale = [compile_unchecked(source), compile_unchecked(source, 1)]
+    stale.append(stale[0].with_name("triton_moe.cpython-312.pyc"))  # another interpreter's
+    shutil.copy(stale[0], stale[2])
+    unrelated = compile_unchecked(source.with_name("__init__.py"))
+    kept = unrelated.read_bytes()
+
+    assert cli("apply", "--target", str(target))[0] == 0
+    assert [p.exists() for p in stale] == [False, False, False]
+    assert unrelated.read_bytes() == kept
+    # What Python now runs for the module is the patched source, not the old bytecode.
+    code = SourceFileLoader("triton_moe", str(source)).get_code("triton_moe")
+    assert code == compile(overlay.patched(TRITON_MOE), str(source), "exec", dont_inherit=True)
+    assert cli("verify", "--target", str(target))[0] == 0
+
+
+def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
+    cli: Cli, target: Path, overlay: Overlay
+) -> None:
+    pyc = compile_unchecked(target / TRITON_MOE)
+    for rel in OVERLAID:  # an overlay copied in by hand, leaving the old bytecode in place
+        replace_file(target / rel, overlay.patched(rel))
+    # the hazard: Python keeps running the pristine bytecode
+    code = SourceFileLoader("triton_moe", str(target / TRITON_MOE)).get_code("triton_moe")
+    assert code != compile(
+        overlay.patched(TRITON_MOE), str(target / TRITON_MOE), "exec", dont_inherit=True
+    )
+    code_, out, _ = cli("verify", "--target", str(target))
+    assert code_ == 1
+    assert out.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"
+
+    code_, out, _ = cli("apply", "--target", str(target))
+    assert (code_, out.splitlines()[0]) == (0, header("apply", "already applied", target))
+    assert out.splitlines()[-1] == (
+        "  note: recorded the overlay found in place (no originals: revert cannot undo it)"
+    )
+    assert not pyc.exists()
+    assert cli("verify", "--target", str(target))[0] == 0
