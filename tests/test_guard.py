@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from vllm_install import (
+    NVFP4_EMU,
     TRITON_MOE,
     Overlay,
     Pristine,
@@ -103,6 +104,16 @@ def partial(target: Path, overlay: Overlay) -> str:
     )
 
 
+def reinstalled(target: Path, overlay: Overlay) -> str:
+    applied(overlay, target)
+    for rel in (TRITON_MOE, NVFP4_EMU):  # `pip install --force-reinstall vllm==0.24.0`
+        replace_file(target / rel, (target / ".vllm-patchset/originals" / rel).read_bytes())
+    return (
+        f"vllm-patchset: the overlay applied to vllm 0.24.0 at {target / 'vllm'} is GONE (vllm"
+        " reinstalled?): its fixes are NOT active (run `vllm-patchset overlay apply`)"
+    )
+
+
 def upgraded(target: Path, overlay: Overlay) -> str:
     applied(overlay, target)
     meta = target / "vllm-0.24.0.dist-info" / "METADATA"  # `pip install -U vllm`, in short
@@ -135,7 +146,7 @@ def interrupted(target: Path, overlay: Overlay) -> str:
     )
 
 
-NOT_ACTIVE = (missing, partial, upgraded, unreadable_record, interrupted)
+NOT_ACTIVE = (missing, partial, reinstalled, upgraded, unreadable_record, interrupted)
 
 
 @pytest.mark.parametrize("situation", NOT_ACTIVE)

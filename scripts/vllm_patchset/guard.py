@@ -87,6 +87,12 @@ def check(root: Path, package: str = "vllm") -> Outcome:
     unpatched = [
         rel.rsplit("/", 1)[-1] for rel, sha in files.items() if _sha256(root, package, rel) != sha
     ]
+    if unpatched and len(unpatched) == len(files):
+        return Outcome(
+            False,
+            f"vllm-patchset: the overlay applied to {package} {version} at {where} is GONE"
+            " (vllm reinstalled?): its fixes are NOT active (run `vllm-patchset overlay apply`)",
+        )
     if unpatched:
         return Outcome(
             False,
