@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -738,7 +738,7 @@ def verify(target: Target, lock: Lock) -> Report:
         problems.append(
             f"{target.package} {target.version} is installed, the lock is for {lock.version}"
         )
-    with _locked(target, shared=True) if (target.state / LOCK_FILE).exists() else _nothing():
+    with _locked(target, shared=True) if (target.state / LOCK_FILE).exists() else nullcontext():
         if (target.state / JOURNAL).exists():
             problems.append("an interrupted run is pending (`overlay status` repairs it)")
         files = []
@@ -756,11 +756,6 @@ def verify(target: Target, lock: Lock) -> Report:
     return _report(
         "verify", "verified" if ok else "NOT verified", target, lock, files, problems, ok=ok
     )
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def status(target: Target, lock: Lock) -> Report:
