@@ -6,21 +6,23 @@ from __future__ import annotations
 import os
 import shutil
 import site
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import (
+    NIGHTLY_LINE_BUGGY,
+    NIGHTLY_LINE_FIXED,
+    ORACLE,
+    PROJECT_FILES,
+    REPO,
+    git,
+    make_upstream_repo,
+)
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
-
-REPO = Path(__file__).resolve().parent.parent
-PROJECT_FILES = ("pyproject.toml", "patches", "overlay/overlay.lock.json", "CHANGELOG.md")
-NIGHTLY_LINE_FIXED = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)"
-NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer.weight.device)"
-ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 _REAL_HOME = Path(os.path.expanduser("~")).resolve()
 _PROTECTED = tuple(
@@ -95,30 +97,6 @@ def project(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "project")
     return Project.load(root, cache_dir)
-
-
-def git(cwd: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout
-
-
-def make_upstream_repo(mirror: Mirror, version: str, path: Path) -> Path:
-    """A local git repo holding vLLM `version` (from its PyPI sdist), tagged v<version>."""
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    mirror.repo.archive_to(mirror.release(version).commit, path)
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", f"vllm {version}")
-    git(path, "tag", f"v{version}")
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ORACLE
+from support import ORACLE
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock, sha256_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import git
+from support import git
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import make_upstream_repo
+from support import make_upstream_repo
 from vllm_install import Pristine, pristine, replace_file, target
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
