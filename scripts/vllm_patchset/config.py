@@ -29,6 +29,9 @@ class Project:
     overlay_dir: Path
     lock_path: Path
     cache_dir: Path
+    # A pin on a git ref instead of a PyPI release (set by `rebase --onto-git`).
+    pin_git: str | None = None
+    pin_ref: str | None = None
 
     @property
     def patches_dir(self) -> Path:
@@ -63,6 +66,8 @@ class Project:
                 overlay_dir=root / settings.get("overlay", "overlay"),
                 lock_path=root / settings.get("lock", "overlay/overlay.lock.json"),
                 cache_dir=cache_dir or default_cache_dir(),
+                pin_git=settings.get("pin-git"),
+                pin_ref=settings.get("pin-ref"),
             )
         except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
             raise BadInput(

@@ -173,8 +173,12 @@ class Repo:
 
     def fetch(self, url: str, ref: str) -> str:
         """Fetch `ref` of the repository at `url` (a path or URL) and return its commit."""
-        self.run("fetch", "--quiet", "--no-tags", url, ref)
-        sha = self.resolve("FETCH_HEAD")
+        # Into a ref of this process's own: FETCH_HEAD is shared by every process using the
+        # mirror, and another fetch could overwrite it between the fetch and the read.
+        temp = f"refs/vllm-patchset/fetch/{os.getpid()}"
+        self.run("fetch", "--quiet", "--no-tags", url, f"+{ref}:{temp}")
+        sha = self.resolve(temp)
+        self.delete_ref(temp)
         if sha is None:
             raise GitError("fetch", f"{ref} of {url} is not a commit")
         return sha
@@ -245,8 +249,14 @@ class Repo:
         out = self.run("status", "--porcelain", "--untracked-files=all", "--", *pathspecs)
         return [line for line in out.split("\n") if line]
 
-    def prune_worktrees(self) -> None:
-        self.run("worktree", "prune")
+    def clone_shared(self, path: Path, commit: str) -> Repo:
+        """A repository at `path`, at `commit` (detached), that borrows this one's objects
+        (`git clone --shared`). Unlike a worktree, nothing of it is registered here: deleting
+        `path` removes it whole, even after a kill half way through."""
+        self.run("clone", "--quiet", "--shared", "--no-checkout", "--no-tags", ".", str(path))
+        clone = Repo(path)
+        clone.run("checkout", "--quiet", "--detach", commit)
+        return clone
 
     def is_dirty(self) -> bool:
         return bool(self.run("status", "--porcelain", "--untracked-files=no").strip())

@@ -79,6 +79,13 @@ def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
     )
 
 
+def pin_base(project: Project, mirror: Mirror) -> Upstream:
+    """The pin's upstream tree: a PyPI release, or a git ref (`pin-git` + `pin-ref`)."""
+    if project.pin_git and project.pin_ref:
+        return mirror.git_ref(project.pin_git, project.pin_ref)
+    return mirror.release(project.pin)
+
+
 def resolve_base(
     project: Project, mirror: Mirror, version: str | None, git_url: str | None, ref: str | None
 ) -> Upstream:
@@ -86,7 +93,7 @@ def resolve_base(
         if not (git_url and ref):
             raise BadInput("--git and --ref go together")
         return mirror.git_ref(git_url, ref)
-    return mirror.release(version or project.pin)
+    return mirror.release(version) if version else pin_base(project, mirror)
 
 
 def patches_for(project: Project) -> tuple[Patch, ...]:
@@ -139,7 +146,7 @@ def build_overlay(
     to `out_dir`; the committed lock is not touched.
     """
     mirror = Mirror(project.cache_dir, project.package, project.index_url)
-    upstream = base or mirror.release(project.pin)
+    upstream = base or pin_base(project, mirror)
     is_pin = base is None or (upstream.version == project.pin and upstream.tag == f"v{project.pin}")
     result = walk(mirror, upstream, patches_for(project))
     require_no_conflict(result)
@@ -173,7 +180,7 @@ def build_overlay(
 def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine: bool) -> Path:
     """Write a full `vllm/` tree (pristine, or with every applicable patch) under `dest`."""
     mirror = Mirror(project.cache_dir, project.package, project.index_url)
-    upstream = base or mirror.release(project.pin)
+    upstream = base or pin_base(project, mirror)
     if pristine:
         tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
     else:
