@@ -21,6 +21,7 @@ from vllm_patchset.overlay import (
     export_tree,
     lock_for,
     patches_for,
+    pin_base,
     resolve_base,
     walk,
 )
@@ -45,7 +46,7 @@ def _mirror(project: Project) -> Mirror:
 def cmd_status(args: argparse.Namespace) -> int:
     project = _project(args)
     mirror = _mirror(project)
-    result = walk(mirror, mirror.release(project.pin), patches_for(project))
+    result = walk(mirror, pin_base(project, mirror), patches_for(project))
     freshness = _lock_freshness(project, mirror, result)
     if args.json:
         print(
@@ -85,7 +86,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     project = _project(args)
     series = load_series(project.series_file, project.upstreamed_file)  # series <-> files, trailers
     mirror = _mirror(project)
-    result = walk(mirror, mirror.release(project.pin), series.upstreamed + series.active)
+    result = walk(mirror, pin_base(project, mirror), series.upstreamed + series.active)
     problems = []
     active = {p.key for p in series.active}
     for verdict in result.verdicts:
@@ -164,7 +165,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
     info = import_queue(_project(args), force=args.force)
-    print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.worktree}")
+    print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}")
     return 0
 
 

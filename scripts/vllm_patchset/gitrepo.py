@@ -183,17 +183,7 @@ class Repo:
             raise GitError("fetch", f"{ref} of {url} is not a commit")
         return sha
 
-    # -- worktrees (queue, rebase) ------------------------------------------------------------
-    def add_worktree(self, path: Path, commit: str) -> Repo:
-        """A worktree at `commit`, detached: the mirror is shared by every checkout of the
-        project, so a branch name could collide; the worktree's HEAD keeps its commits."""
-        self.run("worktree", "add", "--force", "--detach", str(path), commit)
-        return Repo(path)
-
-    def remove_worktree(self, path: Path) -> None:
-        self.run("worktree", "remove", "--force", str(path))
-        self.run("worktree", "prune")
-
+    # -- queue and rebase repositories ------------------------------------------------------------
     def am(self, patches: list[bytes]) -> None:
         for patch in patches:
             self.run(

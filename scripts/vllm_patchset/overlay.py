@@ -8,6 +8,7 @@ of files that the applied patches touch, patched, at vLLM's own paths.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -204,8 +205,11 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
 
 @contextmanager
 def _replaced_dir(final: Path) -> Iterator[Path]:
-    """Yield a staging dir; on success it replaces `final` whole, on error nothing changes."""
+    """Yield a staging dir; on success it replaces `final` whole, on error nothing changes.
+    Staging dirs that a killed build left behind are removed first."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(".staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=".staging-", dir=final.parent) as tmp:
         staging = Path(tmp) / final.name
         staging.mkdir()
