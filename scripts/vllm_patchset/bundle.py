@@ -1,0 +1,175 @@
+"""`vllm-patchset bundle`: one archive for a GPU host without network.
+
+It holds what `validate` runs (the pristine, overlaid and buggy vLLM trees, tests/gpu, the
+manifest of red/green expectations and gpurun.py, the checker), optionally the wheels of the
+pure-Python packages that vLLM's MoE code imports and such a host lacks, and run.sh. It must stay
+under 64 MiB so that it travels over narrow channels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from vllm_patchset import gpurun
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.validate import build_trees
+
+LIMIT = 64 * 1024 * 1024
+NAME = "vllm-patchset-gpu"
+
+# What importing vLLM's fused MoE code needs beyond a GPU host with torch, triton, numpy,
+# transformers and their dependencies (../shared/GPU.md; gguf for 0.21.0). openai < 3:
+# 3.x needs httpx2. pydantic-core is added at the version the chosen pydantic pins.
+HOST_WHEELS = (
+    "pyzmq",
+    "pydantic",
+    "annotated-types",
+    "typing-inspection",
+    "typing-extensions",
+    "cbor2",
+    "openai-harmony",
+    "openai<3",
+    "distro",
+    "jiter",
+    "sniffio",
+    "gguf",
+)
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+
+RUN_SH = """\
+#!/bin/sh
+# GPU validation of the vllm-patchset trees on this host: python3 with torch and a CUDA or
+# ROCm GPU; no network. Usage: sh run.sh [--only TREE]...   (PYTHON=... to pick python3)
+set -e
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if ls wheels/*.whl >/dev/null 2>&1; then
+    SITE=${VLLM_PATCHSET_SITE:-/tmp/vllm-patchset-site}
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \\
+        --target "$SITE" wheels/*.whl
+    PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH
+fi
+exec "$PY" gpurun.py . "$@"
+"""
+
+README = """\
+vllm-patchset GPU bundle
+========================
+
+Run on a host with python3, torch and a CUDA or ROCm GPU (no network needed):
+
+    tar -xJf {archive} && sh {name}/run.sh
+
+run.sh installs wheels/ (if any) into /tmp/vllm-patchset-site, then gpurun.py runs tests/gpu
+against each tree in trees/ (VLLM_PATCHSET_VLLM_TREE=trees/NAME), with vLLM's compiled ops if
+the tree has them, else the stand-ins of tests/gpu/standins.py, and checks manifest.json's
+red/green expectations. It prints a table and exits 1 if one is unmet; logs and per-tree
+reports are in results/. One tree: sh run.sh --only pristine-0.24.0.
+
+Trees:
+{trees}
+"""
+
+
+def download_wheels(dest: Path, python_version: str = "3.12") -> list[Path]:
+    """cp<python_version> manylinux wheels of HOST_WHEELS (no dependencies of their own: the
+    host has them), and the pydantic-core that the downloaded pydantic pins."""
+    dest.mkdir(parents=True, exist_ok=True)
+    _pip_download(dest, python_version, HOST_WHEELS)
+    (pydantic,) = dest.glob("pydantic-[0-9]*.whl")
+    _pip_download(dest, python_version, (_pinned(pydantic, "pydantic-core"),))
+    return sorted(dest.glob("*.whl"))
+
+
+def _pip_download(dest: Path, python_version: str, requirements: tuple[str, ...]) -> None:
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+    command += ["--only-binary=:all:", "--python-version", python_version, "--implementation"]
+    command += ["cp", *(f"--platform={p}" for p in PLATFORMS), "--dest", str(dest)]
+    result = subprocess.run([*command, *requirements], capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BadInput(f"pip download {' '.join(requirements)} failed: {last}")
+
+
+def _pinned(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in archive.read(metadata).decode("utf-8").splitlines():
+            if line.startswith(f"Requires-Dist: {name}=="):
+                return line.removeprefix("Requires-Dist: ").split(";")[0].strip()
+    raise BadInput(f"{wheel.name} pins no {name}")
+
+
+def make_bundle(
+    project: Project, archive: Path, *, wheels: bool, python_version: str = "3.12"
+) -> Path:
+    if archive.exists():
+        raise BadInput(f"{archive} exists already")
+    with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
+        root = Path(tmp) / NAME
+        built = build_trees(project, root)
+        shutil.copy2(Path(gpurun.__file__), root / "gpurun.py")
+        if wheels:
+            download_wheels(root / "wheels", python_version)
+        (root / "run.sh").write_text(RUN_SH, encoding="utf-8")
+        trees = "\n".join(
+            f"  {s.name}: "
+            + ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+            for s in built.specs
+        )
+        readme = README.format(archive=archive.name, name=NAME, trees=trees)
+        (root / "README.txt").write_text(readme, encoding="utf-8")
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_name(archive.name + ".part")
+        # One xz stream with a 64 MiB window: the trees share most files, so they compress
+        # together to little more than one.
+        try:
+            with (
+                lzma.open(partial, "wb", preset=9) as xz,
+                tarfile.open(fileobj=xz, mode="w") as tar,
+            ):
+                tar.add(root, arcname=NAME)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    size = partial.stat().st_size
+    if size >= LIMIT:
+        partial.unlink()
+        raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
+    partial.replace(archive)
+    return archive
+
+
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bundle", help="one archive to run the GPU validation offline")
+    p.add_argument("--out", type=Path, help=f"the archive (default: build/{NAME}.tar.xz)")
+    p.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave wheels out")
+    p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
+    p.set_defaults(func=cmd_bundle)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    project = Project.load(args.project, args.cache_dir)
+    out = args.out or project.root / "build" / f"{NAME}.tar.xz"
+    if args.out is None:
+        out.unlink(missing_ok=True)  # our own build output: replace it
+    archive = make_bundle(project, out, wheels=args.wheels, python_version=args.python_version)
+    print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
+    print(f"on the GPU host: tar -xJf {archive.name} && sh {NAME}/run.sh")
+    return 0

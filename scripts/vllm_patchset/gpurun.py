@@ -1,0 +1,200 @@
+"""Run tests/gpu against each vLLM tree of a manifest and check every red/green expectation.
+
+Standard library only: ``vllm-patchset validate`` imports it, and ``vllm-patchset bundle``
+ships it to GPU hosts that have torch but neither network nor vllm-patchset, where it runs as
+``python3 gpurun.py BUNDLE_DIR``.
+
+The manifest (``manifest.json``) lists trees; each names the pytest selection to run and the
+expected outcome of each regression test: ``red`` (fails: the bug is there) or ``green``
+(passes). Every other test selected must pass or skip itself with a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+REPORT_ENV = "VLLM_PATCHSET_GPU_REPORT"  # tests/gpu/conftest.py writes outcomes there
+TREE_ENV = "VLLM_PATCHSET_VLLM_TREE"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    test: str  # a pytest node id without parameters: tests/gpu/test_x.py::test_y
+    expect: str  # "red" or "green"
+    why: str
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    name: str
+    path: str  # relative to the manifest's folder
+    select: tuple[str, ...]  # pytest arguments (paths or node ids), relative to that folder
+    expectations: tuple[Expectation, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    tree: str
+    mode: str
+    vllm: str
+    test: str
+    expect: str  # red, green, or "green|skip" for tests without an expectation of their own
+    got: str  # red, green, skip, error, not run
+    met: bool
+
+
+def load_manifest(root: Path) -> list[TreeSpec]:
+    data = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    return [
+        TreeSpec(
+            name=t["name"],
+            path=t["path"],
+            select=tuple(t["select"]),
+            expectations=tuple(Expectation(**e) for e in t["expectations"]),
+        )
+        for t in data["trees"]
+    ]
+
+
+def write_manifest(root: Path, trees: list[TreeSpec]) -> None:
+    data = {
+        "trees": [
+            {
+                "name": t.name,
+                "path": t.path,
+                "select": list(t.select),
+                "expectations": [e.__dict__ for e in t.expectations],
+            }
+            for t in trees
+        ]
+    }
+    (root / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def outcome_of(test: str, outcomes: dict[str, str]) -> str:
+    """red, green, skip, error or "not run" for a test id, over all of its parametrizations.
+
+    Red is a test that ran and failed; a module that does not import, or a fixture that
+    breaks, is an error, which no expectation accepts."""
+    mine = [o for node, o in outcomes.items() if node == test or node.startswith(test + "[")]
+    if not mine:
+        module = outcomes.get(test.split("::", 1)[0])  # a module that skipped or failed whole
+        mine = [module] if module else []
+    if not mine:
+        return "not run"
+    if "error" in mine:
+        return "error"
+    if "failed" in mine:
+        return "red"
+    if all(o == "skipped" for o in mine):
+        return "skip"
+    return "green"
+
+
+def base_ids(outcomes: dict[str, str]) -> list[str]:
+    """The test ids (without parameters) that ran or were collected."""
+    return sorted({node.split("[", 1)[0] for node in outcomes if "::" in node})
+
+
+def run_tree(root: Path, tree: TreeSpec, out: Path, python: str) -> tuple[dict[str, object], float]:
+    """Run pytest on `tree`'s selection with that tree first on sys.path; return the report."""
+    report_path = out / f"{tree.name}.json"
+    report_path.unlink(missing_ok=True)
+    env = {**os.environ, TREE_ENV: str((root / tree.path).resolve()), REPORT_ENV: str(report_path)}
+    command = [
+        python,
+        "-m",
+        "pytest",
+        *tree.select,
+        "--confcutdir",
+        str(root / "tests" / "gpu"),  # tests/gpu stands alone: no CPU-test fixtures
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "faulthandler_timeout=300",  # a hung capture prints its stacks instead of hanging silently
+        "-rA",
+    ]
+    started = time.monotonic()
+    with (out / f"{tree.name}.log").open("w", encoding="utf-8") as log:
+        subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    if not report_path.is_file():
+        return {"vllm": {"mode": "pytest did not finish"}, "outcomes": {}}, seconds
+    return json.loads(report_path.read_text(encoding="utf-8")), seconds
+
+
+def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
+    vllm = report.get("vllm", {})
+    assert isinstance(vllm, dict)
+    outcomes = report.get("outcomes", {})
+    assert isinstance(outcomes, dict)
+    mode, version = str(vllm.get("mode", "?")), str(vllm.get("version", "?"))
+    rows = []
+    expected = {e.test: e for e in tree.expectations}
+    for e in tree.expectations:
+        got = outcome_of(e.test, outcomes)
+        rows.append(Row(tree.name, mode, version, e.test, e.expect, got, got == e.expect))
+    for test in base_ids(outcomes):
+        if test not in expected:
+            got = outcome_of(test, outcomes)
+            rows.append(
+                Row(tree.name, mode, version, test, "green|skip", got, got in ("green", "skip"))
+            )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    header = ("tree", "mode", "vllm", "test", "expected", "got", "")
+    lines = [header] + [
+        (r.tree, r.mode, r.vllm, r.test.split("/")[-1], r.expect, r.got, "ok" if r.met else "UNMET")
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+def run_all(root: Path, out: Path, python: str, only: tuple[str, ...] = ()) -> list[Row]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    timings: dict[str, float] = {}
+    for tree in load_manifest(root):
+        if only and tree.name not in only:
+            continue
+        report, seconds = run_tree(root, tree, out, python)
+        timings[tree.name] = round(seconds, 1)
+        print(f"{tree.name}: {report.get('vllm', {})} ({seconds:.0f} s)", flush=True)
+        rows.extend(check_tree(tree, report))
+    summary = {"rows": [r.__dict__ for r in rows], "seconds": timings}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, nargs="?", default=Path(__file__).resolve().parent)
+    parser.add_argument("--out", type=Path, help="logs and reports (default: ROOT/results)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter with torch")
+    parser.add_argument("--only", action="append", default=[], metavar="TREE")
+    args = parser.parse_args(argv)
+    if not (args.root / MANIFEST).is_file():
+        print(f"gpurun: no {MANIFEST} in {args.root}", file=sys.stderr)
+        return 2
+    rows = run_all(args.root, args.out or args.root / "results", args.python, tuple(args.only))
+    print(table(rows))
+    unmet = [r for r in rows if not r.met]
+    print(f"{len(rows) - len(unmet)} expectations met, {len(unmet)} unmet")
+    return 1 if unmet else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""`vllm-patchset validate`: prove each patch red/green on a GPU.
+
+Trees, each a pure-Python `vllm/` package with the metadata vLLM's platform detection reads:
+- `pristine-<pin>` and `overlay-<pin>` run all of tests/gpu. On the pristine pin, the regression
+  tests of every series patch that the pin needs must fail (red); on the overlay, every
+  regression test must pass (green); every other test must pass or skip itself.
+- for each patch that upstream merged (`patches/upstreamed/`): `buggy-<n>`, the release that
+  merged it with the patch reversed (the code that still had the bug: for fix 1, v0.21.0 with
+  vLLM PR #41630 reverted, a faithful nightly), where its regression tests must fail, and
+  `fixed-<n>`, that tree with the patch applied, where they must pass.
+
+The run itself is gpurun.py (standard library only), so that `vllm-patchset bundle` can ship
+the same trees, manifest and checker to a GPU host without network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from vllm_patchset import gpurun
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, pin_base, walk
+from vllm_patchset.series import Patch
+from vllm_patchset.states import State
+from vllm_patchset.upstream import VERSION_RE, Mirror, Upstream
+
+TESTS = "tests/gpu"
+
+
+@dataclass(frozen=True)
+class BuiltTrees:
+    root: Path  # holds trees/, tests/gpu and manifest.json
+    specs: tuple[gpurun.TreeSpec, ...]
+
+
+def reverse_patch(raw: bytes) -> bytes:
+    """The unified diff that undoes `raw` (what `git apply -R` applies): in each hunk the '+'
+    and '-' lines and the two ranges swap, and so do the blob ids; all else stays."""
+    out = []
+    old_left = new_left = 0  # lines of the current hunk still to come
+    for line in raw.decode("utf-8").splitlines(keepends=True):
+        if old_left or new_left:
+            kind = line[:1]
+            old_left -= kind in " -"
+            new_left -= kind in " +"
+            if kind in "+-":
+                line = ("-" if kind == "+" else "+") + line[1:]
+        elif match := _HUNK.match(line):
+            old, new = match.group(1), match.group(2)
+            old_left, new_left = _count(old), _count(new)
+            line = line.replace(f"-{old} +{new}", f"-{new} +{old}", 1)
+        elif match := _INDEX.match(line):
+            line = line.replace(
+                f"{match.group(1)}..{match.group(2)}", f"{match.group(2)}..{match.group(1)}", 1
+            )
+        out.append(line)
+    return "".join(out).encode("utf-8")
+
+
+_HUNK = re.compile(r"^@@ -(\d+(?:,\d+)?) \+(\d+(?:,\d+)?) @@")
+_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+
+
+def _count(hunk_range: str) -> int:
+    return int(hunk_range.split(",")[1]) if "," in hunk_range else 1
+
+
+def _short(patch: Patch) -> str:
+    return patch.name.split("-", 1)[0]
+
+
+def _add_metadata(tree: Path, version: str) -> None:
+    """vLLM's platform detection reads its version with importlib.metadata (a pure tree has no
+    dist-info): give the tree the METADATA an installed vllm has."""
+    info = tree / f"vllm-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n", encoding="utf-8"
+    )
+
+
+def _write_pytest_ini(project: Project, root: Path) -> None:
+    """The project's pytest settings, so that the run's rootdir (and its node ids, as the
+    manifest and the patches' trailers name them) is `root` wherever it lies."""
+    settings = tomllib.loads(project.pyproject.read_text("utf-8"))["tool"]["pytest"]
+    options = settings["ini_options"]
+    lines = ["[pytest]", f"addopts = {options.get('addopts', '')}"]
+    for key in ("markers", "filterwarnings"):
+        lines.append(f"{key} =")
+        lines.extend(f"    {value}" for value in options.get(key, ()))
+    (root / "pytest.ini").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: dict[str, object]) -> None:
+    dest.mkdir(parents=True)
+    mirror.repo.archive_to(git_tree, dest)
+    (dest / TREE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def build_trees(project: Project, root: Path) -> BuiltTrees:
+    """Write every tree under `root`/trees, tests/gpu beside them, and the manifest."""
+    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    pin = pin_base(project, mirror)
+    patches = patches_for(project)
+    if root.exists():
+        raise BadInput(f"{root} exists already: give a new folder")
+    trees = root / "trees"
+    specs: list[gpurun.TreeSpec] = []
+
+    states = {v.patch: v.state for v in walk(mirror, pin, patches).verdicts}
+    version = pin.version or pin.label
+    pristine_expect: list[gpurun.Expectation] = []
+    overlay_expect: list[gpurun.Expectation] = []
+    for patch in patches:
+        state = states[patch.key]
+        for test in patch.trailers.regression_tests:
+            red = state == State.APPLIES
+            why = f"{patch.key}: {state.value} on {version}"
+            pristine_expect.append(gpurun.Expectation(test, "red" if red else "green", why))
+            overlay_expect.append(gpurun.Expectation(test, "green", f"{patch.key} applied"))
+    for name, pristine, expect in (
+        (f"pristine-{version}", True, pristine_expect),
+        (f"overlay-{version}", False, overlay_expect),
+    ):
+        export_tree(project, None, trees / name, pristine=pristine)
+        _add_metadata(trees / name, version)
+        specs.append(gpurun.TreeSpec(name, f"trees/{name}", (TESTS,), tuple(expect)))
+
+    for patch in patches:
+        if patch.key.startswith("upstreamed/"):
+            specs.extend(_upstreamed_trees(mirror, patch, trees))
+
+    shutil.copytree(
+        project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    _write_pytest_ini(project, root)
+    gpurun.write_manifest(root, specs)
+    return BuiltTrees(root, tuple(specs))
+
+
+def _upstreamed_trees(mirror: Mirror, patch: Patch, trees: Path) -> list[gpurun.TreeSpec]:
+    release = patch.trailers.applied_upstream
+    if not VERSION_RE.match(release):
+        raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
+    merged: Upstream = mirror.release(release)
+    tests = patch.trailers.regression_tests
+    buggy = mirror.repo.apply_to_tree(mirror.repo.tree_of(merged.commit), reverse_patch(patch.raw))
+    fixed = mirror.repo.apply_to_tree(buggy, patch.raw)
+    specs = []
+    for kind, git_tree, expect, applied in (
+        ("buggy", buggy, "red", []),
+        ("fixed", fixed, "green", [patch.key]),
+    ):
+        name = f"{kind}-{_short(patch)}-{release}"
+        info: dict[str, object] = {
+            "version": release,
+            "label": f"{release} with {patch.key} reversed",
+            "source": merged.source,
+            "kind": "nightly-like" if kind == "buggy" else "nightly-like+fix",
+            "patches": applied,
+        }
+        _write_tree(mirror, git_tree, trees / name, info)
+        _add_metadata(trees / name, release)
+        why = (
+            f"{release} without {patch.trailers.upstream_pr} still has the bug"
+            if kind == "buggy"
+            else f"{patch.key} fixes it"
+        )
+        expectations = tuple(gpurun.Expectation(t, expect, why) for t in tests)
+        specs.append(gpurun.TreeSpec(name, f"trees/{name}", tests, expectations))
+    return specs
+
+
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="GPU tests on pristine, overlaid and buggy trees")
+    p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
+    p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
+    p.add_argument("--only", action="append", default=[], metavar="TREE")
+    p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    project = Project.load(args.project, args.cache_dir)
+    work = args.work
+    if work is None:
+        work = project.root / "build" / "gpu"
+        shutil.rmtree(work, ignore_errors=True)  # our own build folder: start clean
+    built = build_trees(project, work)
+    for spec in built.specs:
+        print(f"tree {spec.name}: {spec.path}", file=sys.stderr)
+    if args.build_only:
+        return 0
+    rows = gpurun.run_all(built.root, built.root / "results", args.python, tuple(args.only))
+    if args.json:
+        print(json.dumps({"rows": [r.__dict__ for r in rows]}, indent=2))
+    else:
+        print(gpurun.table(rows))
+    unmet = [r for r in rows if not r.met]
+    if unmet:
+        raise Finding(
+            f"{len(unmet)} red/green expectation(s) unmet: "
+            + ", ".join(f"{r.tree} {r.test} expected {r.expect}, got {r.got}" for r in unmet)
+        )
+    return 0

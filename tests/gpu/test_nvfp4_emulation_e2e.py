@@ -1,0 +1,117 @@
+"""NVFP4 emulation end to end through vLLM's modular kernel (no-DP/EP prepare/finalize +
+Nvfp4QuantizationEmulationTritonExperts), eagerly and replayed from a CUDA/HIP graph, against
+a pure-torch reference that dequantizes the weights and applies the same NVFP4 activation
+quantize-dequantize. Must pass on pristine 0.24.0 and on the overlay alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
+pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
+
+from moe_references import (  # noqa: E402
+    E2M1_MAX,
+    E4M3_MAX,
+    dequantize_nvfp4,
+    moe_reference,
+    move_off_e2m1_ties,
+    nvfp4_quant_dequant,
+    random_nvfp4_weights,
+    rms,
+    route,
+    silu_and_mul,
+)
+from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config  # noqa: E402
+from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (  # noqa: E402
+    Nvfp4QuantizationEmulationTritonExperts,
+)
+from vllm_moe import apply, modular_kernel, moe_config  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (experts, hidden, intermediate, top-k)
+SHAPES = [
+    (8, 128, 64, 2),
+    (32, 1024, 512, 4),
+    (128, 2048, 768, 8),  # Qwen3-30B-A3B's MoE layer
+]
+TOKENS = [1, 7, 64, 512]
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize(("experts", "hidden", "intermediate", "topk"), SHAPES)
+def test_nvfp4_emulation_eager_and_graph_replay(
+    capture_graph, experts: int, hidden: int, intermediate: int, topk: int, tokens: int
+) -> None:
+    dtype = torch.bfloat16
+    w13, w13_sf, w13_gs = random_nvfp4_weights(
+        experts, 2 * intermediate, hidden, hidden**-0.5, "cuda"
+    )
+    w2, w2_sf, w2_gs = random_nvfp4_weights(
+        experts, hidden, intermediate, intermediate**-0.5, "cuda"
+    )
+    # The emulation dequantizes the weights to the activation dtype before its bf16 GEMMs.
+    w13_ref = dequantize_nvfp4(w13, w13_sf, w13_gs).to(dtype).float()
+    w2_ref = dequantize_nvfp4(w2, w2_sf, w2_gs).to(dtype).float()
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    topk_weights, topk_ids = route(tokens, experts, topk, "cuda")
+
+    # Global activation scales calibrated as a checkpoint's are, E4M3_MAX * E2M1_MAX / amax,
+    # with a 1% margin (which also keeps a2's scaled values off exact E2M1 ties).
+    a1_gscale = (E4M3_MAX * E2M1_MAX / x.abs().amax().float()).reshape(1)
+    x = move_off_e2m1_ties(x, a1_gscale)  # so the input quantization is reproducible bit for bit
+    x_ref = nvfp4_quant_dequant(x, a1_gscale).float()
+    mid_amax = torch.stack(
+        [silu_and_mul((x_ref @ w13_ref[e].T).to(dtype)).abs().amax() for e in range(experts)]
+    ).amax()
+    a2_gscale = (E4M3_MAX * E2M1_MAX / (1.01 * mid_amax.float())).reshape(1)
+
+    quant_config = nvfp4_moe_quant_config(
+        g1_alphas=w13_gs,
+        g2_alphas=w2_gs,
+        a1_gscale=a1_gscale,
+        a2_gscale=a2_gscale,
+        w1_scale=w13_sf,
+        w2_scale=w2_sf,
+    )
+    config = moe_config(experts, topk, hidden, intermediate, dtype)
+    kernel = modular_kernel(Nvfp4QuantizationEmulationTritonExperts(config, quant_config))
+
+    def forward() -> torch.Tensor:
+        return apply(kernel, x, w13, w2, topk_weights, topk_ids)
+
+    eager = forward()
+    ref = moe_reference(
+        x,
+        w13_ref,
+        w2_ref,
+        topk_weights,
+        topk_ids,
+        lambda t: nvfp4_quant_dequant(t, a1_gscale).float(),
+        lambda t: nvfp4_quant_dequant(t, a2_gscale).float(),
+    )
+    scale = rms(ref)
+    # The reference repeats every rounding of the emulation (bf16 weights, NVFP4 fake
+    # quantization of both activations, bf16 GEMM outputs); the input's is bit-exact (see
+    # move_off_e2m1_ties). What differs is the GEMMs' summation order, which moves a bf16
+    # rounding of the intermediate by one ulp in about one element of 1000, and Triton's
+    # approximate division: either flips an E2M1 rounding of the intermediate now and then (one
+    # step, rarely a block scale). Simulated for these shapes: at most 6% of the output RMS on
+    # one element, and a mean error of 3e-5 RMS. So: atol 0.15 RMS per element (a missing or wrong activation
+    # quantization is off by 90% or more somewhere), rtol 2**-6 for the final bf16 roundings
+    # (the top-k sum), and a mean error under 0.5% RMS (missing quantization: 7%).
+    torch.testing.assert_close(eager, ref, atol=0.15 * scale, rtol=2**-6)
+    mean_error = (eager.float() - ref.float()).abs().mean()
+    torch.testing.assert_close(mean_error, torch.zeros_like(mean_error), atol=0.005 * scale, rtol=0)
+
+    graph, graph_out = capture_graph(forward)
+    x.copy_(torch.randn_like(x))
+    expected = forward().clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    # Same kernels, same inputs: the replay is bit for bit the eager result.
+    torch.testing.assert_close(graph_out, expected, atol=0, rtol=0)
