@@ -100,13 +100,15 @@ def test_nvfp4_emulation_eager_and_graph_replay(
     # move_off_e2m1_ties). What differs is the GEMMs' summation order, which moves a bf16
     # rounding of the intermediate by one ulp in about one element of 1000, and Triton's
     # approximate division: either flips an E2M1 rounding of the intermediate now and then (one
-    # step, rarely a block scale). Simulated for these shapes: at most 6% of the output RMS on
-    # one element, and a mean error of 3e-5 RMS. So: atol 0.15 RMS per element (a missing or wrong activation
-    # quantization is off by 90% or more somewhere), rtol 2**-6 for the final bf16 roundings
-    # (the top-k sum), and a mean error under 0.5% RMS (missing quantization: 7%).
+    # step, rarely a block scale), which moves the whole output row of its token a little.
+    # Simulated for these shapes: at most 6% of the output RMS on one element; seen on the
+    # H200: a mean error of 0.9% RMS over the one row of a single token. So: atol 0.15 RMS per
+    # element (a missing or wrong activation quantization is off by 90% or more somewhere),
+    # rtol 2**-6 for the final bf16 roundings (the top-k sum), and a mean error under 3% RMS
+    # (a missing activation quantization: 7%).
     torch.testing.assert_close(eager, ref, atol=0.15 * scale, rtol=2**-6)
     mean_error = (eager.float() - ref.float()).abs().mean()
-    torch.testing.assert_close(mean_error, torch.zeros_like(mean_error), atol=0.005 * scale, rtol=0)
+    torch.testing.assert_close(mean_error, torch.zeros_like(mean_error), atol=0.03 * scale, rtol=0)
 
     graph, graph_out = capture_graph(forward)
     x.copy_(torch.randn_like(x))
