@@ -1,0 +1,166 @@
+"""validate / gpurun / bundle on the CPU: the trees and expectations they build from the real
+patches and vLLM releases, the outcome rules, and the offline bundle. The GPU run itself is
+tests/gpu (see issue 5's notes for the H200 table)."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, REPO
+from vllm_patchset import gpurun
+from vllm_patchset.bundle import NAME, _pinned, make_bundle
+from vllm_patchset.config import Project
+from vllm_patchset.overlay import patches_for
+from vllm_patchset.upstream import Mirror
+from vllm_patchset.validate import build_trees, reverse_patch
+
+FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
+FIX2 = "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
+FIX1_PATCH = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
+
+
+def _with_gpu_tests(project: Project) -> Project:
+    shutil.copytree(REPO / "tests" / "gpu", project.root / "tests" / "gpu")
+    return project
+
+
+@pytest.mark.parametrize("patch", sorted(p.name for p in (REPO / "patches").rglob("*.patch")))
+def test_reverse_patch_is_an_involution(patch: str) -> None:
+    (path,) = (REPO / "patches").rglob(patch)
+    raw = path.read_bytes()
+    assert reverse_patch(raw) != raw
+    assert reverse_patch(reverse_patch(raw)) == raw
+
+
+def test_reversed_fix1_on_0_21_0_is_the_nightly_bug(mirror: Mirror, project: Project) -> None:
+    (fix1,) = (p for p in patches_for(project) if p.key == FIX1_PATCH)
+    release = mirror.release("0.21.0")
+    pristine = mirror.repo.tree_of(release.commit)
+    buggy = mirror.repo.apply_to_tree(pristine, reverse_patch(fix1.raw))
+    text = mirror.repo.read_blob(buggy, ORACLE)
+    assert text is not None
+    assert text.decode().count(NIGHTLY_LINE_BUGGY) == 1
+    assert NIGHTLY_LINE_FIXED not in text.decode()
+    # Re-applying the fix gives back v0.21.0 exactly.
+    assert mirror.repo.apply_to_tree(buggy, fix1.raw) == pristine
+
+
+def test_build_trees_and_expectations(project: Project, tmp_path: Path) -> None:
+    built = build_trees(_with_gpu_tests(project), tmp_path / "gpu")
+    specs = {s.name: s for s in built.specs}
+    assert list(specs) == [
+        "pristine-0.24.0",
+        "overlay-0.24.0",
+        "buggy-0001-0.21.0",
+        "fixed-0001-0.21.0",
+    ]
+    expect = {name: {e.test: e.expect for e in s.expectations} for name, s in specs.items()}
+    assert expect["pristine-0.24.0"][FIX1] == "green"  # upstream since 0.21.0
+    assert expect["pristine-0.24.0"][FIX2] == "red"
+    assert expect["buggy-0001-0.21.0"] == {FIX1: "red"}
+    assert expect["fixed-0001-0.21.0"] == {FIX1: "green"}
+    # Every series patch: red on the pristine pin, green on the overlay.
+    for patch in patches_for(project):
+        for test in patch.trailers.regression_tests:
+            assert expect["overlay-0.24.0"][test] == "green"
+            if not patch.key.startswith("upstreamed/"):
+                assert expect["pristine-0.24.0"][test] == "red"
+    assert specs["pristine-0.24.0"].select == ("tests/gpu",)
+    assert specs["buggy-0001-0.21.0"].select == (FIX1,)
+
+    root = built.root
+    assert gpurun.load_manifest(root) == list(built.specs)
+    for name, version in (("pristine-0.24.0", "0.24.0"), ("buggy-0001-0.21.0", "0.21.0")):
+        metadata = root / "trees" / name / f"vllm-{version}.dist-info" / "METADATA"
+        assert metadata.read_text() == f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    oracle = {name: (root / "trees" / name / ORACLE).read_text() for name in specs}
+    assert NIGHTLY_LINE_BUGGY in oracle["buggy-0001-0.21.0"]
+    assert NIGHTLY_LINE_FIXED in oracle["fixed-0001-0.21.0"]
+    info = json.loads((root / "trees" / "overlay-0.24.0" / "vllm-patchset-tree.json").read_text())
+    assert info["kind"] == "overlay"
+    assert info["patches"] == [p.key for p in patches_for(project) if p.key != FIX1_PATCH]
+    assert (root / "tests" / "gpu" / "standins.py").is_file()
+    ini = (root / "pytest.ini").read_text()
+    assert "    gpu: needs a CUDA or ROCm GPU" in ini
+    assert "filterwarnings =\n    error\n" in ini
+
+
+OUTCOMES = {
+    "tests/gpu/test_a.py::test_x[1]": "passed",
+    "tests/gpu/test_a.py::test_x[2]": "failed",
+    "tests/gpu/test_a.py::test_y": "passed",
+    "tests/gpu/test_a.py::test_z": "skipped",
+    "tests/gpu/test_b.py": "error",
+    "tests/gpu/test_c.py::test_w": "error",
+}
+OUTCOME_CASES = [
+    ("tests/gpu/test_a.py::test_x", "red"),
+    ("tests/gpu/test_a.py::test_y", "green"),
+    ("tests/gpu/test_a.py::test_z", "skip"),
+    ("tests/gpu/test_b.py::test_v", "error"),  # the module did not import: not red
+    ("tests/gpu/test_c.py::test_w", "error"),  # a fixture broke: not red
+    ("tests/gpu/test_d.py::test_u", "not run"),
+]
+
+
+@pytest.mark.parametrize(("test", "expected"), OUTCOME_CASES)
+def test_outcome_of(test: str, expected: str) -> None:
+    assert gpurun.outcome_of(test, OUTCOMES) == expected
+
+
+def test_check_tree_rows() -> None:
+    spec = gpurun.TreeSpec(
+        "t",
+        "trees/t",
+        ("tests/gpu",),
+        (
+            gpurun.Expectation("tests/gpu/test_a.py::test_x", "red", "bug"),
+            gpurun.Expectation("tests/gpu/test_b.py::test_v", "red", "bug"),
+        ),
+    )
+    report = {"vllm": {"mode": "standin", "version": "0.24.0"}, "outcomes": OUTCOMES}
+    rows = [
+        (r.test.split("::")[1], r.expect, r.got, r.met) for r in gpurun.check_tree(spec, report)
+    ]
+    assert rows == [
+        ("test_x", "red", "red", True),
+        ("test_v", "red", "error", False),
+        ("test_y", "green|skip", "green", True),
+        ("test_z", "green|skip", "skip", True),
+        ("test_w", "green|skip", "error", False),
+    ]
+
+
+def test_gpurun_without_manifest_is_bad_usage(tmp_path: Path) -> None:
+    assert gpurun.main([str(tmp_path)]) == 2
+
+
+def test_pinned_requirement(tmp_path: Path) -> None:
+    wheel = tmp_path / "pydantic-2.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(
+            "pydantic-2.0.dist-info/METADATA",
+            "Name: pydantic\nRequires-Dist: typing-extensions>=4\n"
+            "Requires-Dist: pydantic-core==2.50.5\n",
+        )
+    assert _pinned(wheel, "pydantic-core") == "pydantic-core==2.50.5"
+
+
+def test_bundle_without_wheels(project: Project, tmp_path: Path) -> None:
+    archive = make_bundle(_with_gpu_tests(project), tmp_path / "b.tar.xz", wheels=False)
+    assert archive.stat().st_size < 64 * 1024 * 1024
+    with lzma.open(archive) as xz, tarfile.open(fileobj=xz) as tar:
+        names = set(tar.getnames())
+        run_sh = tar.extractfile(f"{NAME}/run.sh")
+        assert run_sh is not None
+        assert run_sh.read().decode().rstrip().endswith('exec "$PY" gpurun.py . "$@"')
+    for name in ("gpurun.py", "manifest.json", "pytest.ini", "README.txt", "tests/gpu/conftest.py"):
+        assert f"{NAME}/{name}" in names
+    assert f"{NAME}/trees/buggy-0001-0.21.0/{ORACLE}" in names
+    assert not any(n.startswith(f"{NAME}/wheels") for n in names)
