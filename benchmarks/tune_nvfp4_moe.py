@@ -1,0 +1,467 @@
+"""Tile sweep for the fused NVFP4 emulation MoE kernel (patch 0002), and its bucket table.
+
+    python benchmarks/tune_nvfp4_moe.py --tree DIR [--write-table] [--out DIR]
+
+DIR holds a vLLM tree with patch 0002 applied (the kernel lives in
+vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py; without vLLM's
+compiled extensions the stand-ins of tests/gpu/standins.py are installed). Times each GEMM
+(w13 with silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on both
+benchmark shapes and token counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before
+each replay, median of 20), checks the picked configs against the pure-torch
+reference (tests/gpu/nvfp4_moe_reference.py), and with --write-table rewrites that file's
+``_CONFIGS`` table with the picks. Candidates compile in parallel processes first.
+
+Pick per token bucket: for each GEMM the tile with the least sum over the two shapes of
+(time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
+states inside the GEMM or in a pass of its own) with the least such sum. Output:
+``tune.json`` (every timing) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing as mp
+import re
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import triton
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+import nvfp4_moe_reference as R  # noqa: E402
+import standins  # noqa: E402
+
+# Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
+GROUPS = {
+    1: [(16, True, True)],
+    8: [(16, False, True), (16, True, True)],
+    32: [(16, False, True), (16, False, False)],
+    128: [(16, False, False), (32, False, False)],
+    512: [(32, False, False), (64, False, False)],
+}
+# Bucket bound (largest token count) -> (token count swept, groups it may pick). Naive blocks
+# (no moe_align_block_size) only where the kernel module allows them (few tokens per expert).
+BUCKETS = {
+    4: (1, [(16, True, True)]),
+    16: (8, [(16, False, True)]),
+    64: (32, GROUPS[32]),
+    256: (128, GROUPS[128]),
+    1 << 62: (512, GROUPS[512]),
+}
+# A group that quantize-dequantizes the hidden states in a pass of its own pays one more small
+# kernel (vLLM 0.24.0's Triton QDQ), not timed here: count it as this much.
+SEPARATE_QDQ_US = 4.0
+# Candidate tiles (block_n, block_k, num_warps, num_stages) per token block; none of them
+# spills registers on sm_90 (ptxas -v).
+W13 = {
+    16: [
+        (16, 128, 4, 4),
+        (16, 256, 4, 4),
+        (32, 64, 4, 4),
+        (32, 128, 4, 4),
+        (64, 64, 4, 4),
+        (64, 128, 4, 3),
+        (64, 64, 8, 3),
+        (128, 64, 8, 3),
+    ],
+    32: [
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (64, 64, 8, 3),
+        (64, 128, 8, 3),
+        (128, 64, 8, 3),
+        (64, 64, 4, 4),
+    ],
+    64: [(64, 64, 4, 3), (64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (128, 32, 8, 4)],
+}
+W2 = {
+    16: [
+        (32, 64, 4, 4),
+        (32, 128, 4, 4),
+        (64, 64, 4, 4),
+        (64, 128, 4, 4),
+        (64, 64, 8, 3),
+        (128, 64, 8, 3),
+        (64, 128, 8, 3),
+        (128, 128, 8, 3),
+    ],
+    32: [
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (64, 64, 8, 3),
+        (64, 128, 8, 3),
+        (128, 64, 8, 3),
+        (128, 128, 8, 3),
+    ],
+    64: [(64, 64, 4, 3), (64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3)],
+}
+
+
+KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
+
+
+def load_kernel_module(tree: Path) -> types.ModuleType:
+    if not standins.has_compiled_extensions(tree / "vllm"):
+        standins.install()
+    sys.path.insert(0, str(tree))
+    module = importlib.import_module(KERNEL_MODULE)
+    assert Path(module.__file__).is_relative_to(tree), module.__file__
+    return module
+
+
+K: types.ModuleType  # the kernel module, set by main() and by each compile process
+
+
+def align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+    """moe_align_block_size through the stand-in op (same buffers as vLLM's wrapper)."""
+    numel = topk_ids.numel()
+    padded = numel + num_experts * (block_m - 1)
+    if numel < num_experts:
+        padded = min(numel * block_m, padded)
+    dev = topk_ids.device
+    sorted_ids = torch.empty(padded, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(triton.cdiv(padded, block_m), dtype=torch.int32, device=dev)
+    post_pad = torch.empty(1, dtype=torch.int32, device=dev)
+    standins.moe_align_block_size(
+        topk_ids, num_experts, block_m, sorted_ids, expert_ids, post_pad, None
+    )
+    return sorted_ids, expert_ids, post_pad
+
+
+def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
+    """The MoE as Nvfp4QuantizationEmulationTritonExperts.apply runs it (torch QDQ for the
+    hidden states where the config does not fuse it)."""
+    tokens, top_k = topk_ids.shape
+    pairs = tokens * top_k
+    if cfg.naive:
+        sorted_ids, expert_ids, post_pad = None, topk_ids.view(-1), None
+    else:
+        sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, moe.w13.size(0))
+    a1, a1_gscale = hidden, moe.a13_gscale
+    if not cfg.fuse_a1_qdq:
+        a1, a1_gscale = R.quant_dequant(hidden, moe.a13_gscale).to(hidden.dtype), None
+    act = torch.empty(pairs, moe.w2.size(2) * 2, dtype=hidden.dtype, device=hidden.device)
+    K.invoke_nvfp4_moe_gemm(
+        a1,
+        a1_gscale,
+        moe.w13,
+        moe.w13_scale,
+        moe.w13_gscale,
+        act,
+        moe.a2_gscale,
+        None,
+        sorted_ids,
+        expert_ids,
+        post_pad,
+        pairs,
+        top_k,
+        True,
+        cfg.block_m,
+        cfg.w13,
+    )
+    out = torch.empty(tokens, top_k, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
+    K.invoke_nvfp4_moe_gemm(
+        act,
+        None,
+        moe.w2,
+        moe.w2_scale,
+        moe.w2_gscale,
+        out.view(pairs, -1),
+        None,
+        topk_weights,
+        sorted_ids,
+        expert_ids,
+        post_pad,
+        pairs,
+        1,
+        False,
+        cfg.block_m,
+        cfg.w2,
+    )
+    return out.sum(dim=1)
+
+
+class Case:
+    """One shape and token count: weights, routing, aligned ids, static buffers."""
+
+    def __init__(self, moe: R.Nvfp4Moe, shape: R.MoeShape, tokens: int):
+        self.moe, self.shape, self.tokens = moe, shape, tokens
+        self.hidden, self.tw, self.tids = R.make_routing(tokens, shape, seed=tokens)
+        self.hidden_qdq = R.quant_dequant(self.hidden, moe.a13_gscale).to(torch.bfloat16)
+        self.pairs = tokens * shape.top_k
+        self.act = torch.randn(self.pairs, shape.intermediate, device="cuda").to(torch.bfloat16)
+        self.act_out = torch.empty_like(self.act)
+        self.y = torch.empty(self.pairs, shape.hidden, dtype=torch.bfloat16, device="cuda")
+        self.aligned = {bm: align(self.tids, bm, shape.experts) for bm in (16, 32, 64)}
+
+    def gemm(self, kind, bm, naive, qdq, tile):
+        m, g = self.moe, K.GemmConfig(*tile)
+        if naive:
+            sorted_ids, expert_ids, post_pad = None, self.tids.view(-1), None
+        else:
+            sorted_ids, expert_ids, post_pad = self.aligned[bm]
+        if kind == "w13":
+            a, a_gscale = (self.hidden, m.a13_gscale) if qdq else (self.hidden_qdq, None)
+            return lambda: K.invoke_nvfp4_moe_gemm(
+                a,
+                a_gscale,
+                m.w13,
+                m.w13_scale,
+                m.w13_gscale,
+                self.act_out,
+                m.a2_gscale,
+                None,
+                sorted_ids,
+                expert_ids,
+                post_pad,
+                self.pairs,
+                self.shape.top_k,
+                True,
+                bm,
+                g,
+            )
+        return lambda: K.invoke_nvfp4_moe_gemm(
+            self.act,
+            None,
+            m.w2,
+            m.w2_scale,
+            m.w2_gscale,
+            self.y,
+            None,
+            self.tw,
+            sorted_ids,
+            expert_ids,
+            post_pad,
+            self.pairs,
+            1,
+            False,
+            bm,
+            g,
+        )
+
+
+def all_tasks() -> list[tuple]:
+    tasks = []
+    for shape in R.SHAPES:
+        for t, groups in GROUPS.items():
+            for bm, naive, qdq in groups:
+                tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
+                tasks += [(shape.name, t, "w2", bm, naive, False, g) for g in W2[bm]]
+    return list(dict.fromkeys(tasks))
+
+
+def make_cases(names=None) -> dict:
+    cases = {}
+    for shape in R.SHAPES:
+        if names is None or shape.name in names:
+            moe = R.make_moe(shape)
+            for t in GROUPS:
+                cases[shape.name, t] = Case(moe, shape, t)
+    return cases
+
+
+def compile_some(tree: Path, tasks: list[tuple]) -> None:
+    global K
+    K = load_kernel_module(tree)
+    cases = make_cases({t[0] for t in tasks})
+    for name, t, kind, bm, naive, qdq, tile in tasks:
+        try:
+            cases[name, t].gemm(kind, bm, naive, qdq, tile)()
+        except Exception as e:  # reported again by the timing pass
+            print("compile failed", name, t, kind, bm, tile, repr(e)[:300], flush=True)
+    torch.cuda.synchronize()
+
+
+_FLUSH: torch.Tensor | None = None
+
+
+def time_graph(fn, reps: int = 20) -> float:
+    """Median µs of a CUDA graph replay of fn, the L2 flushed before each replay."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    events = []
+    for _ in range(reps):
+        _FLUSH.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
+
+
+def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
+    def us(shape, kind, bm, naive, qdq, tile):
+        return results[shape, t, kind, bm, naive, qdq if kind == "w13" else False, tile]
+
+    options = []
+    for bm, naive, qdq in groups:
+        chosen = {}
+        for kind, tiles in (("w13", W13[bm]), ("w2", W2[bm])):
+            floor = {sh: min(us(sh, kind, bm, naive, qdq, g) for g in tiles) for sh in shapes}
+            chosen[kind] = min(
+                tiles,
+                key=lambda g, kind=kind, floor=floor: sum(
+                    us(sh, kind, bm, naive, qdq, g) / floor[sh] for sh in shapes
+                ),
+            )
+        totals = {
+            sh: us(sh, "w13", bm, naive, qdq, chosen["w13"])
+            + us(sh, "w2", bm, naive, qdq, chosen["w2"])
+            + (0.0 if qdq else SEPARATE_QDQ_US)
+            for sh in shapes
+        }
+        options.append((totals, (naive, bm, qdq, chosen["w13"], chosen["w2"])))
+    floor = {sh: min(o[0][sh] for o in options) for sh in shapes}
+    return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
+
+
+def table_source(table: dict[int, tuple]) -> str:
+    lines = ["_CONFIGS: dict[int, MoeConfig] = {"]
+    for bound, (naive, bm, qdq, w13, w2) in table.items():
+        key = "1 << 62" if bound == 1 << 62 else str(bound)
+        lines += [
+            f"    {key}: MoeConfig(",
+            f"        {naive}, {bm}, {qdq}, GemmConfig{tuple(w13)}, GemmConfig{tuple(w2)}",
+            "    ),",
+        ]
+    return "\n".join([*lines, "}"])
+
+
+def write_table(kernel: Path, table: dict[int, tuple]) -> None:
+    text = kernel.read_text()
+    new, n = re.subn(
+        r"_CONFIGS: dict\[int, MoeConfig\] = \{\n.*?\n\}",
+        table_source(table),
+        text,
+        count=1,
+        flags=re.S,
+    )
+    if n != 1:
+        raise SystemExit(f"{kernel}: no _CONFIGS table found")
+    kernel.write_text(new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global K
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", type=Path, required=True, help="vLLM tree with patch 0002")
+    parser.add_argument("--write-table", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--jobs", type=int, default=14, help="compile processes")
+    args = parser.parse_args(argv)
+    tree = args.tree.resolve()
+    K = load_kernel_module(tree)
+    t0 = time.time()
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+
+    tasks = all_tasks()
+    # One task per compiled variant: shapes and token counts do not specialize the kernel.
+    variants = list({t[2:]: t for t in tasks}.values())
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=compile_some, args=(tree, variants[i :: args.jobs]))
+        for i in range(args.jobs)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
+
+    cases = make_cases()
+    results, rows = {}, []
+    for name, t, kind, bm, naive, qdq, tile in tasks:
+        try:
+            us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, tile))
+        except Exception as e:
+            print("FAIL", name, t, kind, bm, naive, qdq, tile, repr(e)[:300], flush=True)
+            us = float("inf")
+        results[name, t, kind, bm, naive, qdq, tile] = us
+        rows.append(
+            dict(
+                shape=name,
+                tokens=t,
+                gemm=kind,
+                block_m=bm,
+                naive=naive,
+                qdq_a=qdq,
+                tile=list(tile),
+                us=us,
+            )
+        )
+    print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
+
+    shapes = [s.name for s in R.SHAPES]
+    table, picks = {}, []
+    for bound, (t, groups) in BUCKETS.items():
+        totals, choice = pick(results, shapes, t, groups)
+        table[bound] = choice
+        naive, bm, qdq, w13, w2 = choice
+        cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
+        for shape in R.SHAPES:
+            c = cases[shape.name, t]
+            got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg).float()
+            want = R.reference_moe(c.moe, c.hidden, c.tw, c.tids).float()
+            rel = ((got - want).norm() / want.norm()).item()
+            picks.append(
+                dict(
+                    bucket=bound,
+                    shape=shape.name,
+                    tokens=t,
+                    naive=naive,
+                    block_m=bm,
+                    qdq_a=qdq,
+                    w13=w13,
+                    w2=w2,
+                    gemms_us=totals[shape.name],
+                    rel_err=rel,
+                )
+            )
+            print(
+                f"<= {bound:>19} {shape.name:18s} t={t:4d} naive={int(naive)} bm={bm} "
+                f"qdq={int(qdq)} w13 {w13} w2 {w2}: both GEMMs {totals[shape.name]:7.1f} us, "
+                f"rel err {rel:.1e}",
+                flush=True,
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tune.json").write_text(
+        json.dumps(
+            dict(
+                device=torch.cuda.get_device_name(),
+                results=rows,
+                picks=picks,
+                table={str(k): v for k, v in table.items()},
+            ),
+            indent=1,
+        )
+        + "\n"
+    )
+    if args.write_table:
+        write_table(Path(K.__file__), table)
+        print(f"wrote the table into {K.__file__}")
+    print(table_source(table))
+    print(f"done in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
