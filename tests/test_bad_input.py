@@ -15,6 +15,8 @@ from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
 
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
+SERIES = f"{FIX2}\n{FUSED}\n"
 GOOD_HEADER = (
     "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
     "From: a <a@example.com>\nDate: Sat, 27 Jun 2026 00:00:00 +0000\nSubject: [PATCH] x\n\n"
@@ -67,25 +69,25 @@ def snapshot(root: Path) -> dict[str, bytes]:
 def test_malformed_patch(
     project: Project, capsys: pytest.CaptureFixture[str], text: str, reason: str
 ) -> None:
-    (project.patches_dir / "0002-bad.patch").write_text(text)
-    (project.patches_dir / "series").write_text(f"{FIX2}\n0002-bad.patch\n")
+    (project.patches_dir / "0003-bad.patch").write_text(text)
+    (project.patches_dir / "series").write_text(f"{SERIES}0003-bad.patch\n")
     before = snapshot(project.root)
     for argv in (["overlay", "build"], ["check"], ["status"], ["matrix", "0.24.0"]):
         assert main(["--project", str(project.root), *argv]) == 2
         err = capsys.readouterr().err
         assert (
             err
-            == f"vllm-patchset: malformed patch {project.patches_dir / '0002-bad.patch'}: {reason}\n"
+            == f"vllm-patchset: malformed patch {project.patches_dir / '0003-bad.patch'}: {reason}\n"
         )
     assert snapshot(project.root) == before
 
 
 SERIES_PROBLEMS = [
-    (f"{FIX2}\n0002-missing.patch\n", None, "entry 0002-missing.patch has no file"),
+    (f"{SERIES}0003-missing.patch\n", None, "entry 0003-missing.patch has no file"),
     ("", None, f"{FIX2} is not listed in"),
-    (f"{FIX2}\n{FIX2}\n", None, "a patch is listed twice"),
-    (f"{FIX2}\n../evil.patch\n", None, "bad series entry '../evil.patch'"),
-    (f"{FIX2}\n", "stray.patch", "stray.patch is not listed in"),
+    (f"{SERIES}{FIX2}\n", None, "a patch is listed twice"),
+    (f"{SERIES}../evil.patch\n", None, "bad series entry '../evil.patch'"),
+    (SERIES, "stray.patch", "stray.patch is not listed in"),
 ]
 
 

@@ -14,6 +14,8 @@ from vllm_patchset.lock import Lock, sha256_file
 TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
+TOUCHED_BY = {EMULATION: (FIX2, FUSED), TRITON: (FIX2,)}
 
 
 def overlay_files(root: Path) -> dict[str, bytes]:
@@ -31,10 +33,10 @@ def test_build_matches_committed_lock(project: Project, capsys: pytest.CaptureFi
     assert sorted(files) == [EMULATION, TRITON]
     lock = Lock.load(project.lock_path)
     assert lock.version == "0.24.0"
-    assert lock.patches == (FIX2,)
+    assert lock.patches == (FIX2, FUSED)
     for entry in lock.entries:
         assert sha256_file(project.overlay_dir / entry.path) == entry.patched_sha256
-        assert entry.patches == (FIX2,)
+        assert entry.patches == TOUCHED_BY[entry.path]
     text = files[TRITON].decode()
     assert "                self.a1_scale,\n" in text
     assert "self.a1_scale or self.a1_gscale" not in text
@@ -84,7 +86,15 @@ def test_overlay_for_nightly_like_base(
 ) -> None:
     out = project.root / "nightly-overlay"
     argv = ["--project", str(project.root), "overlay", "build", "--out", str(out)]
-    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 0
+    # The fused kernel (0002) is written for 0.24.0 and conflicts with this older base.
+    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 1
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {FUSED} does not apply to git:nightly: hunk 2 "
+        "(vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py @@ -21 +46 @@) "
+        f"differs at line 21 (leave it out with --skip {FUSED})\n"
+    )
+    assert not out.exists()
+    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly", "--skip", FUSED]) == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files == ["overlay.lock.json", ORACLE]
     text = (out / ORACLE).read_text()
@@ -111,7 +121,7 @@ def test_tree_export_pristine_and_patched(
         assert sha256_file(pristine / entry.path) == entry.pristine_sha256
         assert sha256_file(patched / entry.path) == entry.patched_sha256
     info = json.loads((patched / "vllm-patchset-tree.json").read_text())
-    assert (info["version"], info["kind"], info["patches"]) == ("0.24.0", "overlay", [FIX2])
+    assert (info["version"], info["kind"], info["patches"]) == ("0.24.0", "overlay", [FIX2, FUSED])
     assert json.loads((pristine / "vllm-patchset-tree.json").read_text())["kind"] == "pristine"
     assert (pristine / "vllm" / "__init__.py").is_file()
     capsys.readouterr()

@@ -10,6 +10,7 @@ from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -26,12 +27,15 @@ def test_import_export_round_trip_is_byte_identical(
     assert main(["--project", root, "queue", "import"]) == 0
     queue = project.root / ".queue"
     log = git(queue, "log", "--format=%s", "refs/vllm-patchset/base..HEAD")
-    assert log == "triton_moe: no tensor truthiness when quantizing deferred inputs\n"
+    assert log == (
+        "nvfp4_emulation_moe: fused NVFP4 GEMMs over the routed experts only\n"
+        "triton_moe: no tensor truthiness when quantizing deferred inputs\n"
+    )
     assert main(["--project", root, "queue", "export", "--drop"]) == 0
     assert snapshot(project.patches_dir) == before
     assert not queue.exists()
     assert capsys.readouterr().out == (
-        f"queue: 1 patch(es) as commits on 0.24.0 in {queue}\nexported 1 patch(es) to patches/\n"
+        f"queue: 2 patch(es) as commits on 0.24.0 in {queue}\nexported 2 patch(es) to patches/\n"
     )
 
 
@@ -50,8 +54,8 @@ def test_edit_loop_adds_a_patch(project: Project, capsys: pytest.CaptureFixture[
     git(queue, "commit", "-q", "-am", message)
     assert main(["--project", root, "queue", "export"]) == 0
     series = (project.patches_dir / "series").read_text().splitlines()
-    assert series == [FIX2, "0002-docs-shorter-docstring.patch"]
-    patch = (project.patches_dir / "0002-docs-shorter-docstring.patch").read_text()
+    assert series == [FIX2, FUSED, "0003-docs-shorter-docstring.patch"]
+    patch = (project.patches_dir / "0003-docs-shorter-docstring.patch").read_text()
     assert '-"""Triton-based MoE expert implementations."""\n' in patch
     assert '+"""Triton MoE expert implementations."""\n' in patch
     capsys.readouterr()

@@ -11,16 +11,19 @@ from vllm_patchset.config import Project
 
 FIX1 = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 
 # MISSION.md: fix 1 lived on nightlies only (fixed in 0.21.0); fix 2 shipped in 0.24.0 and
-# was fixed in 0.25.0; 0.23.0 does not have fix 2's line at all.
+# was fixed in 0.25.0; 0.23.0 does not have fix 2's line at all. The fused kernel (0002) is
+# written for 0.24.0: older releases have the emulation it replaces, in other text (conflict);
+# 0.25.0 rewrote that code with a kernel of its own (absent).
 RELEASE_STATES = [
-    ("0.20.2", "absent", "absent"),
-    ("0.21.0", "upstream", "absent"),
-    ("0.23.0", "upstream", "absent"),
-    ("0.24.0", "upstream", "applies"),
-    ("0.25.0", "upstream", "upstream"),
-    ("0.33.0", "upstream", "upstream"),
+    ("0.20.2", "absent", "absent", "conflict"),
+    ("0.21.0", "upstream", "absent", "conflict"),
+    ("0.23.0", "upstream", "absent", "conflict"),
+    ("0.24.0", "upstream", "applies", "applies"),
+    ("0.25.0", "upstream", "upstream", "absent"),
+    ("0.33.0", "upstream", "upstream", "absent"),
 ]
 
 
@@ -32,9 +35,16 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object
 
 
 def test_matrix_states_on_releases(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    versions = [v for v, _, _ in RELEASE_STATES]
+    versions = [v for v, *_ in RELEASE_STATES]
     doc = run_json(capsys, "--project", str(project.root), "matrix", *versions, "--json")
-    assert doc["versions"] == {v: {FIX1: s1, FIX2: s2} for v, s1, s2 in RELEASE_STATES}
+    assert doc["versions"] == {
+        v: {FIX1: s1, FIX2: s2, FUSED: s3} for v, s1, s2, s3 in RELEASE_STATES
+    }
+    details = doc["details"]
+    assert isinstance(details, dict)
+    # Where the text and the trailers disagree, both are reported.
+    assert details["0.23.0"][FUSED]["disagreements"] == ["text says conflict, trailers say absent"]
+    assert details["0.33.0"][FUSED]["disagreements"] == ["text says absent, trailers say applies"]
 
 
 def test_matrix_reports_disagreements(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,6 +64,7 @@ def test_matrix_reports_disagreements(project: Project, capsys: pytest.CaptureFi
     on_024 = details["0.24.0"][FIX2]
     assert on_024["disagreements"] == []
     assert [h["offset"] for h in on_024["hunks"]] == [0, 0, 0]
+    assert {h["offset"] for h in details["0.24.0"][FUSED]["hunks"]} == {0}
 
 
 def test_matrix_on_nightly_like_base(
@@ -65,8 +76,8 @@ def test_matrix_on_nightly_like_base(
         *("--git", str(nightly_repo), "--ref", "nightly", "--ref", "v0.21.0"),
     )
     assert doc["versions"] == {
-        "git:nightly": {FIX1: "applies", FIX2: "absent"},
-        "git:v0.21.0": {FIX1: "upstream", FIX2: "absent"},
+        "git:nightly": {FIX1: "applies", FIX2: "absent", FUSED: "conflict"},
+        "git:v0.21.0": {FIX1: "upstream", FIX2: "absent", FUSED: "conflict"},
     }
 
 
@@ -74,12 +85,12 @@ def test_status_on_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> 
     doc = run_json(capsys, "--project", str(project.root), "status", "--json")
     assert doc == {
         "pin": "0.24.0",
-        "patches": {FIX1: "upstream", FIX2: "applies"},
-        "disagreements": {FIX1: [], FIX2: []},
+        "patches": {FIX1: "upstream", FIX2: "applies", FUSED: "applies"},
+        "disagreements": {FIX1: [], FIX2: [], FUSED: []},
         "lock": "fresh",
     }
 
 
 def test_check_passes_on_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--project", str(project.root), "check"]) == 0
-    assert capsys.readouterr().out == "check: 2 patches, 0 problem(s)\n"
+    assert capsys.readouterr().out == "check: 3 patches, 0 problem(s)\n"

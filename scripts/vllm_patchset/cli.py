@@ -146,7 +146,9 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
     base = None
     if args.base or args.git or args.ref:
         base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
-    lock, where = build_overlay(project, update_lock=args.update_lock, base=base, out_dir=args.out)
+    lock, where = build_overlay(
+        project, update_lock=args.update_lock, base=base, out_dir=args.out, skip=tuple(args.skip)
+    )
     print(f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}")
     for entry in lock.entries:
         print(f"  {entry.path} {entry.patched_sha256[:12]} <- {', '.join(entry.patches)}")
@@ -219,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = osub.add_parser("build", help="regenerate overlay/vllm/** and check it against the lock")
     p.add_argument("--update-lock", action="store_true", help="rewrite the lock")
     p.add_argument("--out", type=Path, help="output dir (default: overlay/ for the pin)")
+    p.add_argument("--skip", action="append", default=[], metavar="PATCH", help="leave it out")
     _add_base_options(p, "--pin")
     p.set_defaults(func=cmd_overlay_build)
     _register_deploy(osub)

@@ -54,7 +54,8 @@ def require_no_conflict(result: Walk) -> None:
             raise PatchDoesNotApply(
                 verdict.patch,
                 result.upstream.label,
-                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line {hunk.found_at}",
+                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line "
+                f"{hunk.found_at} (leave it out with --skip {verdict.patch})",
             )
 
 
@@ -103,6 +104,14 @@ def patches_for(project: Project) -> tuple[Patch, ...]:
     return series.upstreamed + series.active
 
 
+def without(patches: tuple[Patch, ...], skip: tuple[str, ...]) -> tuple[Patch, ...]:
+    known = {p.key for p in patches} | {p.name for p in patches}
+    unknown = [name for name in skip if name not in known]
+    if unknown:
+        raise BadInput(f"--skip {unknown[0]}: no such patch in the series or the archive")
+    return tuple(p for p in patches if p.key not in skip and p.name not in skip)
+
+
 def compare_locks(built: Lock, committed: Lock) -> str | None:
     """A one-line description of the first difference, or None."""
     if (built.version, built.upstream_commit) != (committed.version, committed.upstream_commit):
@@ -139,17 +148,19 @@ def build_overlay(
     update_lock: bool = False,
     base: Upstream | None = None,
     out_dir: Path | None = None,
+    skip: tuple[str, ...] = (),
 ) -> tuple[Lock, Path]:
     """Regenerate the overlay from pristine upstream + patches and check it against the lock.
 
     For the pin, the series must apply cleanly and the result must match the committed lock
     (or rewrite it with `update_lock`). For another base, the overlay and a lock of its own go
-    to `out_dir`; the committed lock is not touched.
+    to `out_dir`; the committed lock is not touched. `skip` leaves patches (by file name or
+    path under patches/) out of the walk, e.g. one that conflicts with an older base.
     """
     mirror = Mirror(project.cache_dir, project.package, project.index_url)
     upstream = base or pin_base(project, mirror)
     is_pin = base is None or (upstream.version == project.pin and upstream.tag == f"v{project.pin}")
-    result = walk(mirror, upstream, patches_for(project))
+    result = walk(mirror, upstream, without(patches_for(project), skip))
     require_no_conflict(result)
     lock = lock_for(mirror, result, project.package)
     target = out_dir or (
