@@ -23,7 +23,11 @@ from pathlib import Path
 
 import pytest
 from vllm_install import (
+    KILLED_MID_APPLY,
+    LOCK,
     NVFP4_EMU,
+    OVERLAID,
+    PATCHES,
     TRITON_MOE,
     Overlay,
     Pristine,
@@ -45,8 +49,7 @@ from vllm_patchset.lock import Lock, LockEntry
 
 __all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
-OVERLAID = (NVFP4_EMU, TRITON_MOE)  # the lock's order (sorted)
-PATCH = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
+N = len(OVERLAID)
 STATE = ".vllm-patchset"
 
 Cli = Callable[..., tuple[int, str, str]]
@@ -71,7 +74,8 @@ def sha(data: bytes) -> str:
 
 
 def header(command: str, outcome: str, target: Path) -> str:
-    return f"overlay {command}: {outcome} ({target}/vllm, 0.24.0; overlay for 0.24.0: {PATCH})"
+    series = ", ".join(PATCHES)
+    return f"overlay {command}: {outcome} ({target}/vllm, 0.24.0; overlay for 0.24.0: {series})"
 
 
 def assert_pristine(target: Path, pristine: Pristine) -> None:
@@ -102,15 +106,12 @@ def project_with_lock(tmp_path: Path, overlay: Overlay, lock: Lock) -> Path:
 def test_apply_verify_reapply_revert_round_trip(
     cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
 ) -> None:
+    assert overlay.lock == LOCK  # what is deployed is the committed lock the expectations follow
     t = str(target)
     assert cli("status", "--target", t) == (
         0,
         "\n".join(
-            [
-                header("status", "not applied", target),
-                f"  pristine   {NVFP4_EMU}",
-                f"  pristine   {TRITON_MOE}",
-            ]
+            [header("status", "not applied", target), *(f"  pristine   {rel}" for rel in OVERLAID)]
         )
         + "\n",
         "",
@@ -126,11 +127,7 @@ def test_apply_verify_reapply_revert_round_trip(
     assert cli("apply", "--target", t) == (
         0,
         "\n".join(
-            [
-                header("apply", "applied", target),
-                f"  patch      {NVFP4_EMU}",
-                f"  patch      {TRITON_MOE}",
-            ]
+            [header("apply", "applied", target), *(f"  patch      {rel}" for rel in OVERLAID)]
         )
         + "\n",
         "",
@@ -205,7 +202,7 @@ def test_revert_refuses_after_vllm_was_upgraded(cli: Cli, target: Path, overlay:
     assert (code, out.splitlines()[0]) == (
         1,
         f"overlay status: other version (the lock is for 0.24.0) ({target}/vllm, 0.25.0;"
-        f" overlay for 0.24.0: {PATCH})",
+        f" overlay for 0.24.0: {', '.join(PATCHES)})",
     )
     assert cli("verify", "--target", str(target))[0] == 1
     assert tree_state(target) == before
@@ -241,7 +238,9 @@ def test_hand_edited_file_refused_then_forced_and_reverted_to_the_edit(
 
     assert cli("revert", "--target", str(target))[0] == 0
     assert (target / TRITON_MOE).read_bytes() == edited  # the user's edit is back, byte for byte
-    assert (target / NVFP4_EMU).read_bytes() == (pristine.root / NVFP4_EMU).read_bytes()
+    for rel in OVERLAID:
+        if rel != TRITON_MOE:
+            assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes(), rel
 
 
 def test_missing_file_refused(cli: Cli, target: Path) -> None:
@@ -287,7 +286,7 @@ def test_revert_without_saved_originals_refused(cli: Cli, target: Path, overlay:
     assert cli("revert", "--target", str(target)) == (
         1,
         "",
-        f"vllm-patchset: no saved original for {target / NVFP4_EMU} (this overlay was not applied"
+        f"vllm-patchset: no saved original for {target / OVERLAID[0]} (this overlay was not applied"
         " by vllm-patchset): reinstall vllm==0.24.0 to undo it\n",
     )
     assert tree_state(target) == before
@@ -341,7 +340,7 @@ def test_apply_refuses_while_another_overlay_is_applied(
     assert cli("apply", "--target", str(target)) == (
         1,
         "",
-        f"vllm-patchset: refusing to apply, nothing changed: {target / NVFP4_EMU} holds another"
+        f"vllm-patchset: refusing to apply, nothing changed: {target / OVERLAID[0]} holds another"
         " overlay (0001-older.patch): run `vllm-patchset overlay revert` first\n",
     )
     assert tree_state(target) == before
@@ -368,7 +367,7 @@ UNSAFE_LOCK_PATHS = (
 def test_lock_paths_outside_the_package_refused(
     cli: Cli, target: Path, overlay: Overlay, tmp_path: Path, bad: str
 ) -> None:
-    entry = LockEntry(bad, "0" * 64, "1" * 64, (PATCH,))
+    entry = LockEntry(bad, "0" * 64, "1" * 64, PATCHES[:1])
     lock = dataclasses.replace(overlay.lock, entries=(*overlay.lock.entries, entry))
     project = project_with_lock(tmp_path, overlay, lock)
     before = tree_state(target.parent)
@@ -575,9 +574,10 @@ def test_default_is_the_vllm_of_this_interpreter(overlay: Overlay, target: Path)
 
 
 # -- killed runs -------------------------------------------------------------------------------
-# Write points of an apply of two files: journal, 2 originals, 2 files, record; two each (temp
-# file complete, replaced). The record's replace (12) commits; 13 is never reached.
-APPLY_POINTS = 12
+# Write points of an apply of the N overlaid files: journal, N originals, N files, record; two
+# each (temp file complete, replaced). The record's replace (the last) commits; one more is
+# never reached.
+APPLY_POINTS = 2 * (1 + N + N + 1)
 RECOVERED_BY = ("apply", "revert", "status")
 
 
@@ -586,8 +586,9 @@ def expected_repair_note(point: int) -> str | None:
         return None  # killed before its journal existed: only a temp file to sweep
     if point == APPLY_POINTS:
         return "finished an interrupted apply (it had committed)"
-    replaced = 0 if point < 8 else 1 if point < 10 else 2
-    return f"rolled back an interrupted apply ({replaced} of 2 files had been replaced)"
+    # the i-th file (from 1) is replaced at the second point of its write: 2 + 2 * N + 2 * i
+    replaced = min(max(point - 2 - 2 * N, 0) // 2, N)
+    return f"rolled back an interrupted apply ({replaced} of {N} files had been replaced)"
 
 
 @pytest.mark.parametrize("recover", RECOVERED_BY)
@@ -616,7 +617,7 @@ def test_apply_killed_at_each_write_then_recovered(
         assert not [p for p in (target / STATE).rglob("*") if p.is_file() and p.name != "lock"]
 
 
-REVERT_POINTS = 6  # journal, 2 files
+REVERT_POINTS = 2 * (1 + N)  # journal, N files
 
 
 @pytest.mark.parametrize("point", range(1, REVERT_POINTS + 1))
@@ -632,14 +633,13 @@ def test_revert_killed_at_each_write_then_finished(
         assert (code, out.splitlines()[0]) == (0, header("status", "applied", target))
         assert_patched(target, overlay)
         return
-    restored = 0 if point < 4 else 1 if point < 6 else 2
+    restored = min((point - 2) // 2, N)  # the i-th file (from 1) at point 2 + 2 * i
     assert (code, out.splitlines()) == (
         0,
         [
             header("status", "not applied", target),
-            f"  pristine   {NVFP4_EMU}",
-            f"  pristine   {TRITON_MOE}",
-            f"  note: finished an interrupted revert ({restored} of 2 files had been restored)",
+            *(f"  pristine   {rel}" for rel in OVERLAID),
+            f"  note: finished an interrupted revert ({restored} of {N} files had been restored)",
         ],
     )
     assert_pristine(target, pristine)
@@ -649,14 +649,18 @@ def test_revert_killed_at_each_write_then_finished(
 def test_recovery_killed_too_is_recovered_by_the_next_run(
     cli: Cli, overlay: Overlay, target: Path, pristine: Pristine
 ) -> None:
-    assert run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: "8"}).returncode < 0
-    # the repair restores triton_moe.py... and is killed in the middle of that write
-    assert run_cli(overlay, "status", "--target", str(target), env={KILL_ENV: "1"}).returncode < 0
+    killed = run_cli(
+        overlay, "apply", "--target", str(target), env={KILL_ENV: str(KILLED_MID_APPLY)}
+    )
+    assert killed.returncode == -signal.SIGKILL
+    # the repair restores the first overlaid file... and is killed in the middle of that write
+    killed = run_cli(overlay, "status", "--target", str(target), env={KILL_ENV: "1"})
+    assert killed.returncode == -signal.SIGKILL
     assert journal_path(target).exists()
     code, out, _ = cli("status", "--target", str(target))
     assert (
         out.splitlines()[-1]
-        == "  note: rolled back an interrupted apply (1 of 2 files had been replaced)"
+        == f"  note: rolled back an interrupted apply (1 of {N} files had been replaced)"
     )
     assert code == 0
     assert_pristine(target, pristine)
@@ -666,7 +670,10 @@ def test_recovery_killed_too_is_recovered_by_the_next_run(
 def test_dry_run_with_an_interrupted_run_pending_changes_nothing(
     cli: Cli, overlay: Overlay, target: Path
 ) -> None:
-    assert run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: "8"}).returncode < 0
+    killed = run_cli(
+        overlay, "apply", "--target", str(target), env={KILL_ENV: str(KILLED_MID_APPLY)}
+    )
+    assert killed.returncode == -signal.SIGKILL
     before = tree_state(target)
     for command in ("apply", "revert"):
         code, out, _ = cli(command, "--target", str(target), "--dry-run")
@@ -721,7 +728,9 @@ def test_unchecked_hash_pyc_present_before_apply_is_removed(
     stale = [compile_unchecked(source), compile_unchecked(source, 1)]
     stale.append(stale[0].with_name("triton_moe.cpython-312.pyc"))  # another interpreter's
     shutil.copy(stale[0], stale[2])
-    unrelated = compile_unchecked(source.with_name("__init__.py"))
+    beside = sorted(source.parent.glob("*.py"))
+    untouched = [p for p in beside if str(p.relative_to(target)) not in OVERLAID]
+    unrelated = compile_unchecked(untouched[0])  # a module the overlay leaves: its pyc stays
     kept = unrelated.read_bytes()
 
     assert cli("apply", "--target", str(target))[0] == 0

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from vllm_install import (
-    NVFP4_EMU,
+    KILLED_MID_APPLY,
+    OVERLAID,
+    PATCHES,
     TRITON_MOE,
     Overlay,
     Pristine,
@@ -27,7 +30,6 @@ from vllm_patchset import guard
 
 __all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
-PATCH = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
 STARTUP = """\
 import logging, sys
 handler = logging.StreamHandler(sys.stdout)
@@ -76,7 +78,10 @@ def test_entry_point_is_declared_in_the_vllm_general_plugins_group() -> None:
 
 def test_active_overlay_logs_one_info_line(overlay: Overlay, target: Path) -> None:
     applied(overlay, target)
-    message = f"vllm-patchset: overlay active on vllm 0.24.0: {PATCH} (2 files)"
+    message = (
+        f"vllm-patchset: overlay active on vllm 0.24.0: {', '.join(PATCHES)}"
+        f" ({len(OVERLAID)} files)"
+    )
     for strict in (False, True):
         assert start(target, strict=strict) == (
             0,
@@ -98,15 +103,15 @@ def partial(target: Path, overlay: Overlay) -> str:
         target / TRITON_MOE, (target / ".vllm-patchset/originals" / TRITON_MOE).read_bytes()
     )
     return (
-        f"vllm-patchset: the overlay on vllm 0.24.0 at {target / 'vllm'} is PARTIAL: 1 of 2 files"
-        " are not patched (triton_moe.py): its fixes are NOT active (run `vllm-patchset overlay"
-        " status`, then apply)"
+        f"vllm-patchset: the overlay on vllm 0.24.0 at {target / 'vllm'} is PARTIAL: 1 of"
+        f" {len(OVERLAID)} files are not patched (triton_moe.py): its fixes are NOT active (run"
+        " `vllm-patchset overlay status`, then apply)"
     )
 
 
 def reinstalled(target: Path, overlay: Overlay) -> str:
     applied(overlay, target)
-    for rel in (TRITON_MOE, NVFP4_EMU):  # `pip install --force-reinstall vllm==0.24.0`
+    for rel in OVERLAID:  # `pip install --force-reinstall vllm==0.24.0`
         replace_file(target / rel, (target / ".vllm-patchset/originals" / rel).read_bytes())
     return (
         f"vllm-patchset: the overlay applied to vllm 0.24.0 at {target / 'vllm'} is GONE (vllm"
@@ -137,9 +142,13 @@ def unreadable_record(target: Path, overlay: Overlay) -> str:
 
 def interrupted(target: Path, overlay: Overlay) -> str:
     killed = run_cli(
-        overlay, "apply", "--target", str(target), env={"VLLM_PATCHSET_TEST_KILL_AFTER": "8"}
+        overlay,
+        "apply",
+        "--target",
+        str(target),
+        env={"VLLM_PATCHSET_TEST_KILL_AFTER": str(KILLED_MID_APPLY)},
     )
-    assert killed.returncode < 0
+    assert killed.returncode == -signal.SIGKILL
     return (
         f"vllm-patchset: an interrupted `overlay apply` left {target / 'vllm'} half-done: run"
         f" `vllm-patchset overlay status --target {target}`"

@@ -35,6 +35,15 @@ VERSION = "0.24.0"
 PLATFORM = "manylinux_2_28_x86_64"
 TRITON_MOE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 NVFP4_EMU = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# What the tests expect of the mechanics comes from the committed lock, so that a patch added
+# to the series (or another file it touches) changes the expectations with it.
+LOCK = Lock.load(REPO / "overlay" / "overlay.lock.json")
+PATCHES = LOCK.patches  # the series, in order: every report and guard line names them all
+OVERLAID = tuple(e.path for e in LOCK.entries)  # the lock's order (sorted), that of the reports
+# Write points of an apply (see deploy._kill_point: two per file written): journal, then one
+# original per file, then the files. Killed here, the first overlaid file has just been
+# replaced and the others not: a journal is pending, nothing is committed.
+KILLED_MID_APPLY = 2 + 2 * len(OVERLAID) + 2
 
 
 @dataclass(frozen=True)
