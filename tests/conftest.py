@@ -74,13 +74,23 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("upstream-cache")
 
 
+# Every release a test reads, fetched once before the first test: a test's exact stderr must
+# not depend on whether an earlier test already downloaded the release it uses.
+RELEASES = ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.25.0", "0.33.0")
+
+
 @pytest.fixture(scope="session")
 def mirror(cache_dir: Path) -> Mirror:
-    return Mirror(cache_dir)
+    mirror = Mirror(cache_dir)
+    for version in RELEASES:
+        mirror.release(version)
+    return mirror
 
 
 @pytest.fixture
-def project(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+def project(
+    tmp_path: Path, cache_dir: Path, mirror: Mirror, monkeypatch: pytest.MonkeyPatch
+) -> Project:
     """A copy of this project's patch set in a fresh git repo, using the session's mirror
     (also for the CLI, through VLLM_PATCHSET_CACHE)."""
     monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(cache_dir))
