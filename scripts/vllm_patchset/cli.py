@@ -141,11 +141,16 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base(project: Project, args: argparse.Namespace) -> Upstream | None:
+    """The upstream named by --base/--pin, --git and --ref; None for the pin."""
+    if args.base or args.git or args.ref:
+        return resolve_base(project, _mirror(project), args.base, args.git, args.ref)
+    return None
+
+
 def cmd_overlay_build(args: argparse.Namespace) -> int:
     project = _project(args)
-    base = None
-    if args.base or args.git or args.ref:
-        base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
+    base = _base(project, args)
     lock, where = build_overlay(
         project, update_lock=args.update_lock, base=base, out_dir=args.out, skip=tuple(args.skip)
     )
@@ -157,10 +162,7 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
 
 def cmd_tree(args: argparse.Namespace) -> int:
     project = _project(args)
-    base = None
-    if args.base or args.git or args.ref:
-        base = resolve_base(project, _mirror(project), args.base, args.git, args.ref)
-    dest = export_tree(project, base, args.dest, pristine=args.pristine)
+    dest = export_tree(project, _base(project, args), args.dest, pristine=args.pristine)
     print(f"wrote {'pristine' if args.pristine else 'patched'} tree to {dest}")
     return 0
 

@@ -123,6 +123,36 @@ def _result_present(code_lines: list[str], hunk: Hunk) -> bool:
     return bool(_find_block(code_lines, context))
 
 
+def _find_hunk(
+    lines: list[str], code_lines: list[str], exists: bool, path: str, number: int, hunk: Hunk
+) -> HunkFinding:
+    """Where the hunk's pre-image is in the file: exactly, or the closest window."""
+    header = f"@@ -{hunk.old_start} +{hunk.new_start} @@"
+    if not exists:
+        return HunkFinding(path, number, header, None, None, False, False, hunk.pre, (), None)
+    present = _result_present(code_lines, hunk)
+    exact = _find_block(lines, hunk.pre)
+    if exact:
+        at = min(exact, key=lambda i: abs(i + 1 - hunk.old_start)) + 1
+        return HunkFinding(
+            path, number, header, at, at - hunk.old_start, present, True, hunk.pre, (), None
+        )
+    ratio, start = _closest_window(lines, hunk.pre)
+    window = tuple(lines[start : start + len(hunk.pre)])
+    return HunkFinding(
+        path,
+        number,
+        header,
+        None,
+        None,
+        present,
+        ratio >= LOCATE_RATIO,
+        hunk.pre,
+        window,
+        start + 1,
+    )
+
+
 def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
     findings: list[HunkFinding] = []
     number = 0
@@ -132,56 +162,8 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
         code_lines = _code(lines)
         for hunk in file_patch.hunks:
             number += 1
-            header = f"@@ -{hunk.old_start} +{hunk.new_start} @@"
-            if blob is None:
-                findings.append(
-                    HunkFinding(
-                        file_patch.path,
-                        number,
-                        header,
-                        None,
-                        None,
-                        False,
-                        False,
-                        hunk.pre,
-                        (),
-                        None,
-                    )
-                )
-                continue
-            exact = _find_block(lines, hunk.pre)
-            if exact:
-                at = min(exact, key=lambda i: abs(i + 1 - hunk.old_start)) + 1
-                findings.append(
-                    HunkFinding(
-                        file_patch.path,
-                        number,
-                        header,
-                        at,
-                        at - hunk.old_start,
-                        _result_present(code_lines, hunk),
-                        True,
-                        hunk.pre,
-                        (),
-                        None,
-                    )
-                )
-                continue
-            ratio, start = _closest_window(lines, hunk.pre)
-            window = tuple(lines[start : start + len(hunk.pre)])
             findings.append(
-                HunkFinding(
-                    file_patch.path,
-                    number,
-                    header,
-                    None,
-                    None,
-                    _result_present(code_lines, hunk),
-                    ratio >= LOCATE_RATIO,
-                    hunk.pre,
-                    window,
-                    start + 1,
-                )
+                _find_hunk(lines, code_lines, blob is not None, file_patch.path, number, hunk)
             )
     return tuple(findings)
 
