@@ -18,7 +18,7 @@ from vllm_patchset.bundle import NAME, _pinned, make_bundle
 from vllm_patchset.config import Project
 from vllm_patchset.overlay import patches_for
 from vllm_patchset.upstream import Mirror
-from vllm_patchset.validate import build_trees, reverse_patch
+from vllm_patchset.validate import build_trees
 
 FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
 FIX2 = "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
@@ -30,19 +30,11 @@ def _with_gpu_tests(project: Project) -> Project:
     return project
 
 
-@pytest.mark.parametrize("patch", sorted(p.name for p in (REPO / "patches").rglob("*.patch")))
-def test_reverse_patch_is_an_involution(patch: str) -> None:
-    (path,) = (REPO / "patches").rglob(patch)
-    raw = path.read_bytes()
-    assert reverse_patch(raw) != raw
-    assert reverse_patch(reverse_patch(raw)) == raw
-
-
 def test_reversed_fix1_on_0_21_0_is_the_nightly_bug(mirror: Mirror, project: Project) -> None:
     (fix1,) = (p for p in patches_for(project) if p.key == FIX1_PATCH)
     release = mirror.release("0.21.0")
     pristine = mirror.repo.tree_of(release.commit)
-    buggy = mirror.repo.apply_to_tree(pristine, reverse_patch(fix1.raw))
+    buggy = mirror.repo.apply_to_tree(pristine, fix1.raw, reverse=True)
     text = mirror.repo.read_blob(buggy, ORACLE)
     assert text is not None
     assert text.decode().count(NIGHTLY_LINE_BUGGY) == 1

@@ -138,13 +138,18 @@ class Repo:
         except GitError:
             return None
 
-    def apply_to_tree(self, tree: str, patch: bytes, *, three_way: bool = False) -> str:
-        """The tree that `patch` makes of `tree` (no fuzz: context must match exactly)."""
+    def apply_to_tree(
+        self, tree: str, patch: bytes, *, three_way: bool = False, reverse: bool = False
+    ) -> str:
+        """The tree that `patch` (undone, with `reverse`) makes of `tree` (no fuzz: context
+        must match exactly)."""
         with self._temp_index() as env:
             self.run("read-tree", tree, env=env)
             args = ["apply", "--cached", "--whitespace=nowarn"]
             if three_way:
                 args.append("--3way")
+            if reverse:
+                args.append("--reverse")
             self.run(*args, "-", env=env, stdin=patch)
             return self.run("write-tree", env=env).strip()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -40,38 +39,6 @@ TESTS = "tests/gpu"
 class BuiltTrees:
     root: Path  # holds trees/, tests/gpu and manifest.json
     specs: tuple[gpurun.TreeSpec, ...]
-
-
-def reverse_patch(raw: bytes) -> bytes:
-    """The unified diff that undoes `raw` (what `git apply -R` applies): in each hunk the '+'
-    and '-' lines and the two ranges swap, and so do the blob ids; all else stays."""
-    out = []
-    old_left = new_left = 0  # lines of the current hunk still to come
-    for line in raw.decode("utf-8").splitlines(keepends=True):
-        if old_left or new_left:
-            kind = line[:1]
-            old_left -= kind in " -"
-            new_left -= kind in " +"
-            if kind in "+-":
-                line = ("-" if kind == "+" else "+") + line[1:]
-        elif match := _HUNK.match(line):
-            old, new = match.group(1), match.group(2)
-            old_left, new_left = _count(old), _count(new)
-            line = line.replace(f"-{old} +{new}", f"-{new} +{old}", 1)
-        elif match := _INDEX.match(line):
-            line = line.replace(
-                f"{match.group(1)}..{match.group(2)}", f"{match.group(2)}..{match.group(1)}", 1
-            )
-        out.append(line)
-    return "".join(out).encode("utf-8")
-
-
-_HUNK = re.compile(r"^@@ -(\d+(?:,\d+)?) \+(\d+(?:,\d+)?) @@")
-_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
-
-
-def _count(hunk_range: str) -> int:
-    return int(hunk_range.split(",")[1]) if "," in hunk_range else 1
 
 
 def _short(patch: Patch) -> str:
@@ -153,7 +120,7 @@ def _upstreamed_trees(mirror: Mirror, patch: Patch, trees: Path) -> list[gpurun.
         raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
     merged: Upstream = mirror.release(release)
     tests = patch.trailers.regression_tests
-    buggy = mirror.repo.apply_to_tree(mirror.repo.tree_of(merged.commit), reverse_patch(patch.raw))
+    buggy = mirror.repo.apply_to_tree(mirror.repo.tree_of(merged.commit), patch.raw, reverse=True)
     fixed = mirror.repo.apply_to_tree(buggy, patch.raw)
     specs = []
     for kind, git_tree, expect, applied in (
