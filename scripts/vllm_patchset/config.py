@@ -26,12 +26,15 @@ class Project:
     index_url: str
     series_file: Path
     upstreamed_file: Path
+    parked_file: Path  # patches kept but not applied, each with the reason
     overlay_dir: Path
     lock_path: Path
     cache_dir: Path
-    # A pin on a git ref instead of a PyPI release (set by `rebase --onto-git`).
+    # A pin on a git ref instead of a PyPI release (set by `rebase --onto-git`): the ref and
+    # the repository's commit, and the repository only when it is a URL others can fetch.
     pin_git: str | None = None
     pin_ref: str | None = None
+    pin_commit: str | None = None
 
     @property
     def patches_dir(self) -> Path:
@@ -63,11 +66,13 @@ class Project:
                 index_url=str(settings.get("index-url", "https://pypi.org/simple")).rstrip("/"),
                 series_file=root / settings.get("series", "patches/series"),
                 upstreamed_file=root / settings.get("upstreamed", "patches/upstreamed/series"),
+                parked_file=root / settings.get("parked", "patches/parked/series"),
                 overlay_dir=root / settings.get("overlay", "overlay"),
                 lock_path=root / settings.get("lock", "overlay/overlay.lock.json"),
                 cache_dir=cache_dir or default_cache_dir(),
                 pin_git=settings.get("pin-git"),
                 pin_ref=settings.get("pin-ref"),
+                pin_commit=settings.get("pin-commit"),
             )
         except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
             raise BadInput(

@@ -99,6 +99,30 @@ class Repo:
             return None
         return self.run_bytes("cat-file", "blob", mode_type_sha[2])
 
+    def grep_files(self, rev: str, text: str, pathspec: str) -> list[str]:
+        """Paths of the files of `rev` (a commit or tree) under `pathspec` that contain the
+        line fragment `text` (fixed string; one git call for the whole tree)."""
+        args = ["grep", "-l", "-z", "-F", "-e", text, rev, "--", pathspec]
+        cmd = git.Git(str(self.path))
+        status, out, err = cmd.execute(
+            ["git", "-c", "core.quotepath=off", *args],
+            with_extended_output=True,
+            with_exceptions=False,
+            stdout_as_string=False,
+            env={**os.environ, "LC_ALL": "C"},
+        )
+        if status not in (0, 1):  # 1: no file matches
+            raise GitError("grep", err if isinstance(err, str) else err.decode("utf-8", "replace"))
+        assert isinstance(out, bytes)
+        names = out.decode("utf-8", "surrogateescape").split("\0")
+        return [name.split(":", 1)[1] for name in names if ":" in name]
+
+    def renamed_paths(self, old: str, new: str) -> dict[str, str]:
+        """Files git's rename detection (`git diff -M`) sees moved from `old` to `new`."""
+        out = self.run("diff", "-M", "--name-status", "-z", "--diff-filter=R", old, new)
+        fields = [f for f in out.split("\0") if f]
+        return {fields[i + 1]: fields[i + 2] for i in range(0, len(fields) - 2, 3)}
+
     def list_files(self, rev: str, prefix: str = "") -> list[str]:
         args = ["ls-tree", "-r", "--name-only", "-z", rev]
         if prefix:
@@ -233,6 +257,11 @@ class Repo:
 
     def am_quit(self) -> None:
         self.run("am", "--quit")
+
+    def am_abort(self) -> None:
+        """Give up the `git am` in progress: HEAD and the files as before it (the reset
+        writes a reflog entry: an identity is needed where the user has none configured)."""
+        self.run("am", "--abort", env=_BOT_ENV)
 
     def unmerged_paths(self) -> list[str]:
         return [

@@ -1,5 +1,7 @@
 """The patch series: `patches/series`, the `git format-patch` files it names, their hunks and
-their provenance trailers (DEP-3 meaning), and the archive of patches upstream has merged."""
+their provenance trailers (DEP-3 meaning), the archive of patches upstream has merged
+(`patches/upstreamed/`), and the patches kept but not applied (`patches/parked/`: each line of
+its series gives the reason as a `#` comment, which quilt and `git am` read as a comment)."""
 
 from __future__ import annotations
 
@@ -79,9 +81,11 @@ class Patch:
 class Series:
     active: tuple[Patch, ...]  # patches/series, in order
     upstreamed: tuple[Patch, ...]  # patches/upstreamed/series, in order
+    parked: tuple[Patch, ...] = ()  # patches/parked/series: kept, not applied
 
     @property
     def all(self) -> tuple[Patch, ...]:
+        """The patches the overlay walk takes (parked ones aside)."""
         return self.upstreamed + self.active
 
 
@@ -95,8 +99,16 @@ def _check_path(patch: Path, path: str) -> str:
 def parse_patch(path: Path, key: str | None = None) -> Patch:
     try:
         raw = path.read_bytes()
+    except OSError as exc:
+        raise MalformedPatch(path, f"unreadable ({exc})") from None
+    return parse_patch_bytes(raw, path, key)
+
+
+def parse_patch_bytes(raw: bytes, path: Path, key: str | None = None) -> Patch:
+    """The patch `raw` (the bytes of the file `path`)."""
+    try:
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise MalformedPatch(path, f"unreadable ({exc})") from None
     head, sep, diff = text.partition("\ndiff --git ")
     if not sep and "diff --git " not in text:
@@ -208,21 +220,29 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
     return FilePatch(path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks))
 
 
-def read_series_file(series_file: Path) -> list[str]:
-    """Patch names in order; blank lines and `#` comments are ignored (as quilt does)."""
+def read_series_entries(series_file: Path) -> list[tuple[str, str]]:
+    """(patch name, the `#` comment on its line) in order; blank lines and comment-only lines
+    are ignored (as quilt does)."""
     if not series_file.is_file():
         return []
-    names = []
+    entries = []
     for number, line in enumerate(series_file.read_text("utf-8").splitlines(), 1):
-        entry = line.split("#", 1)[0].strip()
+        entry, _, comment = line.partition("#")
+        entry = entry.strip()
         if not entry:
             continue
         if "/" in entry or entry.startswith(".") or not entry.endswith(".patch"):
             raise SeriesError(f"{series_file}:{number}: bad series entry {entry!r}")
-        names.append(entry)
+        entries.append((entry, comment.strip()))
+    names = [name for name, _ in entries]
     if len(set(names)) != len(names):
         raise SeriesError(f"{series_file}: a patch is listed twice")
-    return names
+    return entries
+
+
+def read_series_file(series_file: Path) -> list[str]:
+    """Patch names in order."""
+    return [name for name, _ in read_series_entries(series_file)]
 
 
 def _load_dir(series_file: Path, prefix: str) -> tuple[Patch, ...]:
@@ -237,13 +257,23 @@ def _load_dir(series_file: Path, prefix: str) -> tuple[Patch, ...]:
     return tuple(parse_patch(folder / name, prefix + name) for name in names)
 
 
-def load_series(series_file: Path, upstreamed_file: Path) -> Series:
+def load_series(
+    series_file: Path, upstreamed_file: Path, parked_file: Path | None = None
+) -> Series:
     return Series(
         active=_load_dir(series_file, ""),
         upstreamed=_load_dir(upstreamed_file, upstreamed_file.parent.name + "/"),
+        parked=_load_dir(parked_file, parked_file.parent.name + "/") if parked_file else (),
     )
 
 
-def write_series_file(series_file: Path, names: list[str]) -> None:
+def write_series_file(
+    series_file: Path, names: list[str], reasons: dict[str, str] | None = None
+) -> None:
+    """One name a line; a reason, where given, as a `#` comment after it."""
+    reasons = reasons or {}
     series_file.parent.mkdir(parents=True, exist_ok=True)
-    series_file.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+    series_file.write_text(
+        "".join(f"{n}  # {reasons[n]}\n" if reasons.get(n) else f"{n}\n" for n in names),
+        encoding="utf-8",
+    )

@@ -20,14 +20,18 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from packaging.version import InvalidVersion, Version
 
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
 from vllm_patchset.gitrepo import Repo, init_bare
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
-VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?$")
+# A git source that another machine can fetch too (a local path or file:// URL is not one).
+_REMOTE_URL = re.compile(r"^(?!file:)[a-z][a-z0-9+.-]*://|^[\w.-]+@[\w.-]+:")
 
 
 @dataclass(frozen=True)
@@ -41,14 +45,38 @@ class Upstream:
     source: str  # where it came from, for the lock and reports
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("rc")[0]))
+def parse_version(version: str) -> Version | None:
+    """The PEP 440 version, or None when `version` is not one (e.g. "git:nightly")."""
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None
+
+
+def is_version(version: str) -> bool:
+    return parse_version(version) is not None
 
 
 def check_version(version: str) -> str:
-    if not VERSION_RE.match(version):
+    if not is_version(version):
         raise BadInput(f"not a vLLM version: {version!r} (expected e.g. 0.24.0)")
     return version
+
+
+def sort_versions(versions: Iterable[str]) -> list[str]:
+    """Release versions in PEP 440 order (0.22.0 < 0.22.1 < 0.25.0rc1 < 0.25.0 < 0.25.0.post1)."""
+    return sorted(versions, key=Version)
+
+
+def is_remote_url(source: str) -> bool:
+    return bool(_REMOTE_URL.match(source))
+
+
+def git_source_commit(upstream: Upstream) -> str | None:
+    """The commit of the git repository a `git:` upstream came from."""
+    if not upstream.source.startswith("git:"):
+        return None
+    return upstream.source.rpartition("@")[2] or None
 
 
 def _kept(path: str) -> bool:
@@ -123,14 +151,19 @@ class Mirror:
             ) from None
         return list(files)
 
-    def available_versions(self) -> list[str]:
+    def available_versions(self, *, pre: bool = False) -> list[str]:
+        """Releases with an sdist on the index, in PEP 440 order; pre- and dev releases only
+        with `pre` (post-releases and patch releases are releases)."""
         prefix = f"{self.package}-"
         versions = {
             str(f["filename"])[len(prefix) : -len(".tar.gz")]
             for f in self._index_files()
             if str(f["filename"]).endswith(".tar.gz") and not f.get("yanked")
         }
-        return sorted((v for v in versions if VERSION_RE.match(v)), key=version_key)
+        parsed = {v: parse_version(v) for v in versions}
+        return sort_versions(
+            v for v, p in parsed.items() if p is not None and (pre or not p.is_prerelease)
+        )
 
     def _download_sdist(self, version: str) -> tuple[Path, str, str]:
         name = f"{self.package}-{version}.tar.gz"
@@ -169,9 +202,20 @@ class Mirror:
         if subtree is None:
             raise BadInput(f"{ref} of {url} has no {self.package}/ package")
         tree = self.repo.wrap_tree(subtree, self.package)
-        version = ref.removeprefix("v") if VERSION_RE.match(ref.removeprefix("v")) else None
+        version = ref.removeprefix("v") if is_version(ref.removeprefix("v")) else None
         safe = re.sub(r"[^A-Za-z0-9._-]+", "-", ref)
-        return self._store(tree, f"git/{safe}", f"git:{ref}", version, f"git:{url}@{commit}")
+        # A local path names this machine only: the source (written into locks) keeps the
+        # ref and the commit instead.
+        where = url if is_remote_url(url) else f"local:{ref}"
+        upstream = self._store(tree, f"git/{safe}", f"git:{ref}", version, f"git:{where}@{commit}")
+        # Also by the repository's commit: a git pin is found again by it, whatever the ref
+        # names now (see `git_commit`).
+        self.repo.set_tag(f"git-commit/{commit}", upstream.commit)
+        return upstream
+
+    def git_commit(self, commit: str) -> Upstream | None:
+        """The tree a `git_ref` fetch of the repository commit `commit` stored, if any."""
+        return self.get(f"git-commit/{commit}")
 
     # -- an installed vllm --------------------------------------------------------------------
     def installed(self, python: str | None = None, target: Path | None = None) -> Upstream:

@@ -30,7 +30,7 @@ from vllm_patchset.errors import BadInput, Finding
 from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, pin_base, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
-from vllm_patchset.upstream import VERSION_RE, Mirror, Upstream
+from vllm_patchset.upstream import Mirror, Upstream, is_version
 
 TESTS = "tests/gpu"
 
@@ -116,7 +116,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
 
 def _upstreamed_trees(mirror: Mirror, patch: Patch, trees: Path) -> list[gpurun.TreeSpec]:
     release = patch.trailers.applied_upstream
-    if not VERSION_RE.match(release):
+    if not is_version(release):
         raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
     merged: Upstream = mirror.release(release)
     tests = patch.trailers.regression_tests
