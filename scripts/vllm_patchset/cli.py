@@ -12,14 +12,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from packaging.version import Version
+
+from vllm_patchset.checks import lock_freshness, problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
-from vllm_patchset.lock import Lock
 from vllm_patchset.overlay import (
     build_overlay,
-    compare_locks,
     export_tree,
-    lock_for,
     patches_for,
     pin_base,
     resolve_base,
@@ -27,9 +27,9 @@ from vllm_patchset.overlay import (
 )
 from vllm_patchset.queue import export_queue, import_queue
 from vllm_patchset.reports import matrix_json, matrix_table, state_cell
-from vllm_patchset.series import load_series
-from vllm_patchset.states import State, Verdict
-from vllm_patchset.upstream import Mirror, Upstream, check_version
+from vllm_patchset.series import read_series_entries
+from vllm_patchset.states import Verdict, classify
+from vllm_patchset.upstream import Mirror, Upstream, check_version, parse_version, sort_versions
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -42,19 +42,28 @@ def _mirror(project: Project) -> Mirror:
     return Mirror(project.cache_dir, project.package, project.index_url)
 
 
-# -- status / check / matrix -------------------------------------------------------------------
+# -- status / check / matrix / releases --------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     project = _project(args)
     mirror = _mirror(project)
-    result = walk(mirror, pin_base(project, mirror), patches_for(project))
-    freshness = _lock_freshness(project, mirror, result)
+    series = project_series(project)
+    result = walk(mirror, pin_base(project, mirror), series.all)
+    # Parked patches are not applied: each is classified on the patched pin, for the record.
+    parked = [
+        classify(mirror.repo, result.tree, p, base=project.pin, version=result.upstream.version)
+        for p in series.parked
+    ]
+    reasons = {f"{project.parked_file.parent.name}/{n}": r for n, r in _parked(project)}
+    freshness = lock_freshness(project, mirror, result)
+    verdicts = [*result.verdicts, *parked]
     if args.json:
         print(
             json.dumps(
                 {
                     "pin": project.pin,
-                    "patches": {v.patch: v.state.value for v in result.verdicts},
-                    "disagreements": {v.patch: list(v.disagreements) for v in result.verdicts},
+                    "patches": {v.patch: v.state.value for v in verdicts},
+                    "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
+                    "parked": reasons,
                     "lock": freshness,
                 },
                 indent=2,
@@ -62,51 +71,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     else:
         print(f"pin: {project.package} {project.pin}")
-        for verdict in result.verdicts:
-            print(f"  {verdict.patch}: {state_cell(verdict)}")
+        for verdict in verdicts:
+            why = f" (parked: {reasons[verdict.patch]})" if verdict.patch in reasons else ""
+            print(f"  {verdict.patch}: {state_cell(verdict)}{why}")
             for note in verdict.disagreements:
                 print(f"    * {note}")
         print(f"lock: {freshness}")
     return 0 if freshness == "fresh" else 1
 
 
-def _lock_freshness(project: Project, mirror: Mirror, result: object) -> str:
-    from vllm_patchset.overlay import Walk
-
-    assert isinstance(result, Walk)
-    if not project.lock_path.is_file():
-        return "missing"
-    difference = compare_locks(
-        lock_for(mirror, result, project.package), Lock.load(project.lock_path)
-    )
-    return "fresh" if difference is None else f"stale ({difference})"
+def _parked(project: Project) -> list[tuple[str, str]]:
+    return read_series_entries(project.parked_file)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     project = _project(args)
-    series = load_series(project.series_file, project.upstreamed_file)  # series <-> files, trailers
-    mirror = _mirror(project)
-    result = walk(mirror, pin_base(project, mirror), series.upstreamed + series.active)
-    problems = []
-    active = {p.key for p in series.active}
-    for verdict in result.verdicts:
-        if verdict.patch in active and verdict.state != State.APPLIES:
-            problems.append(f"{verdict.patch}: {verdict.state.value} on the pin {project.pin}")
-        elif verdict.patch in active and verdict.offsets:
-            problems.append(
-                f"{verdict.patch}: applies to {project.pin} only at an offset "
-                f"{verdict.offsets}: refresh it (queue import, queue export)"
-            )
-        elif verdict.patch not in active and verdict.state == State.APPLIES:
-            problems.append(f"{verdict.patch}: archived as upstream, yet applies to the pin")
-    freshness = _lock_freshness(project, mirror, result)
-    if freshness != "fresh":
-        problems.append(f"lock {project.lock_path.name}: {freshness}")
-    for problem in problems:
+    series, found = problems(project, _mirror(project))
+    for problem in found:
         print(problem, file=sys.stderr)
-    n = len(series.active) + len(series.upstreamed)
-    print(f"check: {n} patches, {len(problems)} problem(s)")
-    return 1 if problems else 0
+    n = len(series.active) + len(series.upstreamed) + len(series.parked)
+    print(f"check: {n} patches, {len(found)} problem(s)")
+    return 1 if found else 0
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
@@ -114,7 +99,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     mirror = _mirror(project)
     patches = patches_for(project)
     started = time.perf_counter()
-    bases: list[Upstream] = [mirror.release(check_version(v)) for v in args.versions]
+    versions = sort_versions(dict.fromkeys(check_version(v) for v in args.versions))
+    bases: list[Upstream] = [mirror.release(v) for v in versions]
+    if args.ref and not args.git:
+        raise BadInput("--ref goes with --git URL|PATH")
     bases += [mirror.git_ref(args.git, ref) for ref in args.ref or []]
     if not bases:
         raise BadInput("matrix needs at least one VERSION (or --git URL --ref REF)")
@@ -126,6 +114,22 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     print(
         f"matrix: {len(bases)} trees x {len(patches)} patches in {elapsed:.1f} s", file=sys.stderr
     )
+    return 0
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    project = _project(args)
+    releases = _mirror(project).available_versions(pre=args.pre)
+    if args.newer_than_pin:
+        pin = parse_version(project.pin)
+        if pin is None:
+            raise BadInput(f"the pin {project.pin} is not a release version")
+        releases = [v for v in releases if Version(v) > pin]
+    if args.json:
+        newest = releases[-1] if releases else None
+        print(json.dumps({"pin": project.pin, "releases": releases, "newest": newest}, indent=2))
+    else:
+        print("\n".join(releases))
     return 0
 
 
@@ -201,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="CI lint: series, trailers, clean apply on the pin, lock")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("releases", help="releases on the package index, in PEP 440 order")
+    p.add_argument("--newer-than-pin", action="store_true", help="only those newer than the pin")
+    p.add_argument("--pre", action="store_true", help="pre-releases too (rc, beta, dev)")
+    p.add_argument("--json", action="store_true", help='{"pin", "releases": [...], "newest"}')
+    p.set_defaults(func=cmd_releases)
 
     p = sub.add_parser("matrix", help="each patch's state on each version")
     p.add_argument("versions", nargs="*", metavar="VERSION")

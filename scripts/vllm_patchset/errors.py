@@ -48,6 +48,12 @@ class DownloadFailed(BadInput):
     pass
 
 
+class Interrupted(PatchsetError):
+    """Ctrl-C or SIGTERM: the message says what the interrupted command left."""
+
+    exit_code = 130
+
+
 class LockMismatch(Finding):
     pass
 

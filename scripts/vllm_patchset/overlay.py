@@ -19,8 +19,8 @@ from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
 from vllm_patchset.series import Patch, load_series
-from vllm_patchset.states import State, Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream
+from vllm_patchset.states import Reason, State, Verdict, classify
+from vllm_patchset.upstream import Mirror, Upstream, git_source_commit
 
 TREE_INFO = "vllm-patchset-tree.json"
 
@@ -51,11 +51,16 @@ def require_no_conflict(result: Walk) -> None:
     for verdict in result.verdicts:
         if verdict.state == State.CONFLICT:
             hunk = next(h for h in verdict.hunks if h.applies_at is None and not h.result_present)
+            where = (
+                f"differs at line {hunk.found_at}"
+                if verdict.reason == Reason.CONFLICT
+                else f"is not there ({verdict.reason.value})"
+            )
             raise PatchDoesNotApply(
                 verdict.patch,
                 result.upstream.label,
-                f"hunk {hunk.number} ({hunk.file} {hunk.header}) differs at line "
-                f"{hunk.found_at} (leave it out with --skip {verdict.patch})",
+                f"hunk {hunk.number} ({hunk.file} {hunk.header}) {where}"
+                f" (leave it out with --skip {verdict.patch})",
             )
 
 
@@ -82,7 +87,25 @@ def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
 
 
 def pin_base(project: Project, mirror: Mirror) -> Upstream:
-    """The pin's upstream tree: a PyPI release, or a git ref (`pin-git` + `pin-ref`)."""
+    """The pin's upstream tree: a PyPI release, or a git commit (`pin-commit`, found in the
+    mirror, else fetched from `pin-git` at `pin-ref`), or a git ref (`pin-git` + `pin-ref`)."""
+    if project.pin_commit:
+        found = mirror.git_commit(project.pin_commit)
+        if found is not None:
+            return found
+        if not project.pin_git:
+            raise BadInput(
+                f"the pin is commit {project.pin_commit[:12]} ({project.pin_ref}) of a local git"
+                f" repository, which is not in the mirror: `vllm-patchset fetch --git PATH --ref"
+                f" {project.pin_ref}` first"
+            )
+        fetched = mirror.git_ref(project.pin_git, project.pin_ref or project.pin_commit)
+        if git_source_commit(fetched) != project.pin_commit:
+            raise BadInput(
+                f"{project.pin_ref} of {project.pin_git} is now {git_source_commit(fetched)},"
+                f" not the pinned commit {project.pin_commit}"
+            )
+        return fetched
     if project.pin_git and project.pin_ref:
         return mirror.git_ref(project.pin_git, project.pin_ref)
     return mirror.release(project.pin)

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_patchset.states import Verdict
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
+    """A verdict in the JSON reports (matrix details, rebase patches)."""
     return {
         "state": verdict.state.value,
+        "verdict": verdict.reason.value,
         "text_state": verdict.text_state.value,
         "trailer_state": verdict.trailer_state.value if verdict.trailer_state else None,
+        "three_way": verdict.three_way,
+        "moved_to": {a: b for a, b in verdict.moved_to} or None,
+        "candidates": list(verdict.candidates),
+        "warnings": list(verdict.warnings),
         "disagreements": list(verdict.disagreements),
         "hunks": [
             {
@@ -34,9 +40,15 @@ def verdict_json(verdict: Verdict) -> dict[str, object]:
     }
 
 
+def versions_json(columns: Mapping[str, Iterable[Verdict]]) -> dict[str, dict[str, str]]:
+    """`{"<version>": {"<patch>": "<state>"}}`: the shape `matrix --json` and `rebase --json`
+    share (scripts and CI read it)."""
+    return {label: {v.patch: v.state.value for v in vs} for label, vs in columns.items()}
+
+
 def matrix_json(columns: dict[str, Sequence[Verdict]]) -> str:
     doc = {
-        "versions": {label: {v.patch: v.state.value for v in vs} for label, vs in columns.items()},
+        "versions": versions_json(columns),
         "details": {label: {v.patch: verdict_json(v) for v in vs} for label, vs in columns.items()},
     }
     return json.dumps(doc, indent=2)
@@ -44,6 +56,8 @@ def matrix_json(columns: dict[str, Sequence[Verdict]]) -> str:
 
 def state_cell(verdict: Verdict) -> str:
     cell = verdict.state.value
+    if verdict.reason.value != verdict.state.value:
+        cell += f" ({verdict.reason.value})"
     if verdict.offsets and verdict.state.value == "applies":
         cell += f" (offset {','.join(f'{o:+d}' for o in verdict.offsets)})"
     if verdict.disagreements:
@@ -69,7 +83,8 @@ def matrix_table(columns: dict[str, Sequence[Verdict]]) -> str:
 
 
 def conflict_report(verdict: Verdict) -> str:
-    out = [f"{verdict.patch} on {verdict.base}: {verdict.state.value}"]
+    reason = f" ({verdict.reason.value})" if verdict.reason.value != verdict.state.value else ""
+    out = [f"{verdict.patch} on {verdict.base}: {verdict.state.value}{reason}"]
     for h in verdict.hunks:
         if h.applies_at is not None or h.result_present:
             continue

@@ -1,4 +1,5 @@
-"""The state of each patch on an upstream tree: applies, upstream, absent or conflict.
+"""The state of each patch on an upstream tree: applies, upstream, absent or conflict, and
+the finer reason for it.
 
 Signals, all of them used and their disagreements reported:
 - git's own no-fuzz apply check on the tree (with the earlier patches of the walk applied);
@@ -6,19 +7,31 @@ Signals, all of them used and their disagreements reported:
   closest window of the file when the text changed;
 - each hunk's result present in the target file (its code lines, comments and blank lines
   aside, so a backport whose comments differ from upstream's is still recognised);
-- the `Introduced-in` / `Applied-upstream` trailers compared with the release's version.
-A reverse apply is never used as the proof of `upstream`.
+- code that moved: a hunk whose pre-image is not in its file is searched for across the
+  package (and git's rename detection, where the caller knows the previous base);
+- a 3-way merge (where the caller asks for it: the rebase);
+- the `Introduced-in` / `Applied-upstream` trailers compared with the release's version, and
+  whether the patch applied on the previous base (the rebase knows).
+A reverse apply is never used as the proof of `upstream`. The base states keep their four
+names (scripts read them); `Reason` says why, and "absent" is only said of code that was
+never there: code that was there and is gone is a conflict (`rewritten`), a stop for a
+maintainer's decision.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
+from pathlib import PurePosixPath
+from typing import Any
 
+from vllm_patchset.edits import rewrite_paths
+from vllm_patchset.errors import GitError
 from vllm_patchset.gitrepo import Repo
-from vllm_patchset.series import Hunk, Patch
-from vllm_patchset.upstream import version_key
+from vllm_patchset.series import Hunk, Patch, parse_patch_bytes
+from vllm_patchset.upstream import parse_version
 
 LOCATE_RATIO = 0.8  # a pre-image window this similar is "the same code, changed"
 
@@ -28,6 +41,20 @@ class State(str, Enum):
     UPSTREAM = "upstream"
     ABSENT = "absent"
     CONFLICT = "conflict"
+
+
+class Reason(str, Enum):
+    """Why a patch has its state (the `verdict` key of the JSON reports)."""
+
+    APPLIES = "applies"  # git applies it as it is (offsets aside)            -> applies
+    THREE_WAY = "3-way"  # its context changed; a 3-way merge applies it      -> applies
+    MOVED = "moved"  # the code is at another path (`moved_to`)               -> its state there
+    UPSTREAM = "upstream"  # every change of every hunk is there              -> upstream
+    NEVER_THERE = "never-there"  # the version predates the bug (trailers)   -> absent
+    NOT_FOUND = "not-found"  # not there, and no version to tell why          -> absent
+    CONFLICT = "conflict"  # the hunks are there, changed                     -> conflict
+    REWRITTEN = "rewritten"  # the code was there (or should be) and is gone  -> conflict
+    AMBIGUOUS = "ambiguous"  # the code is in several places, or partly moved -> conflict
 
 
 @dataclass(frozen=True)
@@ -46,17 +73,116 @@ class HunkFinding:
 
 @dataclass(frozen=True)
 class Verdict:
-    patch: str
+    """A patch on one tree: the one typed value every report (status, matrix, rebase) reads."""
+
+    patch: str  # its key: the path under patches/
     base: str
     state: State
+    reason: Reason
     text_state: State
     trailer_state: State | None
-    disagreements: tuple[str, ...]
     hunks: tuple[HunkFinding, ...]
+    # Disagreements that change a decision (trailers against the text, a fix that stops
+    # applying, moved or rewritten code), and cosmetic ones (comments or surrounding text
+    # differ on an upstreamed patch).
+    warnings: tuple[str, ...] = ()
+    cosmetic: tuple[str, ...] = ()
+    three_way: str | None = None  # "clean", "no change", "conflict"; None: not tried
+    moved_to: tuple[tuple[str, str], ...] = ()  # (path in the patch, path on this tree)
+    candidates: tuple[str, ...] = ()  # where the code may have gone (ambiguous)
+
+    @property
+    def words(self) -> str:
+        """ "conflict (rewritten)": the state, and the reason where it says more."""
+        same = self.reason.value == self.state.value
+        return self.state.value if same else f"{self.state.value} ({self.reason.value})"
+
+    @property
+    def disagreements(self) -> tuple[str, ...]:
+        return self.warnings + self.cosmetic
 
     @property
     def offsets(self) -> tuple[int, ...]:
         return tuple(h.offset for h in self.hunks if h.offset)
+
+    def to_doc(self) -> dict[str, Any]:
+        """Every field, as JSON values (the rebase journal keeps verdicts)."""
+        return {
+            "patch": self.patch,
+            "base": self.base,
+            "state": self.state.value,
+            "reason": self.reason.value,
+            "text_state": self.text_state.value,
+            "trailer_state": self.trailer_state.value if self.trailer_state else None,
+            "hunks": [
+                {
+                    "file": h.file,
+                    "number": h.number,
+                    "header": h.header,
+                    "applies_at": h.applies_at,
+                    "offset": h.offset,
+                    "result_present": h.result_present,
+                    "located": h.located,
+                    "expected": list(h.expected),
+                    "found": list(h.found),
+                    "found_at": h.found_at,
+                }
+                for h in self.hunks
+            ],
+            "warnings": list(self.warnings),
+            "cosmetic": list(self.cosmetic),
+            "three_way": self.three_way,
+            "moved_to": [list(m) for m in self.moved_to],
+            "candidates": list(self.candidates),
+        }
+
+    @staticmethod
+    def from_doc(doc: Mapping[str, Any]) -> Verdict:
+        """The inverse of `to_doc`; KeyError, TypeError or ValueError on a damaged document."""
+
+        def strings(values: Any) -> tuple[str, ...]:
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise TypeError(f"not a list of strings: {values!r}")
+            return tuple(values)
+
+        def number(value: Any) -> int | None:
+            if value is not None and not isinstance(value, int):
+                raise TypeError(f"not a number: {value!r}")
+            return value
+
+        hunks = tuple(
+            HunkFinding(
+                file=str(h["file"]),
+                number=int(h["number"]),
+                header=str(h["header"]),
+                applies_at=number(h["applies_at"]),
+                offset=number(h["offset"]),
+                result_present=bool(h["result_present"]),
+                located=bool(h["located"]),
+                expected=strings(h["expected"]),
+                found=strings(h["found"]),
+                found_at=number(h["found_at"]),
+            )
+            for h in doc["hunks"]
+        )
+        moved = tuple((str(a), str(b)) for a, b in doc["moved_to"])
+        three_way = doc["three_way"]
+        if three_way not in (None, "clean", "no change", "conflict"):
+            raise ValueError(f"three_way {three_way!r}")
+        return Verdict(
+            patch=str(doc["patch"]),
+            base=str(doc["base"]),
+            state=State(doc["state"]),
+            reason=Reason(doc["reason"]),
+            text_state=State(doc["text_state"]),
+            trailer_state=State(doc["trailer_state"]) if doc["trailer_state"] else None,
+            hunks=hunks,
+            warnings=strings(doc["warnings"]),
+            cosmetic=strings(doc["cosmetic"]),
+            three_way=three_way,
+            moved_to=moved,
+            candidates=strings(doc["candidates"]),
+        )
 
 
 def _code(lines: tuple[str, ...] | list[str]) -> list[str]:
@@ -169,72 +295,213 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
 
 
 def trailer_state(patch: Patch, version: str | None) -> State | None:
-    """What the provenance trailers say the state on `version` should be."""
-    if version is None:
+    """What the provenance trailers say the state on `version` should be (None: they cannot
+    tell, e.g. a git ref with no release version)."""
+    current = parse_version(version) if version else None
+    if current is None:
         return None
-    key = version_key(version)
     merged_in = patch.trailers.applied_upstream
     introduced = patch.trailers.introduced_in
-    if merged_in and key >= version_key(merged_in):
+    merged = parse_version(merged_in) if merged_in else None
+    if merged is not None and current >= merged:
         return State.UPSTREAM
     if introduced == "nightly":
         # A bug that lived on main only: releases before the fix never had it.
         return State.ABSENT if merged_in else None
-    if introduced and key < version_key(introduced):
+    first = parse_version(introduced) if introduced else None
+    if first is not None and current < first:
         return State.ABSENT
     return State.APPLIES
 
 
-def classify(repo: Repo, tree: str, patch: Patch, *, base: str, version: str | None) -> Verdict:
-    """The state of `patch` on `tree` (the upstream tree `base`, earlier patches applied)."""
+def decide(
+    text: State,
+    trailers: State | None,
+    *,
+    was_applied: bool | None = None,
+    three_way: str | None = None,
+    ambiguous: bool = False,
+    pending: bool = True,
+    base: str = "this base",
+) -> tuple[State, Reason, tuple[str, ...]]:
+    """The state rules: the text's state, the trailers' (None: unknown), whether the patch
+    applied on the previous base (None: no previous base), the 3-way merge's outcome, whether
+    moved code was found in several places, and whether `Applied-upstream` is still empty.
+    Returns the state, its reason and the warnings (disagreements that change a decision)."""
+    said = trailers.value if trailers else None
+    against = f"text says {text.value}, trailers say {said}"
+    if text == State.APPLIES:
+        warn = (against,) if trailers in (State.UPSTREAM, State.ABSENT) else ()
+        return State.APPLIES, Reason.APPLIES, warn
+    if text == State.UPSTREAM:
+        warn = (
+            (against,)
+            if trailers == State.ABSENT or (trailers == State.APPLIES and not pending)
+            else ()
+        )
+        return State.UPSTREAM, Reason.UPSTREAM, warn
+    if text == State.CONFLICT:
+        if trailers == State.UPSTREAM:
+            return (
+                State.UPSTREAM,
+                Reason.UPSTREAM,
+                (f"{against}: the hunks are there in other words; taken as upstream",),
+            )
+        warn = (against,) if trailers == State.ABSENT else ()
+        if three_way == "clean":
+            return State.APPLIES, Reason.THREE_WAY, warn
+        return State.CONFLICT, Reason.CONFLICT, warn
+    # text == ABSENT: the code the patch changes is not where the patch says.
+    if ambiguous:
+        return State.CONFLICT, Reason.AMBIGUOUS, ()
+    if trailers == State.UPSTREAM:
+        return (
+            State.UPSTREAM,
+            Reason.UPSTREAM,
+            (f"{against}: the code it changes is gone; taken as upstream",),
+        )
+    clean = (
+        ("3-way merge: clean, although the code it changes was not found",)
+        if (three_way == "clean")
+        else ()
+    )
+    if trailers == State.ABSENT:
+        return State.ABSENT, Reason.NEVER_THERE, clean
+    if was_applied:
+        return (
+            State.CONFLICT,
+            Reason.REWRITTEN,
+            (
+                f"it applied on the old pin; the code it changes is gone from {base}"
+                " (rewritten or removed upstream)",
+                *clean,
+            ),
+        )
+    if trailers == State.APPLIES:
+        return (
+            State.CONFLICT,
+            Reason.REWRITTEN,
+            (
+                f"{against}: the code it changes is gone (rewritten or removed upstream)",
+                *clean,
+            ),
+        )
+    return State.ABSENT, Reason.NOT_FOUND, clean
+
+
+def text_state(hunks: tuple[HunkFinding, ...], applies: bool) -> State:
+    if applies:
+        return State.APPLIES
+    if all(h.result_present for h in hunks):
+        return State.UPSTREAM
+    if all(h.result_present or h.located for h in hunks):
+        return State.CONFLICT
+    return State.ABSENT
+
+
+def classify(
+    repo: Repo,
+    tree: str,
+    patch: Patch,
+    *,
+    base: str,
+    version: str | None,
+    was_applied: bool | None = None,
+    three_way: bool = False,
+    renames: Mapping[str, str] | None = None,
+    follow_moves: bool = True,
+) -> Verdict:
+    """The state of `patch` on `tree` (the upstream tree `base`, earlier patches applied).
+
+    `was_applied`: whether it applied on the previous base (a rebase knows); `three_way`: try
+    a 3-way merge where git's plain apply fails; `renames`: git's rename detection from the
+    previous base (old path -> new path). Code that is not where the patch says is searched
+    for across the package: found in one place, the patch is classified there (`moved`)."""
     applies, _ = repo.check_apply(tree, patch.raw)
     hunks = find_hunks(repo, tree, patch)
-    if applies:
-        text = State.APPLIES
-    elif all(h.result_present for h in hunks):
-        text = State.UPSTREAM
-    elif all(h.result_present or h.located for h in hunks):
-        text = State.CONFLICT
-    else:
-        text = State.ABSENT
+    text = text_state(hunks, applies)
+    candidates: tuple[str, ...] = ()
+    if text == State.ABSENT and follow_moves:
+        moves, candidates = _relocation(repo, tree, patch, hunks, renames or {})
+        if moves:
+            moved = parse_patch_bytes(rewrite_paths(patch.raw, dict(moves)), patch.path, patch.key)
+            there = classify(
+                repo,
+                tree,
+                moved,
+                base=base,
+                version=version,
+                was_applied=was_applied,
+                three_way=three_way,
+                follow_moves=False,
+            )
+            where = ", ".join(f"{a} -> {b}" for a, b in moves)
+            return replace(
+                there,
+                reason=Reason.MOVED,
+                moved_to=moves,
+                warnings=(f"moved: {where}", *there.warnings),
+            )
+    merged = _three_way(repo, tree, patch) if three_way and text != State.APPLIES else None
     expected = trailer_state(patch, version)
-    notes: list[str] = []
-    state = text
-    if text == State.ABSENT and expected == State.UPSTREAM:
-        state = State.UPSTREAM
-        notes.append(
-            f"the code it changes is gone from {base}; trailers say merged upstream in "
-            f"{patch.trailers.applied_upstream}"
+    state, reason, warnings = decide(
+        text,
+        expected,
+        was_applied=was_applied,
+        three_way=merged,
+        ambiguous=bool(candidates),
+        pending=not patch.trailers.applied_upstream,
+        base=base,
+    )
+    if candidates:
+        warnings = (
+            "the code it changes is not where the patch says; it may be in "
+            + ", ".join(candidates)
+            + ": move the patch by hand (queue import) or decide",
+            *warnings,
         )
-    elif (
-        expected is not None
-        and expected != text
-        and not (expected == State.APPLIES and text == State.CONFLICT)
-    ):
-        notes.append(f"text says {text.value}, trailers say {expected.value}")
+    cosmetic: list[str] = []
     if state == State.UPSTREAM:
-        pure_additions = {
-            number
-            for number, hunk in enumerate((h for f in patch.files for h in f.hunks), 1)
-            if not hunk.removed
-        }
-        for h in hunks:
-            if h.number in pure_additions and h.applies_at is None and not h.located:
-                notes.append(f"hunk {h.number} ({h.file}): code present, surrounding text differs")
-        _note_comment_drift(repo, tree, patch, notes)
+        cosmetic += _upstream_drift(repo, tree, patch, hunks)
+        if merged == "conflict":
+            cosmetic.append("3-way merge: conflict (the release's code differs from the patch's)")
     return Verdict(
         patch=patch.key,
         base=base,
         state=state,
+        reason=reason,
         text_state=text,
         trailer_state=expected,
-        disagreements=tuple(notes),
         hunks=hunks,
+        warnings=warnings,
+        cosmetic=tuple(cosmetic),
+        three_way=merged,
+        candidates=candidates,
     )
 
 
-def _note_comment_drift(repo: Repo, tree: str, patch: Patch, notes: list[str]) -> None:
-    """Name the hunks whose added comments differ from what upstream has."""
+def _three_way(repo: Repo, tree: str, patch: Patch) -> str:
+    try:
+        merged = repo.apply_to_tree(tree, patch.raw, three_way=True)
+    except GitError:
+        return "conflict"
+    return "no change" if merged == tree else "clean"
+
+
+def _upstream_drift(
+    repo: Repo, tree: str, patch: Patch, hunks: tuple[HunkFinding, ...]
+) -> list[str]:
+    """Cosmetic notes on an upstreamed patch: the code is there, its surroundings or its
+    comments are not the patch's."""
+    notes = []
+    pure_additions = {
+        number
+        for number, hunk in enumerate((h for f in patch.files for h in f.hunks), 1)
+        if not hunk.removed
+    }
+    for h in hunks:
+        if h.number in pure_additions and h.applies_at is None and not h.located:
+            notes.append(f"hunk {h.number} ({h.file}): code present, surrounding text differs")
     number = 0
     for file_patch in patch.files:
         blob = repo.read_blob(tree, file_patch.path) or b""
@@ -247,3 +514,67 @@ def _note_comment_drift(repo: Repo, tree: str, patch: Patch, notes: list[str]) -
                     f"hunk {number} ({file_patch.path}): code matches upstream,"
                     " comment lines differ"
                 )
+    return notes
+
+
+def _cores(hunk: Hunk) -> list[list[str]]:
+    """What must be found of a hunk for its code to be "there": the removed code lines of
+    each of its changes (the context around them may have changed with the move), or, for a
+    pure addition, the code lines of its context."""
+    removed = [group for group, _ in _change_groups(hunk) if group]
+    context = _code(hunk.pre)
+    return removed or ([context] if context else [])
+
+
+def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
+    """The files of `tree` that hold the hunk's cores (code lines compared stripped, so code
+    moved into another indentation is found too)."""
+    cores = _cores(hunk)
+    if not cores:
+        return set()
+    found = set()
+    for path in repo.grep_files(tree, max(cores[0], key=len), f"*{suffix}"):
+        blob = repo.read_blob(tree, path) or b""
+        lines = _code(blob.decode("utf-8", "surrogateescape").split("\n"))
+        if all(_find_block(lines, core) for core in cores):
+            found.add(path)
+    return found
+
+
+def _relocation(
+    repo: Repo,
+    tree: str,
+    patch: Patch,
+    hunks: tuple[HunkFinding, ...],
+    renames: Mapping[str, str],
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Where the code of each file whose hunks are lost went: (moves, candidates). A file
+    moves when git saw it renamed, or when every lost hunk's pre-image is in one other file
+    and no hunk of it is left in place; otherwise the places found are candidates (an
+    ambiguous or partial move: the maintainer decides)."""
+    moves: list[tuple[str, str]] = []
+    candidates: set[str] = set()
+    findings = iter(hunks)
+    for file_patch in patch.files:
+        mine = [next(findings) for _ in file_patch.hunks]
+        lost = [
+            hunk
+            for hunk, finding in zip(file_patch.hunks, mine, strict=True)
+            if not (finding.located or finding.result_present)
+        ]
+        if not lost:
+            continue
+        renamed = renames.get(file_patch.path)
+        if renamed and repo.read_blob(tree, renamed) is not None:
+            moves.append((file_patch.path, renamed))
+            continue
+        suffix = PurePosixPath(file_patch.path).suffix
+        places = [_holders(repo, tree, hunk, suffix) - {file_patch.path} for hunk in lost]
+        common = set.intersection(*places)
+        if len(lost) == len(mine) and len(common) == 1:
+            moves.append((file_patch.path, common.pop()))
+        else:
+            candidates.update(*places)
+    if candidates:
+        return (), tuple(sorted(candidates))
+    return tuple(moves), ()
