@@ -1,0 +1,145 @@
+"""Text edits of the files a rebase rewrites: a patch's `Applied-upstream:` trailer and its
+paths, `pyproject.toml` (through tomlkit, which keeps the file's formatting and comments),
+the vLLM image tags of the GPU CI files, and CHANGELOG.md. Pure functions: text in, text out.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import Array, Table
+
+from vllm_patchset.errors import BadInput
+
+CHANGELOG_HEADER = (
+    "# Changelog\n\n"
+    "All notable changes to this patch set are documented in this file.\n"
+    "The format is based on [Keep a Changelog](https://keepachangelog.com/en/1.1.0/).\n\n"
+    "## [Unreleased]\n"
+)
+_PIN_KEYS = ("pin-git", "pin-ref", "pin-commit")
+# vLLM's images (vllm/vllm-openai, vllm/vllm-openai-rocm) and "vLLM <version>" in job names.
+_IMAGE = re.compile(r"(vllm/vllm-openai(?:-rocm)?):v[0-9][\w.+-]*")
+_NAMED_VERSION = re.compile(r"\bvLLM \d+(?:\.\d+)+(?:(?:a|b|rc|\.post|\.dev)\d+)*")
+
+
+# -- patches -------------------------------------------------------------------------------------
+def with_trailer(raw: bytes, release: str) -> bytes:
+    """The patch with its `Applied-upstream:` trailer set to `release` (nothing else changes)."""
+    message, sep, rest = raw.partition(b"\n---\n")
+    lines = [
+        (f"Applied-upstream: {release}".rstrip() if release else "Applied-upstream:").encode()
+        if line.startswith(b"Applied-upstream:")
+        else line
+        for line in message.split(b"\n")
+    ]
+    return b"\n".join(lines) + sep + rest
+
+
+def rewrite_paths(raw: bytes, moves: dict[str, str]) -> bytes:
+    """The patch with the files in `moves` (old path -> new path) renamed in its diff headers
+    (`diff --git`, `---`, `+++`); the hunks, the message and the index lines are kept."""
+    head, sep, diff = raw.partition(b"\ndiff --git ")
+    if not sep:
+        return raw
+    out = []
+    for line in (b"diff --git " + diff).split(b"\n"):
+        for old, new in moves.items():
+            a, b = f"a/{old}".encode(), f"b/{old}".encode()
+            if line == b"diff --git " + a + b" " + b:
+                line = f"diff --git a/{new} b/{new}".encode()
+            elif line == b"--- " + a:
+                line = f"--- a/{new}".encode()
+            elif line == b"+++ " + b:
+                line = f"+++ b/{new}".encode()
+        out.append(line)
+    return head + b"\n" + b"\n".join(out)
+
+
+# -- pyproject.toml ------------------------------------------------------------------------------
+def set_pin(
+    text: str,
+    pin: str,
+    *,
+    ref: str | None = None,
+    commit: str | None = None,
+    git_url: str | None = None,
+    requirement: bool = True,
+) -> str:
+    """pyproject.toml with the new pin in `[tool.vllm-patchset]`: a release (and, with
+    `requirement`, every `vllm==` requirement follows it), or a git ref with the repository's
+    commit (`pin-ref`, `pin-commit`) and, when others can fetch it, its URL (`pin-git`)."""
+    try:
+        doc = tomlkit.parse(text)
+        tool = doc.get("tool")
+        table = tool.get("vllm-patchset") if isinstance(tool, Table) else None
+        if not isinstance(table, Table) or "pin" not in table:
+            raise BadInput("pyproject.toml: no `pin` in [tool.vllm-patchset]")
+        table["pin"] = pin
+        for key in _PIN_KEYS:
+            if key in table:
+                del table[key]
+        if ref is not None and commit is not None:
+            after = "pin"
+            for key, value in (("pin-git", git_url), ("pin-ref", ref), ("pin-commit", commit)):
+                if value is not None:
+                    _insert_after(table, after, key, value)
+                    after = key
+        if requirement:
+            _set_requirement(doc, pin)
+        return tomlkit.dumps(doc)
+    except TOMLKitError as exc:
+        raise BadInput(f"pyproject.toml: not valid TOML ({exc})") from None
+
+
+def _insert_after(table: Table, after: str, key: str, value: str) -> None:
+    """Put `key = value` on the line after `after`. tomlkit's public `add` appends to the
+    table's end, past its trailing blank line and comments; its container's `_insert_after`
+    places the line where it belongs (the table's own dict view is not used afterwards)."""
+    table.value._insert_after(after, key, tomlkit.item(value))
+
+
+def _set_requirement(doc: tomlkit.TOMLDocument, pin: str) -> None:
+    project = doc.get("project")
+    if not isinstance(project, Table):
+        return
+    arrays = [project.get("dependencies")]
+    extras = project.get("optional-dependencies")
+    if isinstance(extras, Table):
+        arrays += [extras[name] for name in extras]
+    for array in arrays:
+        if not isinstance(array, Array):
+            continue
+        for i, requirement in enumerate(list(array)):
+            if str(requirement).replace(" ", "").startswith("vllm=="):
+                array[i] = f"vllm=={pin}"
+
+
+# -- CI files ------------------------------------------------------------------------------------
+def set_ci_images(text: str, version: str) -> str:
+    """A GPU CI file with vLLM's images (`vllm/vllm-openai[-rocm]:v<version>`) and the
+    "vLLM <version>" of its job names set to `version`."""
+    text = _IMAGE.sub(lambda m: f"{m.group(1)}:v{version}", text)
+    return _NAMED_VERSION.sub(f"vLLM {version}", text)
+
+
+# -- CHANGELOG.md --------------------------------------------------------------------------------
+def insert_entry(changelog: str, entry: str) -> str:
+    """Newest first: after the `[Unreleased]` section (which stays on top), else before the
+    first release."""
+    if not changelog.strip():
+        return CHANGELOG_HEADER + "\n" + entry
+    lines = changelog.splitlines(keepends=True)
+    sections = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    unreleased = [i for i in sections if _is_unreleased(lines[i])]
+    after = [i for i in sections if unreleased and i > unreleased[0]]
+    at = after[0] if after else (len(lines) if unreleased or not sections else sections[0])
+    head = "".join(lines[:at]).rstrip("\n") + "\n\n"
+    tail = "".join(lines[at:])
+    return head + entry + ("\n" + tail if tail else "")
+
+
+def _is_unreleased(line: str) -> bool:
+    return line.strip().lower() in ("## [unreleased]", "## unreleased")

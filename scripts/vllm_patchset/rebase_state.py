@@ -1,0 +1,269 @@
+"""The rebase's typed values and its journal, `.rebase/state.json`, plus the lock that keeps two
+writers of the series (two rebases, a rebase and a `queue export`) from running at once.
+
+A damaged journal (unparseable, truncated, a field of the wrong type) is one `DamagedState`
+error naming the file; `rebase --abort` does not need it (see swap.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput
+from vllm_patchset.states import Verdict
+from vllm_patchset.upstream import Upstream
+
+REBASE_DIR = ".rebase"
+STATE_FILE = "state.json"
+
+
+class Section(str, Enum):
+    """Where a patch is before the rebase."""
+
+    SERIES = "series"  # patches/series: applied by the overlay
+    UPSTREAMED = "upstreamed"  # patches/upstreamed/: merged upstream, kept as a guard
+    PARKED = "parked"  # patches/parked/: kept by a decision, not applied
+
+
+class Choice(str, Enum):
+    """A maintainer's decision for one patch, named on the command line."""
+
+    DROP = "drop"  # out of the project (git history keeps it)
+    KEEP = "keep"  # a series patch: parked; an archived one that applies again: the series
+    RESOLVE_UPSTREAM = "resolve-upstream"  # archived as upstream, with the release
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.value}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    patch: str  # the patch's key
+    choice: Choice
+    release: str | None = None  # for resolve-upstream: the release that has the fix
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the rebase found and did for one patch."""
+
+    key: str  # the patch's key before the rebase ("name", "upstreamed/name", "parked/name")
+    name: str
+    section: Section
+    verdict: Verdict  # on the new base
+    # refreshed, resolved, archived, carried, parked, unarchived, dropped: settled;
+    # conflict (stopped for a hand resolution), decision (stopped for a decision).
+    action: str
+    decision: Choice | None = None
+    options: tuple[Choice, ...] = ()  # the decisions that settle it (when it needs one)
+    notes: tuple[str, ...] = ()  # what was done, and why
+    commit: str | None = None  # in the worktree
+    applied_upstream: str = ""
+    upstream_pr: str = ""
+    range_diff: str = ""  # unchanged, context-only churn, content changed
+    diff_of_diffs: str = ""
+    report: str = ""  # the conflict report
+    parked_reason: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["section"] = self.section.value
+        doc["verdict"] = self.verdict.to_doc()
+        doc["decision"] = self.decision.value if self.decision else None
+        doc["options"] = [o.value for o in self.options]
+        doc["notes"] = list(self.notes)
+        return doc
+
+    @staticmethod
+    def from_doc(doc: Mapping[str, Any]) -> Step:
+        fields = {f.name for f in dataclasses.fields(Step)}
+        if set(doc) != fields:
+            raise KeyError(f"step fields {sorted(set(doc) ^ fields)}")
+        text = {k: _string(doc[k]) for k in ("key", "name", "action", "applied_upstream")}
+        text |= {
+            k: _string(doc[k])
+            for k in ("upstream_pr", "range_diff", "diff_of_diffs", "report", "parked_reason")
+        }
+        return Step(
+            **text,
+            section=Section(doc["section"]),
+            verdict=Verdict.from_doc(doc["verdict"]),
+            decision=Choice(doc["decision"]) if doc["decision"] else None,
+            options=tuple(Choice(o) for o in doc["options"]),
+            notes=tuple(_string(n) for n in doc["notes"]),
+            commit=_string(doc["commit"]) if doc["commit"] is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class RebaseState:
+    phase: str  # running, stopped, swap (files being swapped in), done
+    old_pin: str
+    onto: Upstream
+    git: str | None  # --onto-git URL|PATH
+    ref: str | None  # --ref
+    project_head: str  # the checkout's commit when the rebase started
+    decisions: tuple[Decision, ...] = ()
+    applied_before: tuple[str, ...] = ()  # keys of the patches applied on the old pin
+    renames: tuple[tuple[str, str], ...] = ()  # git's renames, old pin -> new base
+    steps: tuple[Step, ...] = ()
+    stop: str | None = None  # conflict, decision (while phase is "stopped")
+    stopped_head: str | None = None  # the worktree's HEAD when it stopped
+    moves: tuple[str, ...] = ()  # the staged paths the swap moves in (under the root)
+
+    @property
+    def new_pin(self) -> str:
+        return self.onto.version or self.onto.label
+
+    def decision(self, key: str) -> Decision | None:
+        return next((d for d in self.decisions if d.patch == key), None)
+
+    def to_json(self) -> str:
+        doc = {
+            "phase": self.phase,
+            "old_pin": self.old_pin,
+            "onto": dataclasses.asdict(self.onto),
+            "git": self.git,
+            "ref": self.ref,
+            "project_head": self.project_head,
+            "decisions": [
+                {"patch": d.patch, "choice": d.choice.value, "release": d.release}
+                for d in self.decisions
+            ],
+            "applied_before": list(self.applied_before),
+            "renames": [list(r) for r in self.renames],
+            "steps": [s.to_doc() for s in self.steps],
+            "stop": self.stop,
+            "stopped_head": self.stopped_head,
+            "moves": list(self.moves),
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> RebaseState:
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+        if doc["phase"] not in ("running", "stopped", "swap", "done"):
+            raise ValueError(f"phase {doc['phase']!r}")
+        onto = doc["onto"]
+        return RebaseState(
+            phase=doc["phase"],
+            old_pin=_string(doc["old_pin"]),
+            onto=Upstream(
+                label=_string(onto["label"]),
+                version=_optional(onto["version"]),
+                tag=_string(onto["tag"]),
+                commit=_string(onto["commit"]),
+                source=_string(onto["source"]),
+            ),
+            git=_optional(doc["git"]),
+            ref=_optional(doc["ref"]),
+            project_head=_string(doc["project_head"]),
+            decisions=tuple(
+                Decision(_string(d["patch"]), Choice(d["choice"]), _optional(d["release"]))
+                for d in doc["decisions"]
+            ),
+            applied_before=tuple(_string(k) for k in doc["applied_before"]),
+            renames=tuple((_string(a), _string(b)) for a, b in doc["renames"]),
+            steps=tuple(Step.from_doc(s) for s in doc["steps"]),
+            stop=_optional(doc["stop"]),
+            stopped_head=_optional(doc["stopped_head"]),
+            moves=tuple(_string(m) for m in doc["moves"]),
+        )
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {value!r}")
+    return value
+
+
+def _optional(value: Any) -> str | None:
+    return None if value is None else _string(value)
+
+
+class DamagedState(BadInput):
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(
+            f"{path} is damaged ({what}): `vllm-patchset rebase --abort` restores the checkout"
+            " as it was before the rebase"
+        )
+
+
+# -- the journal ---------------------------------------------------------------------------------
+def rebase_dir(project: Project) -> Path:
+    return project.root / REBASE_DIR
+
+
+def state_path(project: Project) -> Path:
+    return rebase_dir(project) / STATE_FILE
+
+
+def save(project: Project, state: RebaseState) -> None:
+    """Written whole (temp file, fsync, rename): a kill leaves the old state or the new one."""
+    tmp = rebase_dir(project) / f"{STATE_FILE}.tmp"
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(state.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(state_path(project))
+
+
+def load(project: Project) -> RebaseState:
+    path = state_path(project)
+    if not path.is_file():
+        raise BadInput("no rebase in progress (start one with `rebase --onto VERSION`)")
+    try:
+        return RebaseState.from_json(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        what = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        raise DamagedState(path, what.splitlines()[0]) from None
+
+
+def phase_on_disk(project: Project) -> str | None:
+    """The journal's phase, "damaged", or None when there is no journal."""
+    if not state_path(project).exists():
+        return None
+    try:
+        return load(project).phase
+    except BadInput:
+        return "damaged"
+
+
+# -- one writer at a time ------------------------------------------------------------------------
+@contextmanager
+def project_lock(project: Project, what: str) -> Iterator[None]:
+    """Hold an exclusive flock on the project's root directory while `what` runs: a second
+    rebase, `--continue`, `--abort` or `queue export` is refused rather than interleaved. The
+    lock is on the directory itself, so there is no lock file to create, leave behind or sweep,
+    and it is released by the kernel when the process dies, however it dies."""
+    try:
+        fd = os.open(project.root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise BadInput(f"cannot open {project.root} ({exc.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise BadInput(
+                f"another vllm-patchset rebase or queue command is running in {project.root}:"
+                f" {what} refused (nothing was changed); wait for it to finish"
+            ) from None
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,231 @@
+"""The rebase's staging and swap: the rebased project is written under `.rebase/stage/` and
+checked as `check` checks a checkout (`stage_project`); then the staged files replace the
+checkout's in one short pass, each old one kept in `.rebase/backup/` until the end
+(`swap_in`), which `roll_back` undoes.
+
+The backup dir is its own journal: before a path is replaced, either its old version is in
+`backup/<path>` or a marker `backup/<path>.created-by-swap` says there was none. So a swap
+cut short (a kill, a power cut) is finished by running `swap_in` again, or undone by
+`roll_back` — neither needs anything but the two dirs, not even a readable state file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from vllm_patchset.checks import problems, project_series
+from vllm_patchset.config import Project
+from vllm_patchset.edits import insert_entry, set_ci_images, set_pin, with_trailer
+from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.gitrepo import Repo
+from vllm_patchset.overlay import build_overlay
+from vllm_patchset.rebase_report import changelog_entry, range_diff, today
+from vllm_patchset.rebase_state import RebaseState, Section, rebase_dir
+from vllm_patchset.series import Patch, read_series_entries, write_series_file
+from vllm_patchset.upstream import Mirror, git_source_commit, is_remote_url
+
+CHANGELOG = "CHANGELOG.md"
+# The GPU CI files whose vLLM image tags follow a release pin.
+CI_FILES = (".github/workflows/gpu-validation.yml", ".buildkite/gpu-validation.yml")
+STAGE = "stage"
+BACKUP = "backup"
+CREATED = ".created-by-swap"
+
+
+def _marker(folder: Path, rel: str) -> Path:
+    return folder / BACKUP / (rel + CREATED)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def swap_in(folder: Path, root: Path, paths: Sequence[str]) -> None:
+    """Move each staged `folder/stage/<rel>` to `root/<rel>`, the old one to the backup.
+    Safe to run again after a kill: what was moved already is skipped."""
+    for rel in paths:
+        staged, target, saved = folder / STAGE / rel, root / rel, folder / BACKUP / rel
+        if not staged.exists():
+            continue  # moved in by an earlier run
+        if not saved.exists() and not _marker(folder, rel).exists():
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() or target.is_symlink():
+                target.rename(saved)
+            else:
+                _marker(folder, rel).touch()
+            _fsync_dir(saved.parent)
+        remove(target)  # only after a kill between the two renames: the staged one again
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged.rename(target)
+        _fsync_dir(target.parent)
+
+
+def roll_back(folder: Path, root: Path, paths: Sequence[str]) -> None:
+    """Put back every path the backup holds (and remove those the swap created): the checkout
+    as it was before `swap_in`, byte for byte."""
+    for rel in reversed(paths):
+        target, saved, marker = root / rel, folder / BACKUP / rel, _marker(folder, rel)
+        if saved.exists() or saved.is_symlink():
+            remove(target)
+            saved.rename(target)
+            _fsync_dir(target.parent)
+        elif marker.exists():
+            remove(target)
+            marker.unlink()
+
+
+def has_backup(folder: Path) -> bool:
+    backup = folder / BACKUP
+    return backup.is_dir() and any(backup.iterdir())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done (they are blocked, not lost): a swap is
+    a few renames, and is never left half-way by a signal a process can catch."""
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# -- the rebased project -----------------------------------------------------------------------
+def rel(project: Project, path: Path) -> str:
+    return path.relative_to(project.root).as_posix()
+
+
+def rewritten_paths(project: Project) -> list[str]:
+    """Everything a rebase may replace (the order the swap takes)."""
+    return [
+        rel(project, project.patches_dir),
+        "pyproject.toml",
+        rel(project, project.lock_path),
+        CHANGELOG,
+        *CI_FILES,
+        rel(project, project.overlay_dir / project.package),
+    ]
+
+
+def stage_project(
+    project: Project, mirror: Mirror, worktree: Repo, state: RebaseState
+) -> RebaseState:
+    """Write the rebased project under `.rebase/stage/` and check it as `check` does: nothing
+    is swapped in unless the result is coherent."""
+    folder = rebase_dir(project)
+    stage = folder / STAGE
+    remove(stage)
+    patches = stage / rel(project, project.patches_dir)
+    shutil.copytree(project.patches_dir, patches)
+    archive_dir = stage / rel(project, project.upstreamed_file.parent)
+    parked_dir = stage / rel(project, project.parked_file.parent)
+    series = project_series(project)
+    old: dict[str, Patch] = {p.key: p for p in (*series.all, *series.parked)}
+    active: list[str] = []
+    unarchived: list[str] = []
+    archived = [p.name for p in series.upstreamed]
+    parked = dict(read_series_entries(project.parked_file))
+    steps = []
+    for step in state.steps:
+        patch = old[step.key]
+        here = stage / rel(project, patch.path)
+        if step.action in ("refreshed", "resolved", "unarchived"):
+            assert step.commit is not None
+            (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
+            if step.action == "unarchived":
+                data = with_trailer(data, "")
+                here.unlink()
+                archived.remove(step.name)
+                unarchived.append(step.name)
+            else:
+                active.append(step.name)
+            _new_file(patches / step.name, here).write_bytes(data)
+            kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
+            step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
+        elif step.action == "archived" and step.section == Section.SERIES:
+            _new_file(archive_dir / step.name).write_bytes(
+                with_trailer(patch.raw, step.applied_upstream)
+            )
+            here.unlink()
+            archived.append(step.name)
+        elif step.action == "parked" and step.section == Section.SERIES:
+            parked_dir.mkdir(parents=True, exist_ok=True)
+            here.rename(_new_file(parked_dir / step.name))
+            parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
+        elif step.action == "dropped":
+            here.unlink()
+            if step.section == Section.UPSTREAMED:
+                archived.remove(step.name)
+        steps.append(step)
+    state = dataclasses.replace(state, steps=tuple(steps))
+    write_series_file(stage / rel(project, project.series_file), unarchived + active)
+    write_series_file(stage / rel(project, project.upstreamed_file), archived)
+    if parked or project.parked_file.exists():
+        write_series_file(stage / rel(project, project.parked_file), list(parked), parked)
+    release = state.git is None
+    onto = state.onto
+    (stage / "pyproject.toml").write_text(
+        set_pin(
+            project.pyproject.read_text("utf-8"),
+            state.new_pin,
+            ref=state.ref,
+            commit=git_source_commit(onto),
+            git_url=state.git if state.git and is_remote_url(state.git) else None,
+            requirement=release,
+        ),
+        encoding="utf-8",
+    )
+    images = False
+    for ci_file in CI_FILES:
+        if (project.root / ci_file).is_file() and release:
+            old_text = (project.root / ci_file).read_text("utf-8")
+            new_text = set_ci_images(old_text, state.new_pin)
+            images = images or new_text != old_text
+            _new_file(stage / ci_file).write_text(new_text, encoding="utf-8")
+    old_log = (
+        (project.root / CHANGELOG).read_text("utf-8")
+        if (project.root / CHANGELOG).is_file()
+        else ""
+    )
+    entry = changelog_entry(state, today(), images=images)
+    (stage / CHANGELOG).write_text(insert_entry(old_log, entry), encoding="utf-8")
+    (folder / "entry.md").write_text(entry, encoding="utf-8")
+    try:
+        staged = Project.load(stage, project.cache_dir)
+        build_overlay(staged, update_lock=True)
+        _, found = problems(staged, mirror)
+    except PatchsetError as exc:
+        found = [str(exc)]
+    if found:
+        raise Finding(
+            f"the rebased project would fail `check` ({found[0]}): nothing was swapped in;"
+            " `rebase --abort` restores everything"
+        )
+    moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
+    return dataclasses.replace(state, moves=tuple(moves))
+
+
+def _new_file(path: Path, replacing: Path | None = None) -> Path:
+    """`path`, refused when a file of another patch is there already."""
+    if path.exists() and path != replacing:
+        raise BadInput(f"{path.name} exists already in {path.parent.name}/: rename the patch")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
