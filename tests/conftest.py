@@ -109,6 +109,18 @@ def project(
     return Project.load(root, cache_dir)
 
 
+@pytest.fixture
+def synthetic_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A mirror for synthetic upstreams (tests/synthetic.py), shared by the session: no
+    network, no real release. The CLI finds it through VLLM_PATCHSET_CACHE."""
+    path = tmp_path_factory.getbasetemp() / "synthetic-cache"
+    path.mkdir(exist_ok=True)
+    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def nightly_repo(mirror: Mirror, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The nightly-like base: v0.21.0 with vLLM PR #41630's one line reverted (tag `nightly`)."""

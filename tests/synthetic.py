@@ -1,0 +1,262 @@
+"""Synthetic upstreams for tests of the mechanics: a tiny `vllm/` package in a local git repo
+with one tag per "release", and a project with its own patch series (provenance trailers
+included), all written by the test. No network, no real vLLM: a test states the whole story
+(what each release changes, what each patch fixes) in a few lines.
+
+    upstream = SyntheticUpstream(tmp_path / "upstream")
+    upstream.release("1.0", BASE)                                   # files of the package
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(A, B)})          # changes on top of 1.0
+    project = make_project(tmp_path / "project", cache, upstream, "1.0", series=[FIX])
+
+`make_project` writes `patches/` (`git format-patch` files, built with git on the pin),
+pyproject.toml with a git pin (`pin-ref` + `pin-commit`: the mirror finds it again without a
+path), CHANGELOG.md, the lock (`overlay build --update-lock`), and commits it all.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from support import git
+from vllm_patchset.config import Project
+from vllm_patchset.gitrepo import FORMAT_PATCH_ARGS, Repo
+from vllm_patchset.overlay import build_overlay
+from vllm_patchset.upstream import Mirror, git_source_commit
+
+BOT = {
+    "GIT_AUTHOR_NAME": "vllm-patchset",
+    "GIT_AUTHOR_EMAIL": "vllm-patchset@users.noreply.github.com",
+    "GIT_AUTHOR_DATE": "2026-06-27T00:00:00+00:00",
+    "GIT_COMMITTER_NAME": "vllm-patchset",
+    "GIT_COMMITTER_EMAIL": "vllm-patchset@users.noreply.github.com",
+    "GIT_COMMITTER_DATE": "2026-06-27T00:00:00+00:00",
+}
+CHANGELOG = (
+    "# Changelog\n\n"
+    "All notable changes to this patch set are documented in this file.\n"
+    "The format is based on [Keep a Changelog](https://keepachangelog.com/en/1.1.0/).\n\n"
+    "## [Unreleased]\n"
+)
+
+# The package of release 1.0: a MoE layer with the tensor-truthiness bug, and a utility
+# module; each function is long enough for a hunk's three lines of context.
+MOE = "vllm/layers/moe.py"
+UTILS = "vllm/utils.py"
+MOE_TEXT = '''\
+"""A tiny MoE layer."""
+
+import math
+
+
+def quantize(x, scale, gscale):
+    """Scale, then round."""
+    return round(x * scale / gscale, 3)
+
+
+class Experts:
+    """The experts of one layer."""
+
+    def __init__(self, a1_scale=None, a1_gscale=1.0):
+        self.a1_scale = a1_scale
+        self.a1_gscale = a1_gscale
+        self.calls = 0
+
+    def apply(self, hidden):
+        self.calls += 1
+        scale = self.a1_scale or self.a1_gscale
+        out = quantize(hidden, scale, self.a1_gscale)
+        return out
+
+    def name(self):
+        label = "experts"
+        return label
+
+
+def top_k(scores, k):
+    ranked = sorted(scores, reverse=True)
+    return ranked[:k]
+
+
+def norm(values):
+    return math.sqrt(sum(v * v for v in values))
+'''
+UTILS_TEXT = '''\
+"""Utilities."""
+
+
+def clamp(value, low, high):
+    if value < low:
+        return low
+    if value > high:
+        return high
+    return value
+
+
+def describe(name):
+    words = name.split("_")
+    return " ".join(words)
+'''
+BASE = {"vllm/__init__.py": '__version__ = "1.0"\n', MOE: MOE_TEXT, UTILS: UTILS_TEXT}
+BUGGY = "        scale = self.a1_scale or self.a1_gscale\n"
+FIXED = "        scale = self.a1_scale\n"
+PROPERTY = (
+    "    @property\n"
+    "    def scale(self):\n"
+    "        return self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
+    "\n"
+)
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One patch: text replacements (each `old` must be in the file exactly once) written as
+    a commit on the pin (or on `base`), with the series' trailers."""
+
+    name: str  # file name in patches/, e.g. "0001-moe-no-tensor-truthiness.patch"
+    edits: dict[str, tuple[str, str]]  # path -> (old text, new text)
+    subject: str = "fix"
+    upstream_pr: str = "https://github.com/vllm-project/vllm/pull/1"
+    introduced_by: str = "https://github.com/vllm-project/vllm/pull/0"
+    introduced_in: str = "1.0"
+    applied_upstream: str = ""
+    regression_test: str = "tests/gpu/test_synthetic.py::test_fix"
+    base: str | None = None  # write it on this release instead of the pin (e.g. archived)
+    body: str = "Why: a synthetic fix."
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{self.subject}\n\n{self.body}\n\n"
+            f"Upstream-PR: {self.upstream_pr}\n"
+            f"Introduced-by: {self.introduced_by}\n"
+            f"Introduced-in: {self.introduced_in}\n"
+            f"Applied-upstream: {self.applied_upstream}\n"
+            f"Regression-test: {self.regression_test}\n"
+        )
+
+
+@dataclass
+class SyntheticUpstream:
+    """A local git repository of the tiny package, one commit and tag `v<version>` a release."""
+
+    path: Path
+    releases: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.path.mkdir(parents=True)
+        git(self.path, "init", "-q", "-b", "main")
+
+    def files(self, version: str) -> dict[str, str]:
+        return dict(self.releases[version])
+
+    def release(
+        self,
+        version: str,
+        changes: dict[str, str | None],
+        *,
+        base: str | None = None,
+        renames: dict[str, str] | None = None,
+    ) -> str:
+        """Tag `v<version>`: the files of `base` (default: the last release; none for the
+        first) with `changes` (path -> text, None deletes) and `renames` (git mv, done
+        first, so that git's rename detection sees them). Returns the commit."""
+        previous = base or (list(self.releases)[-1] if self.releases else None)
+        files = self.files(previous) if previous else {}
+        if previous:
+            git(self.path, "checkout", "-q", "--detach", f"v{previous}")
+        for old, new in (renames or {}).items():
+            (self.path / new).parent.mkdir(parents=True, exist_ok=True)
+            git(self.path, "mv", old, new)
+            files[new] = files.pop(old)
+        for path, text in changes.items():
+            if text is None:
+                git(self.path, "rm", "-q", path)
+                files.pop(path)
+                continue
+            (self.path / path).parent.mkdir(parents=True, exist_ok=True)
+            (self.path / path).write_text(text)
+            files[path] = text
+        git(self.path, "add", "-A")
+        git(self.path, "commit", "-q", "--allow-empty", "-m", f"vllm {version}")
+        git(self.path, "tag", f"v{version}")
+        self.releases[version] = files
+        return git(self.path, "rev-parse", "HEAD").strip()
+
+
+def write_patches(
+    upstream: SyntheticUpstream, pin: str, specs: list[PatchSpec], folder: Path, scratch: Path
+) -> list[str]:
+    """The specs as `git format-patch` files in `folder`, each written on its base (the pin,
+    the specs before it applied, unless it names a base of its own). Returns the names."""
+    names = []
+    for i, spec in enumerate(specs):
+        work = scratch / f"work-{folder.name}-{i}"
+        shutil.rmtree(work, ignore_errors=True)
+        git(scratch, "clone", "-q", str(upstream.path), str(work))
+        git(work, "checkout", "-q", "--detach", f"v{spec.base or pin}")
+        if spec.base is None:
+            for earlier in specs[:i]:
+                if earlier.base is None:
+                    _edit(work, earlier)
+            if any(e.base is None for e in specs[:i]):
+                git(work, "commit", "-q", "-am", "earlier patches")
+        _edit(work, spec)
+        repo = Repo(work)
+        repo.run("commit", "-q", "-a", "-m", spec.message, env=BOT)
+        data = repo.run_bytes("format-patch", *FORMAT_PATCH_ARGS, "--stdout", "HEAD^..HEAD")
+        (folder / spec.name).write_bytes(data)
+        names.append(spec.name)
+        shutil.rmtree(work)
+    return names
+
+
+def _edit(work: Path, spec: PatchSpec) -> None:
+    for path, (old, new) in spec.edits.items():
+        text = (work / path).read_text()
+        assert text.count(old) == 1, f"{spec.name}: {old!r} is not once in {path}"
+        (work / path).write_text(text.replace(old, new))
+
+
+def make_project(
+    root: Path,
+    cache: Path,
+    upstream: SyntheticUpstream,
+    pin: str,
+    *,
+    series: list[PatchSpec] = (),  # type: ignore[assignment]
+    upstreamed: list[PatchSpec] = (),  # type: ignore[assignment]
+    extra_pyproject: str = "",
+) -> Project:
+    """A committed project pinned to the synthetic release `pin`, with its series, archive,
+    CHANGELOG.md and a fresh lock."""
+    patches = root / "patches"
+    (patches / "upstreamed").mkdir(parents=True)
+    scratch = root.parent / f"{root.name}-scratch"
+    scratch.mkdir(exist_ok=True)
+    names = write_patches(upstream, pin, list(series), patches, scratch)
+    archived = write_patches(upstream, pin, list(upstreamed), patches / "upstreamed", scratch)
+    (patches / "series").write_text("".join(f"{n}\n" for n in names))
+    (patches / "upstreamed" / "series").write_text("".join(f"{n}\n" for n in archived))
+    pinned = Mirror(cache).git_ref(str(upstream.path), f"v{pin}")
+    (root / "pyproject.toml").write_text(
+        "[project]\n"
+        'name = "synthetic-patchset"\n'
+        'version = "0"\n\n'
+        "[project.optional-dependencies]\n"
+        f'gpu = ["vllm=={pin}"]\n\n'
+        "[tool.vllm-patchset]\n"
+        f'pin = "{pin}"\n'
+        f'pin-ref = "v{pin}"\n'
+        f'pin-commit = "{git_source_commit(pinned)}"\n'
+        f"{extra_pyproject}"
+    )
+    (root / "CHANGELOG.md").write_text(CHANGELOG)
+    (root / ".gitignore").write_text("/overlay/vllm/\n/.rebase/\n/.queue/\n")
+    project = Project.load(root, cache)
+    build_overlay(project, update_lock=True)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "project")
+    return project

@@ -1,0 +1,634 @@
+"""`vllm-patchset rebase` on synthetic upstreams (tests/synthetic.py): the ways a fix can be
+lost or a resolution thrown away, each stated as a small story of releases and patches.
+
+After every rebase that finishes, `check` passes; a rebase that stops for a decision changes
+no byte of the checkout (every file's sha256 compared).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from support import git
+from synthetic import (
+    BASE,
+    BUGGY,
+    FIXED,
+    MOE,
+    MOE_TEXT,
+    PatchSpec,
+    SyntheticUpstream,
+    make_project,
+    write_patches,
+)
+from vllm_patchset import rebase
+from vllm_patchset.cli import main
+from vllm_patchset.config import Project
+from vllm_patchset.lock import Lock
+
+EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
+FIX = PatchSpec(
+    "0001-moe-no-tensor-truthiness.patch",
+    {MOE: (BUGGY, FIXED)},
+    subject="moe: no tensor truthiness",
+)
+NAME_OLD = '        label = "experts"\n'
+NAME_NEW = '        label = "fused experts"\n'
+LOCAL = PatchSpec(
+    "0002-moe-fused-name.patch",
+    {MOE: (NAME_OLD, NAME_NEW)},
+    subject="moe: say fused",
+    upstream_pr="none (local)",
+)
+# 1.0's moe.py, split in two: the quantizer stays, the class and what follows it move.
+MOE_HEAD, MOE_TAIL = MOE_TEXT.split("\n\n\nclass Experts")
+EXPERTS_CLASS = "class Experts" + MOE_TAIL
+NEW_MODULE_HEAD = '"""The experts, moved out of moe.py."""\n\nfrom vllm.layers.moe import quantize\n\n\n'
+OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
+REWRITTEN_APPLY = (
+    "    def apply(self, hidden):\n"
+    "        return fused_apply(hidden, self.a1_scale, self.a1_gscale)\n"
+)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+
+
+def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["--project", str(root), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rebase_json(
+    capsys: pytest.CaptureFixture[str], root: Path, *args: str, code: int = 0
+) -> dict[str, object]:
+    got, out, err = cli(capsys, root, "rebase", *args, "--json")
+    assert (got, err) == (code, ""), err
+    doc: dict[str, object] = json.loads(out)
+    return doc
+
+
+def sha256s(root: Path) -> dict[str, str]:
+    """Every file of the checkout (git's own dir and the rebase's aside): sha256 and mode."""
+    return {
+        p.relative_to(root).as_posix(): f"{hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_mode:o}"
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.relative_to(root).parts[0] not in (".git", ".rebase")
+    }
+
+
+def onto(upstream: SyntheticUpstream, version: str) -> tuple[str, ...]:
+    return ("--onto-git", str(upstream.path), "--ref", f"v{version}")
+
+
+def patch_on(upstream: SyntheticUpstream, version: str, specs: list[PatchSpec], tmp: Path) -> list[bytes]:
+    """The specs written afresh on `version`: what a refresh there must give, byte for byte."""
+    folder = tmp / f"expected-{version}-{len(list(tmp.glob('expected-*')))}"
+    folder.mkdir()
+    names = write_patches(upstream, version, specs, folder, tmp)
+    return [(folder / n).read_bytes() for n in names]
+
+
+def assert_checks(capsys: pytest.CaptureFixture[str], root: Path, patches: int) -> None:
+    assert cli(capsys, root, "check") == (0, f"check: {patches} patches, 0 problem(s)\n", "")
+    assert not (root / ".rebase").exists()
+
+
+def pyproject_pin(upstream: SyntheticUpstream, version: str) -> str:
+    commit = git(upstream.path, "rev-parse", f"v{version}^{{commit}}").strip()
+    return f'pin = "{version}"\npin-ref = "v{version}"\npin-commit = "{commit}"\n'
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> SyntheticUpstream:
+    up = SyntheticUpstream(tmp_path / "upstream")
+    up.release("1.0", BASE)
+    return up
+
+
+# -- moved code ----------------------------------------------------------------------------------
+MOVES = {
+    # git mv: git's rename detection between the old pin and the new base names the new path.
+    "renamed": ({}, {MOE: "vllm/layers/experts/moe.py"}, "vllm/layers/experts/moe.py"),
+    # The class moved to a new module, moe.py kept: no rename; the hunks' pre-images are found
+    # in the package.
+    "moved without a rename": (
+        {MOE: MOE_HEAD + "\n", "vllm/layers/experts.py": NEW_MODULE_HEAD + EXPERTS_CLASS},
+        {},
+        "vllm/layers/experts.py",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(MOVES))
+def test_moved_code_is_followed(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    """Before: the patches were `absent`, kept, and the overlay shipped without the fix while
+    the report said it was carried."""
+    changes, renames, new_path = MOVES[how]
+    upstream.release("1.1", changes, renames=renames)
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"))
+    assert doc["versions"] == {"git:v1.1": {FIX.name: "applies", LOCAL.name: "applies"}}
+    for name in (FIX.name, LOCAL.name):
+        entry = doc["patches"][name]  # type: ignore[index]
+        assert (entry["verdict"], entry["moved_to"], entry["action"], entry["range_diff"]) == (
+            "moved",
+            {MOE: new_path},
+            "refreshed",
+            "context-only churn",
+        )
+        assert entry["warnings"] == [f"moved: {MOE} -> {new_path}"]
+    assert doc["warnings"] == [
+        f"{FIX.name}: moved: {MOE} -> {new_path}",
+        f"{LOCAL.name}: moved: {MOE} -> {new_path}",
+    ]
+    moved = [dataclasses.replace(s, edits={new_path: s.edits[MOE]}) for s in (FIX, LOCAL)]
+    expected = patch_on(upstream, "1.1", moved, tmp_path)
+    assert [(root / "patches" / s.name).read_bytes() for s in (FIX, LOCAL)] == expected
+    lock = Lock.load(project.lock_path)
+    assert [(e.path, e.patches) for e in lock.entries] == [(new_path, (FIX.name, LOCAL.name))]
+    assert doc["changelog"] == (
+        "## [vllm-1.1] - 2026-06-27\n\n"
+        "Rebased onto vLLM 1.1 (from 1.0) by `vllm-patchset rebase`.\n\n"
+        "### Changed\n\n"
+        "- Pin: vLLM 1.0 -> 1.1.\n"
+        f"- Refreshed `{FIX.name}` (context-only churn; moved: `{MOE}` -> `{new_path}`).\n"
+        f"- Refreshed `{LOCAL.name}` (context-only churn; moved: `{MOE}` -> `{new_path}`).\n"
+        f"- Still carried: `{FIX.name}`, `{LOCAL.name}`.\n"
+    )
+    assert_checks(capsys, root, 2)
+
+
+def test_code_copied_to_two_places_stops_with_both_named(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copies = {
+        MOE: MOE_HEAD + "\n",
+        "vllm/layers/cpu.py": NEW_MODULE_HEAD + EXPERTS_CLASS,
+        "vllm/layers/gpu.py": NEW_MODULE_HEAD + EXPERTS_CLASS,
+    }
+    upstream.release("1.1", copies)
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
+    root = project.root
+    before = sha256s(root)
+    code, out, err = cli(capsys, root, "rebase", *onto(upstream, "1.1"))
+    assert (code, err) == (1, "")
+    assert out == (
+        "rebase 1.0 -> git:v1.1: stopped, 1 decision(s) needed (nothing has changed)\n"
+        f"  {FIX.name}  conflict  DECISION NEEDED (ambiguous)\n"
+        f"WARNING: {FIX.name}: the code it changes is not where the patch says; it may be in"
+        " vllm/layers/cpu.py, vllm/layers/gpu.py: move the patch by hand (queue import) or decide\n"
+        "decisions needed (rerun with one option per patch; nothing has changed):\n"
+        f"  {FIX.name} (conflict, ambiguous):\n"
+        "    --keep 0001: park it in patches/parked/ (kept, not applied; port it later)\n"
+        "    --drop 0001: remove it\n"
+        "    --resolve-upstream 0001: archive it in patches/upstreamed/ as fixed upstream (its"
+        " regression test keeps guarding)\n"
+        f"  rerun: vllm-patchset rebase --onto-git {upstream.path} --ref v1.1 <an option per patch above>\n"
+        "  No rebase is in progress: nothing was written.\n"
+    )
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
+
+
+# -- a conflict in the first of two patches, resolved by hand -----------------------------------
+CHANGED_LINE = "        scale = self.a1_scale or self.a1_gscale or 1.0\n"
+RESOLVED_LINE = "        scale = self.a1_scale  # 1.1 resolution\n"
+
+
+def resolve_by_hand(worktree: Path) -> None:
+    """What the maintainer writes in place of the conflict markers (a blob and a tree that
+    exist only in the worktree)."""
+    text = (worktree / MOE).read_text()
+    text = re.sub(r"<<<<<<< .*?>>>>>>> [^\n]*\n", RESOLVED_LINE, text, flags=re.S)
+    (worktree / MOE).write_text(text)
+    git(worktree, "add", MOE)
+    git(worktree, "am", "--continue")
+
+
+def test_conflict_in_first_patch_then_continue(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--continue` failed with `git read-tree failed: fatal: failed to unpack tree
+    object` (the next patch was classified through the mirror, which does not have the
+    resolved tree)."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    before = sha256s(root)
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    worktree = root / ".rebase" / "worktree"
+    assert doc["status"] == "stopped"
+    assert doc["conflict"]["patch"] == FIX.name  # type: ignore[index]
+    assert sha256s(root) == before
+    # --continue before it is resolved: a finding, nothing changes.
+    code, _, err = cli(capsys, root, "rebase", "--continue")
+    assert code == 1
+    assert err.startswith(f"vllm-patchset: {FIX.name} is not resolved yet in {worktree}: ")
+    resolve_by_hand(worktree)
+    doc = rebase_json(capsys, root, "--continue")
+    assert doc["versions"] == {"git:v1.1": {FIX.name: "conflict", LOCAL.name: "applies"}}
+    fix, local = (doc["patches"][n] for n in (FIX.name, LOCAL.name))  # type: ignore[index]
+    assert (fix["action"], fix["range_diff"]) == ("resolved", "content changed")
+    assert (local["action"], local["verdict"], local["range_diff"]) == (
+        "refreshed",
+        "applies",
+        "context-only churn",
+    )
+    resolved = dataclasses.replace(FIX, edits={MOE: (CHANGED_LINE, RESOLVED_LINE)})
+    assert [(root / "patches" / s.name).read_bytes() for s in (FIX, LOCAL)] == patch_on(
+        upstream, "1.1", [resolved, LOCAL], tmp_path
+    )
+    assert (root / "patches" / "series").read_text() == f"{FIX.name}\n{LOCAL.name}\n"
+    pyproject = (root / "pyproject.toml").read_text()
+    assert pyproject_pin(upstream, "1.1") in pyproject
+    assert '"vllm==1.0"' in pyproject  # a git pin leaves the PyPI requirement alone
+    for written in ("pyproject.toml", "overlay/overlay.lock.json", "CHANGELOG.md"):
+        assert str(upstream.path) not in (root / written).read_text()  # no local path
+    assert_checks(capsys, root, 2)
+
+
+def test_skipped_conflict_needs_a_decision(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `git am --skip` then `--continue` deleted the patch with no decision named."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    worktree = root / ".rebase" / "worktree"
+    git(worktree, "am", "--skip")
+    assert cli(capsys, root, "rebase", "--continue") == (
+        1,
+        "",
+        f"vllm-patchset: {FIX.name} was skipped in {worktree} (`git am --skip`) with no"
+        " decision: `rebase --continue` with one of --keep 0001, --drop 0001, --resolve-upstream 0001\n",
+    )
+    doc = rebase_json(capsys, root, "--continue", "--drop", "0001")
+    assert (doc["patches"][FIX.name]["action"], doc["patches"][FIX.name]["decision"]) == (  # type: ignore[index]
+        "dropped",
+        "drop",
+    )
+    assert (root / "patches" / "series").read_text() == f"{LOCAL.name}\n"
+    assert not (root / "patches" / FIX.name).exists()
+    assert f"- Dropped `{FIX.name}` (--drop): conflict on vLLM 1.1.\n" in (root / "CHANGELOG.md").read_text()
+    assert_checks(capsys, root, 1)
+
+
+# -- upstream fixed the bug in other words -------------------------------------------------------
+@pytest.mark.parametrize("when", ["at the start", "after the stop"])
+def test_upstream_fix_in_other_words_resolved_as_upstream(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    when: str,
+) -> None:
+    """Before: the only way on was `git am --skip`, which deleted the patch (its provenance and
+    regression test lost) instead of archiving it."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, OTHER_WORDS)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    original = (root / "patches" / FIX.name).read_bytes()
+    if when == "at the start":
+        doc = rebase_json(capsys, root, *onto(upstream, "1.1"), "--resolve-upstream", "0001")
+    else:
+        stopped = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+        assert stopped["conflict"]["patch"] == FIX.name  # type: ignore[index]
+        doc = rebase_json(capsys, root, "--continue", "--resolve-upstream", "0001")
+    assert doc["versions"] == {"git:v1.1": {FIX.name: "conflict", LOCAL.name: "applies"}}
+    fix = doc["patches"][FIX.name]  # type: ignore[index]
+    assert (fix["action"], fix["decision"], fix["applied_upstream"]) == (
+        "archived",
+        "resolve-upstream",
+        "1.1",
+    )
+    archived = root / "patches" / "upstreamed" / FIX.name
+    assert archived.read_bytes() == original.replace(
+        b"\nApplied-upstream:\n", b"\nApplied-upstream: 1.1\n"
+    )
+    assert b"\nRegression-test: tests/gpu/test_synthetic.py::test_fix\n" in archived.read_bytes()
+    assert (root / "patches" / "upstreamed" / "series").read_text() == f"{FIX.name}\n"
+    assert (root / "patches" / "series").read_text() == f"{LOCAL.name}\n"
+    assert (
+        f"- Resolved as upstream (--resolve-upstream): `{FIX.name}`, fixed in vLLM 1.1;"
+        " archived in `patches/upstreamed/`.\n"
+    ) in (root / "CHANGELOG.md").read_text()
+    assert_checks(capsys, root, 2)
+    # The archived patch keeps guarding: on 1.1 its trailers say upstream, in other words.
+    code, out, _ = cli(capsys, root, "status", "--json")
+    assert json.loads(out)["patches"][f"upstreamed/{FIX.name}"] == "upstream"
+
+
+# -- a damaged journal ---------------------------------------------------------------------------
+DAMAGE = [
+    ("truncated", lambda text: text[: len(text) // 2], "JSONDecodeError"),
+    ("empty", lambda text: "", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+    ("not an object", lambda text: "[]\n", "TypeError: not a JSON object"),
+    ("a key missing", lambda text: text.replace('"phase"', '"fase"'), "KeyError: 'phase'"),
+    (
+        "a wrong type",
+        lambda text: text.replace('"old_pin": "1.0"', '"old_pin": 10'),
+        "TypeError: not a string: 10",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "damage", "what"), DAMAGE)
+def test_damaged_state_gives_one_line_and_abort_restores(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    damage: Callable[[str], str],
+    what: str,
+) -> None:
+    """Before: a raw KeyError traceback, and `--abort` could not recover."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    before = sha256s(root)
+    rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    state = root / ".rebase" / "state.json"
+    state.write_text(damage(state.read_text()))
+    code, out, err = cli(capsys, root, "rebase", "--continue")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"vllm-patchset: {state} is damaged ({what.split(':')[0]}")
+    assert err.endswith(
+        "): `vllm-patchset rebase --abort` restores the checkout as it was before the rebase\n"
+    )
+    assert what in err and err.count("\n") == 1
+    assert cli(capsys, root, "rebase", "--abort") == (
+        0,
+        "rebase onto (unknown: damaged state) aborted: everything is as it was\n",
+        "",
+    )
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
+
+
+# -- two more a maintainer meets -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("decision", "series", "archive", "parked"),
+    [
+        ("--resolve-upstream", [], [LOCAL.name], []),
+        ("--keep", [], [], [LOCAL.name]),
+        ("--drop", [], [], []),
+    ],
+)
+def test_local_patch_found_upstream_is_archived_only_when_named(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    decision: str,
+    series: list[str],
+    archive: list[str],
+    parked: list[str],
+) -> None:
+    """A patch written here (`Upstream-PR: none`) whose text upstream now has: nothing
+    upstream merged it, so it is never archived as upstream without the maintainer saying so."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(NAME_OLD, NAME_NEW)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[LOCAL])
+    root = project.root
+    before = sha256s(root)
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    assert (doc["started"], doc["versions"]) == (False, {"git:v1.1": {LOCAL.name: "upstream"}})
+    assert doc["decisions"] == [
+        {
+            "patch": LOCAL.name,
+            "state": "upstream",
+            "verdict": "upstream",
+            "options": ["--resolve-upstream 0002", "--keep 0002", "--drop 0002"],
+            "means": [
+                "archive it in patches/upstreamed/ as fixed upstream (its regression test keeps"
+                " guarding)",
+                "park it in patches/parked/ (kept, not applied; port it later)",
+                "remove it",
+            ],
+        }
+    ]
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"), decision, "0002")
+    assert doc["status"] == "done"
+    assert (root / "patches" / "series").read_text() == "".join(f"{n}\n" for n in series)
+    assert (root / "patches" / "upstreamed" / "series").read_text() == "".join(f"{n}\n" for n in archive)
+    parked_series = root / "patches" / "parked" / "series"
+    assert (parked_series.read_text() if parked_series.exists() else "") == "".join(
+        f"{n}  # kept by `rebase` 1.0 -> git:v1.1 on 2026-06-27: upstream there\n" for n in parked
+    )
+    assert_checks(capsys, root, len(archive) + len(parked))
+
+
+def test_upstream_reverted_an_archived_fix(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.1 has the fix (archived here with its release); 1.2 reverts it: the archived patch
+    applies again. Carried again with `--keep`, or it would vanish from the overlay unsaid."""
+    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, FIXED)})
+    upstream.release("1.2", {MOE: MOE_TEXT})
+    merged = dataclasses.replace(FIX, applied_upstream="1.1", base="1.0")
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.1", upstreamed=[merged])
+    root = project.root
+    original = (root / "patches" / "upstreamed" / FIX.name).read_bytes()
+    doc = rebase_json(capsys, root, *onto(upstream, "1.2"), code=1)
+    key = f"upstreamed/{FIX.name}"
+    assert doc["versions"] == {"git:v1.2": {key: "applies"}}
+    assert doc["warnings"] == [f"{key}: text says applies, trailers say upstream"]
+    assert [d["options"] for d in doc["decisions"]] == [  # type: ignore[union-attr]
+        ["--keep upstreamed/0001", "--drop upstreamed/0001"]
+    ]
+    doc = rebase_json(capsys, root, *onto(upstream, "1.2"), "--keep", "upstreamed/0001")
+    assert doc["patches"][key]["action"] == "unarchived"  # type: ignore[index]
+    assert (root / "patches" / "series").read_text() == f"{FIX.name}\n"
+    assert (root / "patches" / "upstreamed" / "series").read_text() == ""
+    assert (root / "patches" / FIX.name).read_bytes() == original.replace(
+        b"\nApplied-upstream: 1.1\n", b"\nApplied-upstream:\n"
+    )
+    assert Lock.load(project.lock_path).patches == (FIX.name,)
+    assert_checks(capsys, root, 1)
+
+
+# -- rewritten upstream: park or drop ------------------------------------------------------------
+def rewritten(text: str) -> str:
+    start = text.index("    def apply(self, hidden):\n")
+    end = text.index("    def name(self):\n")
+    return text[:start] + REWRITTEN_APPLY + "\n" + text[end:]
+
+
+@pytest.mark.parametrize("decision", ["--keep", "--drop"])
+def test_rewritten_code_stops_then_park_or_drop(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    decision: str,
+) -> None:
+    """The function the fix changes was rewritten upstream: not `absent` (the code was there
+    on the pin), a stop for a decision; a parked patch is carried by the next rebase."""
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
+    upstream.release("1.2", {"vllm/__init__.py": '__version__ = "1.2"\n'})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    before = sha256s(root)
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    fix = doc["patches"][FIX.name]  # type: ignore[index]
+    assert (fix["state"], fix["verdict"], fix["action"]) == ("conflict", "rewritten", "decision")
+    assert fix["warnings"] == [
+        "it applied on the old pin; the code it changes is gone from git:v1.1 (rewritten or"
+        " removed upstream)"
+    ]
+    assert sha256s(root) == before
+    original = (root / "patches" / FIX.name).read_bytes()
+    doc = rebase_json(capsys, root, *onto(upstream, "1.1"), decision, "0001")
+    assert (root / "patches" / "series").read_text() == f"{LOCAL.name}\n"
+    parked = root / "patches" / "parked"
+    if decision == "--keep":
+        assert (parked / FIX.name).read_bytes() == original
+        assert (parked / "series").read_text() == (
+            f"{FIX.name}  # kept by `rebase` 1.0 -> git:v1.1 on 2026-06-27: conflict (rewritten) there\n"
+        )
+    else:
+        assert not parked.exists()
+    assert_checks(capsys, root, 2 if decision == "--keep" else 1)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "rebase onto 1.1")
+    # The next rebase: the parked patch stays parked, no decision asked again.
+    doc = rebase_json(capsys, root, *onto(upstream, "1.2"))
+    expected = {LOCAL.name: "applies"}
+    if decision == "--keep":
+        expected[f"parked/{FIX.name}"] = "conflict"
+        assert doc["patches"][f"parked/{FIX.name}"]["action"] == "parked"  # type: ignore[index]
+        assert (parked / FIX.name).read_bytes() == original
+    assert doc["versions"] == {"git:v1.2": expected}
+    assert_checks(capsys, root, 2 if decision == "--keep" else 1)
+
+
+# -- decisions that do not fit -------------------------------------------------------------------
+BAD_DECISIONS: list[tuple[Sequence[str], str]] = [
+    (("--keep", "0002"), f"--keep {LOCAL.name}: it needs no decision (applies (3-way) on git:v1.1)"),
+    (("--drop", "0009"), "--drop 0009: no such patch in patches/"),
+    (("--drop", "0001", "--keep", "0001"), f"--drop 0001: {FIX.name} has a decision already"),
+    (("--release", "1.1"), "--release goes with --resolve-upstream PATCH"),
+    (
+        ("--resolve-upstream", "0001", "--release", "soon"),
+        "not a vLLM version: 'soon' (expected e.g. 0.24.0)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_DECISIONS)
+def test_decisions_that_do_not_fit_change_nothing(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: Sequence[str],
+    message: str,
+) -> None:
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    before = sha256s(project.root)
+    code, out, err = cli(capsys, project.root, "rebase", *onto(upstream, "1.1"), *args)
+    assert (code, out, err) == (2, "", f"vllm-patchset: {message}\n")
+    assert sha256s(project.root) == before
+    assert not (project.root / ".rebase").exists()
+
+
+def test_resolve_upstream_on_a_ref_with_no_version(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`nightly` names no release: `--release` says which release has the fix; and a patch
+    that conflicts there cannot be archived (its trailers could not be checked on the pin)."""
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
+    upstream.release("1.2", {MOE: MOE_TEXT.replace(BUGGY, OTHER_WORDS)}, base="1.0")
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
+    root = project.root
+    git(upstream.path, "tag", "nightly", "v1.2")
+    args = ("--onto-git", str(upstream.path), "--ref", "nightly", "--resolve-upstream", "0001")
+    assert cli(capsys, root, "rebase", *args) == (
+        2,
+        "",
+        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version and"
+        " the patch conflicts there, so `check` could not tell the archived patch from a lost"
+        " fix: rebase onto a release, or a ref named like one (v1.2.0)\n",
+    )
+    git(upstream.path, "tag", "-f", "nightly", "v1.1")
+    assert cli(capsys, root, "rebase", *args) == (
+        2,
+        "",
+        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version; say"
+        " which release has the fix with --release VERSION\n",
+    )
+    doc = rebase_json(capsys, root, *args, "--release", "1.1")
+    assert doc["patches"][FIX.name]["applied_upstream"] == "1.1"  # type: ignore[index]
+    assert b"\nApplied-upstream: 1.1\n" in (root / "patches/upstreamed" / FIX.name).read_bytes()
+    assert_checks(capsys, root, 1)
+
+
+# -- interrupted while swapping files in ---------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("then", ["--continue", "--abort"])
+def test_signal_during_the_swap(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+    then: str,
+) -> None:
+    """Before: Ctrl-C there printed "interrupted; nothing was left half-written" with
+    patches/ rewritten and the pin, the lock and CHANGELOG.md not (SIGTERM killed it silently).
+    The signal has to land between two moves of the swap: a wrapper around swap_in sends it
+    to this process there (the swap itself runs as it is)."""
+    upstream.release("1.1", {"vllm/__init__.py": '__version__ = "1.1"\n'})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    root = project.root
+    before = sha256s(root)
+    real_swap_in = rebase.swap_in
+
+    def swap_in_interrupted(folder: Path, at: Path, paths: Sequence[str]) -> None:
+        real_swap_in(folder, at, paths[:1])  # patches/ moved in ...
+        os.kill(os.getpid(), signum)  # ... the signal ...
+        real_swap_in(folder, at, paths)  # ... and the rest
+
+    monkeypatch.setattr(rebase, "swap_in", swap_in_interrupted)
+    code, out, err = cli(capsys, root, "rebase", *onto(upstream, "1.1"))
+    assert (code, out) == (130, "")
+    assert err == (
+        "vllm-patchset: rebase interrupted after it was done: the checkout is rebased;"
+        " `rebase --continue` removes .rebase/ (`rebase --abort` would put everything back)\n"
+    )
+    assert pyproject_pin(upstream, "1.1") in (root / "pyproject.toml").read_text()
+    assert Lock.load(project.lock_path).version == "1.1"
+    code, out, err = cli(capsys, root, "rebase", then)
+    assert (code, err) == (0, "")
+    if then == "--abort":
+        assert out == "rebase onto git:v1.1 aborted: everything is as it was\n"
+        assert sha256s(root) == before
+        assert not (root / ".rebase").exists()
+    else:
+        assert out.startswith("rebase 1.0 -> git:v1.1: done\n")
+        assert_checks(capsys, root, 2)
