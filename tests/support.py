@@ -10,7 +10,14 @@ from pathlib import Path
 from vllm_patchset.upstream import Mirror
 
 REPO = Path(__file__).resolve().parent.parent
-PROJECT_FILES = ("pyproject.toml", "patches", "overlay/overlay.lock.json", "CHANGELOG.md")
+PROJECT_FILES = (
+    "pyproject.toml",
+    "patches",
+    "overlay/overlay.lock.json",
+    "CHANGELOG.md",
+    ".github/workflows/gpu-validation.yml",
+    ".buildkite/gpu-validation.yml",
+)
 NIGHTLY_LINE_FIXED = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)"
 NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer.weight.device)"
 ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"

@@ -13,17 +13,18 @@ FIX1 = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
 FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 
-# MISSION.md: fix 1 lived on nightlies only (fixed in 0.21.0); fix 2 shipped in 0.24.0 and
-# was fixed in 0.25.0; 0.23.0 does not have fix 2's line at all. The fused kernel (0002) is
-# written for 0.24.0: older releases have the emulation it replaces, in other text (conflict);
-# 0.25.0 rewrote that code with a kernel of its own (absent).
+# Fix 1 lived on nightlies only (fixed in 0.21.0: vLLM PR #41630); fix 2 shipped in 0.24.0
+# and was fixed in 0.25.0 (PR #46735); 0.23.0 does not have fix 2's line at all. The fused
+# kernel (0002) is written for 0.24.0: releases from 0.20.0 have the emulation it replaces, in
+# other text (conflict); 0.25.0 rewrote that code with a kernel of its own: not "absent" (the
+# code was there), a conflict whose verdict is "rewritten". (state, verdict) per patch:
 RELEASE_STATES = [
-    ("0.20.2", "absent", "absent", "conflict"),
-    ("0.21.0", "upstream", "absent", "conflict"),
-    ("0.23.0", "upstream", "absent", "conflict"),
-    ("0.24.0", "upstream", "applies", "applies"),
-    ("0.25.0", "upstream", "upstream", "absent"),
-    ("0.33.0", "upstream", "upstream", "absent"),
+    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.21.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.23.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.24.0", ("upstream", "upstream"), ("applies", "applies"), ("applies", "applies")),
+    ("0.25.0", ("upstream", "upstream"), ("upstream", "upstream"), ("conflict", "rewritten")),
+    ("0.33.0", ("upstream", "upstream"), ("upstream", "upstream"), ("conflict", "rewritten")),
 ]
 
 
@@ -36,15 +37,23 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object
 
 def test_matrix_states_on_releases(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     versions = [v for v, *_ in RELEASE_STATES]
-    doc = run_json(capsys, "--project", str(project.root), "matrix", *versions, "--json")
+    # Given in any order, the columns come in PEP 440 order.
+    doc = run_json(capsys, "--project", str(project.root), "matrix", *versions[::-1], "--json")
+    assert list(doc["versions"]) == versions  # type: ignore[call-overload]
     assert doc["versions"] == {
-        v: {FIX1: s1, FIX2: s2, FUSED: s3} for v, s1, s2, s3 in RELEASE_STATES
+        v: {FIX1: s1[0], FIX2: s2[0], FUSED: s3[0]} for v, s1, s2, s3 in RELEASE_STATES
     }
     details = doc["details"]
     assert isinstance(details, dict)
-    # Where the text and the trailers disagree, both are reported.
-    assert details["0.23.0"][FUSED]["disagreements"] == ["text says conflict, trailers say absent"]
-    assert details["0.33.0"][FUSED]["disagreements"] == ["text says absent, trailers say applies"]
+    assert {v: tuple(details[v][p]["verdict"] for p in (FIX1, FIX2, FUSED)) for v in versions} == {
+        v: (s1[1], s2[1], s3[1]) for v, s1, s2, s3 in RELEASE_STATES
+    }
+    # Where the text and the trailers disagree, both are reported: a decision-changing warning.
+    assert details["0.23.0"][FUSED]["warnings"] == []
+    assert details["0.33.0"][FUSED]["warnings"] == [
+        "text says absent, trailers say applies: the code it changes is gone (rewritten or"
+        " removed upstream)"
+    ]
 
 
 def test_matrix_reports_disagreements(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,6 +96,7 @@ def test_status_on_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> 
         "pin": "0.24.0",
         "patches": {FIX1: "upstream", FIX2: "applies", FUSED: "applies"},
         "disagreements": {FIX1: [], FIX2: [], FUSED: []},
+        "parked": {},
         "lock": "fresh",
     }
 

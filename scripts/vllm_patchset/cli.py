@@ -26,6 +26,7 @@ from vllm_patchset.overlay import (
     walk,
 )
 from vllm_patchset.queue import export_queue, import_queue
+from vllm_patchset.rebase_state import project_lock
 from vllm_patchset.reports import matrix_json, matrix_table, state_cell
 from vllm_patchset.series import read_series_entries
 from vllm_patchset.states import Verdict, classify
@@ -172,13 +173,17 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
-    info = import_queue(_project(args), force=args.force)
+    project = _project(args)
+    with project_lock(project, "queue import"):  # not while a rebase writes the series
+        info = import_queue(project, force=args.force)
     print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}")
     return 0
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
-    info = export_queue(_project(args), keep=not args.drop)
+    project = _project(args)
+    with project_lock(project, "queue export"):  # not while a rebase writes the series
+        info = export_queue(project, keep=not args.drop)
     print(f"exported {len(info.patches)} patch(es) to patches/")
     return 0
 

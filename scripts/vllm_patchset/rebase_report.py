@@ -242,9 +242,16 @@ def _pr(url: str) -> str:
     return f"[#{match.group(1)}]({url})" if match else url
 
 
-def changelog_entry(state: RebaseState, date: str, *, images: bool) -> str:
-    """The Keep a Changelog section that the rebase adds."""
+def changelog_entry(
+    state: RebaseState, date: str, *, requirement: bool = False, images: bool = False
+) -> str:
+    """The Keep a Changelog section that the rebase adds (`requirement`, `images`: whether the
+    `vllm==` requirement and the GPU CI images moved with the pin)."""
     new = state.new_pin
+    along = [
+        *([f"`vllm=={new}`"] if requirement else []),
+        *([f"GPU validation images `v{new}`"] if images else []),
+    ]
     lines = [
         f"## [vllm-{new}] - {date}",
         "",
@@ -252,8 +259,7 @@ def changelog_entry(state: RebaseState, date: str, *, images: bool) -> str:
         "",
         "### Changed",
         "",
-        f"- Pin: vLLM {state.old_pin} -> {new}"
-        + (f" (`vllm=={new}`, GPU validation images `v{new}`)." if images else "."),
+        f"- Pin: vLLM {state.old_pin} -> {new}" + (f" ({', '.join(along)})." if along else "."),
     ]
     settled = [s for s in state.steps if s.section != Section.PARKED]
     for s in settled:

@@ -527,16 +527,21 @@ def _cores(hunk: Hunk) -> list[list[str]]:
 
 
 def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
-    """The files of `tree` that hold the hunk's cores (code lines compared stripped, so code
-    moved into another indentation is found too)."""
+    """The files of `tree` that hold the hunk's code: its cores (code lines compared stripped,
+    so code moved into another indentation is found too), in a place the hunk is located
+    (its pre-image, or a window at least LOCATE_RATIO alike: the same line in unrelated code,
+    e.g. a linear layer's copy of a MoE line, is not the patch's code)."""
     cores = _cores(hunk)
     if not cores:
         return set()
     found = set()
     for path in repo.grep_files(tree, max(cores[0], key=len), f"*{suffix}"):
         blob = repo.read_blob(tree, path) or b""
-        lines = _code(blob.decode("utf-8", "surrogateescape").split("\n"))
-        if all(_find_block(lines, core) for core in cores):
+        lines = blob.decode("utf-8", "surrogateescape").split("\n")
+        code_lines = _code(lines)
+        if not all(_find_block(code_lines, core) for core in cores):
+            continue
+        if _find_hunk(lines, code_lines, True, path, 0, hunk).located:
             found.add(path)
     return found
 

@@ -182,17 +182,16 @@ def stage_project(
         write_series_file(stage / rel(project, project.parked_file), list(parked), parked)
     release = state.git is None
     onto = state.onto
-    (stage / "pyproject.toml").write_text(
-        set_pin(
-            project.pyproject.read_text("utf-8"),
-            state.new_pin,
-            ref=state.ref,
-            commit=git_source_commit(onto),
-            git_url=state.git if state.git and is_remote_url(state.git) else None,
-            requirement=release,
-        ),
-        encoding="utf-8",
+    old_pyproject = project.pyproject.read_text("utf-8")
+    new_pyproject = set_pin(
+        old_pyproject,
+        state.new_pin,
+        ref=state.ref,
+        commit=git_source_commit(onto),
+        git_url=state.git if state.git and is_remote_url(state.git) else None,
+        requirement=release,
     )
+    (stage / "pyproject.toml").write_text(new_pyproject, encoding="utf-8")
     images = False
     for ci_file in CI_FILES:
         if (project.root / ci_file).is_file() and release:
@@ -205,7 +204,9 @@ def stage_project(
         if (project.root / CHANGELOG).is_file()
         else ""
     )
-    entry = changelog_entry(state, today(), images=images)
+    pinned = f"vllm=={state.new_pin}"
+    requirement = new_pyproject.count(pinned) > old_pyproject.count(pinned)
+    entry = changelog_entry(state, today(), requirement=requirement, images=images)
     (stage / CHANGELOG).write_text(insert_entry(old_log, entry), encoding="utf-8")
     (folder / "entry.md").write_text(entry, encoding="utf-8")
     try:
