@@ -24,6 +24,8 @@ from synthetic import (
     FIXED,
     MOE,
     MOE_TEXT,
+    UTILS,
+    UTILS_TEXT,
     PatchSpec,
     SyntheticUpstream,
     make_project,
@@ -51,7 +53,9 @@ LOCAL = PatchSpec(
 # 1.0's moe.py, split in two: the quantizer stays, the class and what follows it move.
 MOE_HEAD, MOE_TAIL = MOE_TEXT.split("\n\n\nclass Experts")
 EXPERTS_CLASS = "class Experts" + MOE_TAIL
-NEW_MODULE_HEAD = '"""The experts, moved out of moe.py."""\n\nfrom vllm.layers.moe import quantize\n\n\n'
+NEW_MODULE_HEAD = (
+    '"""The experts, moved out of moe.py."""\n\nfrom vllm.layers.moe import quantize\n\n\n'
+)
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
 REWRITTEN_APPLY = (
     "    def apply(self, hidden):\n"
@@ -83,7 +87,9 @@ def rebase_json(
 def sha256s(root: Path) -> dict[str, str]:
     """Every file of the checkout (git's own dir and the rebase's aside): sha256 and mode."""
     return {
-        p.relative_to(root).as_posix(): f"{hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_mode:o}"
+        p.relative_to(
+            root
+        ).as_posix(): f"{hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_mode:o}"
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.relative_to(root).parts[0] not in (".git", ".rebase")
     }
@@ -93,7 +99,9 @@ def onto(upstream: SyntheticUpstream, version: str) -> tuple[str, ...]:
     return ("--onto-git", str(upstream.path), "--ref", f"v{version}")
 
 
-def patch_on(upstream: SyntheticUpstream, version: str, specs: list[PatchSpec], tmp: Path) -> list[bytes]:
+def patch_on(
+    upstream: SyntheticUpstream, version: str, specs: list[PatchSpec], tmp: Path
+) -> list[bytes]:
     """The specs written afresh on `version`: what a refresh there must give, byte for byte."""
     folder = tmp / f"expected-{version}-{len(list(tmp.glob('expected-*')))}"
     folder.mkdir()
@@ -144,7 +152,9 @@ def test_moved_code_is_followed(
     the report said it was carried."""
     changes, renames, new_path = MOVES[how]
     upstream.release("1.1", changes, renames=renames)
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     doc = rebase_json(capsys, root, *onto(upstream, "1.1"))
     assert doc["versions"] == {"git:v1.1": {FIX.name: "applies", LOCAL.name: "applies"}}
@@ -179,7 +189,10 @@ def test_moved_code_is_followed(
 
 
 def test_code_copied_to_two_places_stops_with_both_named(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     copies = {
         MOE: MOE_HEAD + "\n",
@@ -226,13 +239,18 @@ def resolve_by_hand(worktree: Path) -> None:
 
 
 def test_conflict_in_first_patch_then_continue(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Before: `--continue` failed with `git read-tree failed: fatal: failed to unpack tree
     object` (the next patch was classified through the mirror, which does not have the
     resolved tree)."""
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     before = sha256s(root)
     doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
@@ -268,11 +286,16 @@ def test_conflict_in_first_patch_then_continue(
 
 
 def test_skipped_conflict_needs_a_decision(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Before: `git am --skip` then `--continue` deleted the patch with no decision named."""
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
     worktree = root / ".rebase" / "worktree"
@@ -290,7 +313,10 @@ def test_skipped_conflict_needs_a_decision(
     )
     assert (root / "patches" / "series").read_text() == f"{LOCAL.name}\n"
     assert not (root / "patches" / FIX.name).exists()
-    assert f"- Dropped `{FIX.name}` (--drop): conflict on vLLM 1.1.\n" in (root / "CHANGELOG.md").read_text()
+    assert (
+        f"- Dropped `{FIX.name}` (--drop): conflict on vLLM 1.1.\n"
+        in (root / "CHANGELOG.md").read_text()
+    )
     assert_checks(capsys, root, 1)
 
 
@@ -306,7 +332,9 @@ def test_upstream_fix_in_other_words_resolved_as_upstream(
     """Before: the only way on was `git am --skip`, which deleted the patch (its provenance and
     regression test lost) instead of archiving it."""
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, OTHER_WORDS)})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     original = (root / "patches" / FIX.name).read_bytes()
     if when == "at the start":
@@ -365,7 +393,9 @@ def test_damaged_state_gives_one_line_and_abort_restores(
 ) -> None:
     """Before: a raw KeyError traceback, and `--abort` could not recover."""
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     before = sha256s(root)
     rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
@@ -433,7 +463,9 @@ def test_local_patch_found_upstream_is_archived_only_when_named(
     doc = rebase_json(capsys, root, *onto(upstream, "1.1"), decision, "0002")
     assert doc["status"] == "done"
     assert (root / "patches" / "series").read_text() == "".join(f"{n}\n" for n in series)
-    assert (root / "patches" / "upstreamed" / "series").read_text() == "".join(f"{n}\n" for n in archive)
+    assert (root / "patches" / "upstreamed" / "series").read_text() == "".join(
+        f"{n}\n" for n in archive
+    )
     parked_series = root / "patches" / "parked" / "series"
     assert (parked_series.read_text() if parked_series.exists() else "") == "".join(
         f"{n}  # kept by `rebase` 1.0 -> git:v1.1 on 2026-06-27: upstream there\n" for n in parked
@@ -442,14 +474,19 @@ def test_local_patch_found_upstream_is_archived_only_when_named(
 
 
 def test_upstream_reverted_an_archived_fix(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """1.1 has the fix (archived here with its release); 1.2 reverts it: the archived patch
     applies again. Carried again with `--keep`, or it would vanish from the overlay unsaid."""
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, FIXED)})
     upstream.release("1.2", {MOE: MOE_TEXT})
     merged = dataclasses.replace(FIX, applied_upstream="1.1", base="1.0")
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.1", upstreamed=[merged])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.1", upstreamed=[merged]
+    )
     root = project.root
     original = (root / "patches" / "upstreamed" / FIX.name).read_bytes()
     doc = rebase_json(capsys, root, *onto(upstream, "1.2"), code=1)
@@ -489,7 +526,9 @@ def test_rewritten_code_stops_then_park_or_drop(
     on the pin), a stop for a decision; a parked patch is carried by the next rebase."""
     upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
     upstream.release("1.2", {"vllm/__init__.py": '__version__ = "1.2"\n'})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     before = sha256s(root)
     doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
@@ -525,9 +564,37 @@ def test_rewritten_code_stops_then_park_or_drop(
     assert_checks(capsys, root, 2 if decision == "--keep" else 1)
 
 
+def test_the_same_line_in_unrelated_code_is_not_a_move(
+    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.1 rewrote `apply`; another module has the patch's removed line in code of its own
+    (as vLLM's linear NVFP4 emulation has the MoE oracle's `layer.weight.device` line, rightly
+    there): that is no move, the fix's code is gone."""
+    unrelated = (
+        "\n\nclass Linear:\n"
+        "    def forward(self, x):\n"
+        "        weight = self.load()\n"
+        f"{BUGGY}"
+        "        return weight * x * scale\n"
+    )
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT), UTILS: UTILS_TEXT + unrelated})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
+    doc = rebase_json(capsys, project.root, *onto(upstream, "1.1"), code=1)
+    fix = doc["patches"][FIX.name]  # type: ignore[index]
+    assert (fix["state"], fix["verdict"], fix["moved_to"], fix["candidates"]) == (
+        "conflict",
+        "rewritten",
+        None,
+        [],
+    )
+
+
 # -- decisions that do not fit -------------------------------------------------------------------
 BAD_DECISIONS: list[tuple[Sequence[str], str]] = [
-    (("--keep", "0002"), f"--keep {LOCAL.name}: it needs no decision (applies (3-way) on git:v1.1)"),
+    (
+        ("--keep", "0002"),
+        f"--keep {LOCAL.name}: it needs no decision (applies (3-way) on git:v1.1)",
+    ),
     (("--drop", "0009"), "--drop 0009: no such patch in patches/"),
     (("--drop", "0001", "--keep", "0001"), f"--drop 0001: {FIX.name} has a decision already"),
     (("--release", "1.1"), "--release goes with --resolve-upstream PATCH"),
@@ -548,7 +615,9 @@ def test_decisions_that_do_not_fit_change_nothing(
     message: str,
 ) -> None:
     upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     before = sha256s(project.root)
     code, out, err = cli(capsys, project.root, "rebase", *onto(upstream, "1.1"), *args)
     assert (code, out, err) == (2, "", f"vllm-patchset: {message}\n")
@@ -557,7 +626,10 @@ def test_decisions_that_do_not_fit_change_nothing(
 
 
 def test_resolve_upstream_on_a_ref_with_no_version(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`nightly` names no release: `--release` says which release has the fix; and a patch
     that conflicts there cannot be archived (its trailers could not be checked on the pin)."""
@@ -604,7 +676,9 @@ def test_signal_during_the_swap(
     The signal has to land between two moves of the swap: a wrapper around swap_in sends it
     to this process there (the swap itself runs as it is)."""
     upstream.release("1.1", {"vllm/__init__.py": '__version__ = "1.1"\n'})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL])
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
+    )
     root = project.root
     before = sha256s(root)
     real_swap_in = rebase.swap_in
