@@ -310,7 +310,11 @@ def test_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
             "rebase 0.25.0 -> 0.33.0: done",
             f"  {f'upstreamed/{FIX1}'.ljust(width)}  upstream  stays in patches/upstreamed/",
             f"  {f'upstreamed/{FIX2}'.ljust(width)}  upstream  stays in patches/upstreamed/",
-            *([f"  {f'parked/{NVFP4}'.ljust(width)}  conflict  stays in patches/parked/"] if kept else []),
+            *(
+                [f"  {f'parked/{NVFP4}'.ljust(width)}  conflict  stays in patches/parked/"]
+                if kept
+                else []
+            ),
             *(
                 [
                     f"WARNING: parked/{NVFP4}: text says absent, trailers say applies: the code it"

@@ -33,7 +33,6 @@ from synthetic import (
 )
 from vllm_patchset import rebase
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock
 
 EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
@@ -363,7 +362,7 @@ def test_upstream_fix_in_other_words_resolved_as_upstream(
     ) in (root / "CHANGELOG.md").read_text()
     assert_checks(capsys, root, 2)
     # The archived patch keeps guarding: on 1.1 its trailers say upstream, in other words.
-    code, out, _ = cli(capsys, root, "status", "--json")
+    _, out, _ = cli(capsys, root, "status", "--json")
     assert json.loads(out)["patches"][f"upstreamed/{FIX.name}"] == "upstream"
 
 
@@ -565,7 +564,10 @@ def test_rewritten_code_stops_then_park_or_drop(
 
 
 def test_the_same_line_in_unrelated_code_is_not_a_move(
-    upstream: SyntheticUpstream, synthetic_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """1.1 rewrote `apply`; another module has the patch's removed line in code of its own
     (as vLLM's linear NVFP4 emulation has the MoE oracle's `layer.weight.device` line, rightly
