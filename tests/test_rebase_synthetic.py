@@ -708,3 +708,41 @@ def test_signal_during_the_swap(
     else:
         assert out.startswith("rebase 1.0 -> git:v1.1: done\n")
         assert_checks(capsys, root, 2)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_while_staging_changes_nothing(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+) -> None:
+    """Interrupted while the rebased project is staged (a wrapper sends the signal as staging
+    starts): the checkout is as it was, and the message says so and what cleans up."""
+    upstream.release("1.1", {"vllm/__init__.py": '__version__ = "1.1"\n'})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
+    root = project.root
+    before = sha256s(root)
+    real_stage = rebase.stage_project
+
+    def stage_interrupted(*args: object) -> object:
+        os.kill(os.getpid(), signum)
+        return real_stage(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rebase, "stage_project", stage_interrupted)
+    assert cli(capsys, root, "rebase", *onto(upstream, "1.1")) == (
+        130,
+        "",
+        "vllm-patchset: rebase interrupted: nothing in patches/, pyproject.toml, the lock or"
+        " CHANGELOG.md changed; `rebase --abort` removes .rebase/\n",
+    )
+    assert sha256s(root) == before
+    assert cli(capsys, root, "rebase", "--abort") == (
+        0,
+        "rebase onto git:v1.1 aborted: everything is as it was\n",
+        "",
+    )
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()

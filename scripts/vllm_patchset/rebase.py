@@ -645,7 +645,14 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
             save(project, state)
     entry = folder / "entry.md"
     changelog = entry.read_text("utf-8") if entry.is_file() else ""
-    _cleanup(project)
+    try:
+        with signals_deferred():  # the state file goes last: no signal between it and the end
+            _cleanup(project)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "rebase interrupted after it was done: the checkout is rebased and .rebase/ removed;"
+            " review and commit it"
+        ) from None
     where = (
         f"pin: {project.package} {state.new_pin} (was {state.old_pin}); patches/, "
         f"{rel(project, project.lock_path)} and {CHANGELOG} rewritten, `check` passes;"
@@ -685,8 +692,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def interrupted_message(project: Project) -> str:
     """What an interrupted rebase left, read from its journal."""
     phase = phase_on_disk(project)
-    if phase is None:
-        return "rebase interrupted: no rebase state is left; `git status` shows the checkout"
+    if phase is None:  # before the journal was written (after it, the end is deferred)
+        return "rebase interrupted before it wrote anything: nothing changed"
     if phase == "damaged":
         return (
             "rebase interrupted; its state file is damaged: `rebase --abort` restores the checkout"
