@@ -55,6 +55,7 @@ from vllm_patchset.states import Reason, State, Verdict, classify
 from vllm_patchset.swap import (
     CHANGELOG,
     STAGE,
+    has_backup,
     rel,
     rewritten_paths,
     roll_back,
@@ -461,6 +462,10 @@ def start(
         )
         return Outcome(stopped, "stopped", rebase_dir(project) / "worktree", lines, started=False)
     folder = rebase_dir(project)
+    if has_backup(folder):  # files of the checkout are there: only --abort may touch them
+        raise BadInput(
+            f"{folder / 'backup'} holds files of an interrupted rebase: `rebase --abort`"
+        )
     _cleanup(project)  # what a kill at the very end of a cleanup may have left
     folder.mkdir()
     (folder / ".gitignore").write_text("*\n", encoding="utf-8")
