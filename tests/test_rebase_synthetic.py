@@ -604,6 +604,14 @@ BAD_DECISIONS: list[tuple[Sequence[str], str]] = [
         ("--resolve-upstream", "0001", "--release", "soon"),
         "not a vLLM version: 'soon' (expected e.g. 0.24.0)",
     ),
+    (
+        ("--resolve-upstream", "0001", "--release", "1.2"),
+        f"--resolve-upstream {FIX.name}: --release 1.2 is newer than git:v1.1, which has the fix",
+    ),
+    (
+        ("--keep", "0001", "--drop", "0002"),
+        f"--drop {LOCAL.name}: it needs no decision (applies (3-way) on git:v1.1)",
+    ),
 ]
 
 

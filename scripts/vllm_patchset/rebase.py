@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
+from packaging.version import Version
+
 from vllm_patchset.checks import project_series
 from vllm_patchset.config import Project
 from vllm_patchset.edits import rewrite_paths
@@ -231,8 +233,7 @@ def _decided(applier: _Applier, step: Step, raw: bytes, decision: Decision, ctx:
     if decision.choice not in step.options:
         raise Finding(
             f"{decision.choice.flag} {step.key}: no longer an option on the resolved worktree"
-            f" ({step.verdict.state.value}, {step.verdict.reason.value}): `rebase --abort`,"
-            " then start again"
+            f" ({step.verdict.words}): `rebase --abort`, then start again"
         )
     step = dataclasses.replace(step, decision=decision.choice)
     if decision.choice == Choice.DROP:
@@ -359,6 +360,16 @@ def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstre
                 f"--resolve-upstream {decision.patch}: {onto.label} has no release version and"
                 " the patch conflicts there, so `check` could not tell the archived patch from"
                 " a lost fix: rebase onto a release, or a ref named like one (v1.2.0)"
+            )
+        newer = (
+            decision.release is not None
+            and onto.version is not None
+            and Version(decision.release) > Version(onto.version)
+        )
+        if newer:
+            raise BadInput(
+                f"--resolve-upstream {decision.patch}: --release {decision.release} is newer"
+                f" than {onto.label}, which has the fix"
             )
         if decision.choice == Choice.RESOLVE_UPSTREAM and not (decision.release or onto.version):
             raise BadInput(
