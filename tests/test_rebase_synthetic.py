@@ -754,3 +754,34 @@ def test_signal_while_staging_changes_nothing(
     )
     assert sha256s(root) == before
     assert not (root / ".rebase").exists()
+
+
+def test_check_and_status_know_parked_patches(
+    upstream: SyntheticUpstream,
+    synthetic_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A parked patch does not apply and does not fail `check`; its reason must be there;
+    `status` names it; the overlay leaves it out."""
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
+    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
+    root = project.root
+    rebase_json(capsys, root, *onto(upstream, "1.1"), "--keep", "0001")
+    assert_checks(capsys, root, 1)
+    assert Lock.load(project.lock_path).patches == ()
+    reason = "kept by `rebase` 1.0 -> git:v1.1 on 2026-06-27: conflict (rewritten) there"
+    code, out, _ = cli(capsys, root, "status", "--json")
+    doc = json.loads(out)
+    assert (code, doc["patches"], doc["parked"]) == (
+        0,
+        {f"parked/{FIX.name}": "conflict"},
+        {f"parked/{FIX.name}": reason},
+    )
+    series = root / "patches" / "parked" / "series"
+    series.write_text(f"{FIX.name}\n")
+    assert cli(capsys, root, "check") == (
+        1,
+        "check: 1 patches, 1 problem(s)\n",
+        f"{series}: {FIX.name} has no reason (a `# why it is parked` comment on its line)\n",
+    )
