@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from packaging.version import Version
-
 from vllm_patchset.config import Project
 from vllm_patchset.overlay import patches_for, walk
 from vllm_patchset.upstream import Mirror
