@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
+import os
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vllm_patchset import fsio
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.lock import Lock
@@ -260,20 +265,62 @@ def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
 
 
+PROJECT_LOCK = ".vllm-patchset.lock"  # in the checkout: one writer of patches/ and overlay/
+
+
+def _writes_project(args: argparse.Namespace) -> bool:
+    """Commands that rewrite the checkout (patches/, the overlay, the pin) run one at a time."""
+    command = (args.command, getattr(args, "overlay_command", None))
+    return args.command in ("rebase", "queue") or command == ("overlay", "build")
+
+
+def _one_writer(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    if not _writes_project(args):
+        return contextlib.nullcontext()
+    root = Project.load(args.project, args.cache_dir).root
+    return fsio.locked(
+        root / PROJECT_LOCK, holder="another vllm-patchset command (rebase, queue, overlay build)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.func
-    try:
-        return handler(args)
-    except PatchsetError as exc:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"vllm-patchset: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("vllm-patchset: interrupted; nothing was left half-written", file=sys.stderr)
-        return 130
+    with fsio.signals_raise():
+        try:
+            with _one_writer(args):
+                code = handler(args)
+            sys.stdout.flush()  # here, so that a closed pipe is seen inside the boundary
+            return code
+        except BrokenPipeError:
+            # The reader went away (`| head`): stop quietly, as other command-line tools do.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
+        except PatchsetError as exc:
+            if args.verbose:
+                traceback.print_exc()
+            left = f"; {exc.left}" if exc.left else ""
+            print(f"vllm-patchset: {exc}{left}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, fsio.Interrupted) else signal.SIGINT
+            note = fsio.interrupted_note()
+            left = f"; {note}" if note else ""
+            name = signal.Signals(signum).name
+            print(f"vllm-patchset: interrupted ({name}){left}", file=sys.stderr)
+            return 128 + signum
+        except OSError as exc:  # what no check foresaw (a disk that fails): still one line
+            if args.verbose:
+                traceback.print_exc()
+            where = f": {exc.filename}" if exc.filename else ""
+            note = fsio.interrupted_note()
+            left = f"; {note}" if note else ""
+            print(f"vllm-patchset: {exc.strerror or exc}{where}{left}", file=sys.stderr)
+            return 1
 
 
 def run() -> None:

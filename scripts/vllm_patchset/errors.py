@@ -12,6 +12,7 @@ class PatchsetError(Exception):
     """Base class: the message is one line a user can act on."""
 
     exit_code = 2
+    left: str | None = None  # what the failed run left behind, when it had begun to change things
 
 
 class Finding(PatchsetError):
