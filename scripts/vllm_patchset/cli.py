@@ -43,12 +43,18 @@ def _project(args: argparse.Namespace) -> Project:
     return Project.load(args.project, args.cache_dir)
 
 
+def _reads_only() -> None:
+    """The command changes nothing in the checkout (the mirror in the cache may grow)."""
+    fsio.interrupt_leaves("nothing in the checkout was changed")
+
+
 def _mirror(project: Project) -> Mirror:
     return Mirror(project.cache_dir, project.package, project.index_url)
 
 
 # -- status / check / matrix -------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     result = walk(mirror, pin_base(project, mirror), patches_for(project))
@@ -88,6 +94,7 @@ def _lock_freshness(project: Project, mirror: Mirror, result: object) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     series = load_series(project.series_file, project.upstreamed_file)  # series <-> files, trailers
     mirror = _mirror(project)
@@ -115,10 +122,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     patches = patches_for(project)
     started = time.perf_counter()
+    if bool(args.git) != bool(args.ref):
+        raise BadInput(
+            "--ref REF goes with --git URL|PATH" if args.ref else "--git needs --ref REF"
+        )
     bases: list[Upstream] = [mirror.release(check_version(v)) for v in args.versions]
     bases += [mirror.git_ref(args.git, ref) for ref in args.ref or []]
     if not bases:
@@ -136,6 +148,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 # -- upstream / overlay / tree -----------------------------------------------------------------
 def cmd_fetch(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     if args.installed or args.python or args.target:
@@ -154,6 +167,7 @@ def _base(project: Project, args: argparse.Namespace) -> Upstream | None:
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     base = _base(project, args)
     lock, where = build_overlay(
@@ -166,6 +180,7 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     dest = export_tree(project, _base(project, args), args.dest, pristine=args.pristine)
     print(f"wrote {'pristine' if args.pristine else 'patched'} tree to {dest}")
@@ -173,12 +188,14 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = import_queue(_project(args), force=args.force)
     print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}")
     return 0
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = export_queue(_project(args), keep=not args.drop)
     print(f"exported {len(info.patches)} patch(es) to patches/")
     return 0
@@ -265,9 +282,6 @@ def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
 
 
-PROJECT_LOCK = ".vllm-patchset.lock"  # in the checkout: one writer of patches/ and overlay/
-
-
 def _writes_project(args: argparse.Namespace) -> bool:
     """Commands that rewrite the checkout (patches/, the overlay, the pin) run one at a time."""
     command = (args.command, getattr(args, "overlay_command", None))
@@ -278,9 +292,7 @@ def _one_writer(args: argparse.Namespace) -> contextlib.AbstractContextManager[N
     if not _writes_project(args):
         return contextlib.nullcontext()
     root = Project.load(args.project, args.cache_dir).root
-    return fsio.locked(
-        root / PROJECT_LOCK, holder="another vllm-patchset command (rebase, queue, overlay build)"
-    )
+    return fsio.locked_dir(root, holder="another vllm-patchset rebase, queue or overlay build")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -263,36 +263,49 @@ def sweep_temp(dirs: Iterable[Path]) -> None:
 
 
 def sweep_staging(folder: Path) -> None:
-    """Remove the staging dirs that a killed run left in `folder` (only the tool's names)."""
+    """Remove the staging dirs that killed runs left in `folder`: only the tool's names, and
+    only those of a process that is gone (the pid is in the name)."""
     with suppress(FileNotFoundError, NotADirectoryError):
         for name in os.listdir(folder):
-            if name.startswith(STAGING_PREFIX):
+            pid = name.removeprefix(STAGING_PREFIX).split("-")[0]
+            if name.startswith(STAGING_PREFIX) and pid.isdigit() and not _alive(int(pid)):
                 remove_tree(folder / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextmanager
 def staging_dir(folder: Path, name: str) -> Iterator[Path]:
-    """A new dir `folder`/.vllm-patchset-staging-<name>-<random>, removed on the way out
-    (whatever is left of it), with what a killed run left swept first."""
+    """A new dir `folder`/.vllm-patchset-staging-<pid>-<name>-<random>, removed on the way out
+    (whatever is left of it), with what killed runs left swept first."""
     import tempfile
 
     sweep_staging(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-", dir=folder))
+        prefix = f"{STAGING_PREFIX}{os.getpid()}-{name}-"
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
     except OSError as exc:
         raise WriteFailed(folder, exc) from None
     try:
         yield path
     finally:
-        with deferred_signals():
+        with deferred_signals(), suppress(WriteFailed):  # else swept by the next run
             remove_tree(path)
 
 
 def replace_dir(staged: Path, final: Path) -> None:
     """Put the dir `staged` at `final`, the old `final` (if any) moved aside into `staged`'s
     parent and removed. The two renames run with SIGINT/SIGTERM deferred."""
-    aside = staged.parent / f"{STAGING_PREFIX}old-{os.getpid()}"
+    aside = staged.parent / f"{STAGING_PREFIX}{os.getpid()}-old"
     with deferred_signals():
         try:
             if _lstat(final) is not None:
@@ -307,9 +320,10 @@ def replace_dir(staged: Path, final: Path) -> None:
 
 
 # -- destinations --------------------------------------------------------------------------------
-def claim_dir(dest: Path, what: str) -> None:
+def claim_dir(dest: Path, what: str, *, mark: bool = True) -> None:
     """Make `dest` a dir this tool may rewrite: missing or empty (it gets the marker), or
-    marked already. Anything else is refused, with nothing written."""
+    marked already. Anything else is refused, with nothing written. With `mark=False`, only
+    check (before the work, so that a refusal comes first)."""
     info = _lstat(dest)
     if info is not None and stat.S_ISLNK(info.st_mode):
         raise NotOwned(f"{what} {dest} is a symlink (to {os.readlink(dest)}): give a real dir")
@@ -326,6 +340,8 @@ def claim_dir(dest: Path, what: str) -> None:
                 f"{what} {dest} is not empty and was not made by vllm-patchset (no"
                 f" {OWNER_MARKER} in it): give a new or empty directory; nothing was written"
             )
+    if not mark:
+        return
     atomic_write(
         dest / OWNER_MARKER,
         b"made by vllm-patchset: it may replace what it wrote here (remove this file to stop it)\n",
@@ -350,7 +366,8 @@ def lock_timeout() -> float:
 def locked(
     path: Path, *, shared: bool = False, holder: str = "another vllm-patchset run"
 ) -> Iterator[None]:
-    """Hold flock(2) on `path` (created with its dir), waiting at most `lock_timeout()`.
+    """Hold flock(2) on the file `path` (created with its dir), waiting at most
+    `lock_timeout()`. A shared lock on a missing file holds nothing (there is nothing to guard).
 
     The file may be removed by the holder (a revert removes the state dir): a run that then
     gets the lock on the removed file sees that it is no longer at `path`, and takes it again."""
@@ -362,21 +379,17 @@ def locked(
             if not shared:
                 path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            if shared:
+                yield
+                return
+            raise
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafePath(f"refusing {path}: it is a symlink") from None
             raise WriteFailed(path, exc) from None
         try:
-            while True:
-                try:
-                    fcntl_flock(fd, shared)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise Finding(
-                            f"{holder} holds {path} (waited {timeout:g} s): nothing was changed"
-                        ) from None
-                    time.sleep(0.05)
+            _flock(fd, shared, deadline, f"{holder} holds {path} (waited {timeout:g} s)")
             held, now = os.fstat(fd), _lstat(path)
         except BaseException:
             os.close(fd)
@@ -390,10 +403,33 @@ def locked(
         os.close(fd)  # releases the flock
 
 
-def fcntl_flock(fd: int, shared: bool) -> None:
+@contextmanager
+def locked_dir(path: Path, *, holder: str) -> Iterator[None]:
+    """Hold flock(2) on the directory `path` itself: no lock file is made (a checkout where a
+    command is refused keeps every byte)."""
+    deadline = time.monotonic() + lock_timeout()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ReadFailed(path, exc) from None
+    try:
+        _flock(fd, False, deadline, f"{holder} is running in {path} (waited {lock_timeout():g} s)")
+        yield
+    finally:
+        os.close(fd)
+
+
+def _flock(fd: int, shared: bool, deadline: float, busy: str) -> None:
     import fcntl
 
-    fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    while True:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Finding(f"{busy}: nothing was changed") from None
+            time.sleep(0.05)
 
 
 # -- signals and children ------------------------------------------------------------------------

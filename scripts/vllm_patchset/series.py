@@ -3,11 +3,14 @@ their provenance trailers (DEP-3 meaning), and the archive of patches upstream h
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vllm_patchset.errors import MalformedPatch, SeriesError
+from vllm_patchset.errors import MalformedPatch, PatchsetError, SeriesError
+from vllm_patchset.fsio import UnsafePath, atomic_write, kind_of, plain_parts, read_regular
 
 REQUIRED_TRAILERS = (
     "Upstream-PR",
@@ -89,16 +92,26 @@ def _check_path(patch: Path, path: str) -> str:
     pure = PurePosixPath(path)
     if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] != "vllm":
         raise MalformedPatch(patch, f"touches {path!r}, outside the vllm/ package")
+    if plain_parts(path, "vllm") is None:
+        raise MalformedPatch(patch, f"touches {path!r}, not a plain path inside vllm/")
     return path
 
 
 def parse_patch(path: Path, key: str | None = None) -> Patch:
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)  # a FIFO or a symlink is refused, never opened
+        if raw is None:
+            raise MalformedPatch(path, "no such file")
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (PatchsetError, UnicodeDecodeError) as exc:
+        if isinstance(exc, MalformedPatch):
+            raise
         raise MalformedPatch(path, f"unreadable ({exc})") from None
     head, sep, diff = text.partition("\ndiff --git ")
+    if "\r\n" in head:
+        raise MalformedPatch(
+            path, "CRLF line endings (git format-patch writes LF: convert it, e.g. dos2unix)"
+        )
     if not sep and "diff --git " not in text:
         raise MalformedPatch(path, "no `diff --git` section")
     if not head.startswith("From ") or "\nSubject: " not in head:
@@ -210,10 +223,20 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
 
 def read_series_file(series_file: Path) -> list[str]:
     """Patch names in order; blank lines and `#` comments are ignored (as quilt does)."""
-    if not series_file.is_file():
-        return []
+    try:
+        data = read_regular(series_file)
+        if data is None:
+            return []
+        text = data.decode("utf-8")
+    except UnsafePath as exc:
+        raise SeriesError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise SeriesError(
+            f"{series_file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset"
+            f" {exc.start})"
+        ) from None
     names = []
-    for number, line in enumerate(series_file.read_text("utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
@@ -229,8 +252,13 @@ def _load_dir(series_file: Path, prefix: str) -> tuple[Patch, ...]:
     names = read_series_file(series_file)
     folder = series_file.parent
     for name in names:
-        if not (folder / name).is_file():
+        info = os.lstat(folder / name) if os.path.lexists(folder / name) else None
+        if info is None:
             raise SeriesError(f"{series_file}: entry {name} has no file {folder / name}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SeriesError(
+                f"{series_file}: entry {name} is {kind_of(info.st_mode)}, not a regular file"
+            )
     unlisted = sorted(p.name for p in folder.glob("*.patch") if p.name not in names)
     if unlisted:
         raise SeriesError(f"{folder / unlisted[0]} is not listed in {series_file}")
@@ -244,6 +272,9 @@ def load_series(series_file: Path, upstreamed_file: Path) -> Series:
     )
 
 
+def series_bytes(names: list[str]) -> bytes:
+    return "".join(f"{n}\n" for n in names).encode("utf-8")
+
+
 def write_series_file(series_file: Path, names: list[str]) -> None:
-    series_file.parent.mkdir(parents=True, exist_ok=True)
-    series_file.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+    atomic_write(series_file, series_bytes(names))
