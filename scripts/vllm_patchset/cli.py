@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import importlib
 import importlib.util
@@ -295,10 +296,23 @@ def _one_writer(args: argparse.Namespace) -> contextlib.AbstractContextManager[N
     return fsio.locked_dir(root, holder="another vllm-patchset rebase, queue or overlay build")
 
 
+def _unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
+    """Output the terminal's encoding cannot take: a file name's undecodable bytes go out as
+    they were (surrogateescape), any other character as a backslash escape."""
+    assert isinstance(error, UnicodeEncodeError)
+    chunk = error.object[error.start : error.end]
+    if all("\udc80" <= c <= "\udcff" for c in chunk):
+        return bytes(ord(c) - 0xDC00 for c in chunk), error.end
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error("vllm-patchset", _unencodable)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
         if isinstance(stream, io.TextIOWrapper):
-            stream.reconfigure(errors="backslashreplace")
+            stream.reconfigure(errors="vllm-patchset")
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.func

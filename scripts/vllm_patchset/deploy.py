@@ -23,7 +23,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -243,8 +243,8 @@ def _transaction(target: Target, op: str, steps: list[Step]) -> Iterator[str]:
     txid = uuid.uuid4().hex
     intent = {"op": op, "id": txid, "version": target.version, "files": [asdict(s) for s in steps]}
     journal = _state_path(target, JOURNAL)
-    fsio.atomic_write(journal, (json.dumps(intent) + "\n").encode())
     try:
+        fsio.atomic_write(journal, (json.dumps(intent) + "\n").encode())
         yield txid
     except BaseException as exc:
         with fsio.deferred_signals():
@@ -258,7 +258,15 @@ def _transaction(target: Target, op: str, steps: list[Step]) -> Iterator[str]:
                     " or `status` to finish",
                 )
                 raise exc from None
-        _left(exc, f"{note}: the target is as it was" if op == "apply" else f"{note}")
+        record = read_record(target)
+        if note is None:
+            _left(exc, "nothing was changed")
+        elif op == "revert":
+            _left(exc, f"{note}: the files are pristine")
+        elif record is not None and record.transaction == txid:
+            _left(exc, f"{note}: the overlay is applied")
+        else:
+            _left(exc, f"{note}: the target is as it was")
         raise
     fsio.remove_file(journal)
     fsio.fsync_dir(target.state)
@@ -356,13 +364,16 @@ def _forget(target: Target) -> None:
 
 
 def _remove_state_dir(target: Target) -> str | None:
-    """After a revert, with the lock held: remove the state dir (its lock file last). A file
-    the tool did not make is left there, and said so."""
+    """With the lock held and no record left: remove the state dir (its lock file last). A
+    file the tool did not make is left there, and said so."""
     if not target.state.is_dir():
         return None
     foreign = sorted(n for n in os.listdir(target.state) if n not in STATE_NAMES)
     if foreign:
         return f"left {target.state}: it holds files vllm-patchset did not make ({foreign[0]})"
+    fsio.sweep_temp([target.state])
+    fsio.remove_tree(_state_path(target, ORIGINALS))
+    fsio.remove_tree(_state_path(target, UNDO))
     fsio.remove_file(_state_path(target, LOCK_FILE))  # a run waiting on it takes a new one
     try:
         os.rmdir(target.state)
@@ -451,10 +462,19 @@ def _check_writable(dirs: Iterable[Path]) -> None:
 
 @contextmanager
 def _locked(target: Target, *, shared: bool = False) -> Iterator[None]:
-    """Hold <state>/lock, waiting for another run at most VLLM_PATCHSET_LOCK_TIMEOUT seconds."""
+    """Hold <state>/lock, waiting for another run at most VLLM_PATCHSET_LOCK_TIMEOUT seconds.
+
+    On the way out, a state dir that records nothing (no record, no journal: a run refused,
+    rolled back or reverted) is removed: the target is left as it was before any apply."""
     _refuse_symlinked_state(target)
     with fsio.locked(_state_path(target, LOCK_FILE), shared=shared):
-        yield
+        try:
+            yield
+        finally:
+            if not shared:
+                with fsio.deferred_signals(), suppress(PatchsetError, OSError):
+                    if not {RECORD, JOURNAL} & set(os.listdir(target.state)):
+                        _remove_state_dir(target)
 
 
 # -- reports -----------------------------------------------------------------------------------
@@ -829,8 +849,6 @@ def status(target: Target, lock: Lock) -> Report:
             _check_writable(_dirs_written(target, paths))
             with _locked(target):
                 notes.append(_recover(target))
-                if read_record(target) is None:  # rolled back or reverted: no state left
-                    notes.append(_remove_state_dir(target))
             fsio.interrupt_leaves(f"{notes[0]}; nothing else was changed")
         except ReadOnlyTarget as exc:
             notes.append(f"an interrupted run is pending and cannot be repaired: {exc}")
