@@ -102,7 +102,7 @@ def find_target(
         found = probe(exe, package)
         if not found.origin or not found.origin.endswith("__init__.py"):
             # where an uninstalled package may have left the state of an overlay
-            left = [Path(d) for d in found.site_dirs if (Path(d) / STATE_DIR).is_dir()]
+            left = [Path(d).resolve() for d in found.site_dirs if (Path(d) / STATE_DIR).is_dir()]
             raise NoPackage(f"{exe} has no {package} package installed", next(iter(left), None))
         target_dir = Path(found.origin).parent.parent
         reported = found.version
@@ -590,7 +590,7 @@ def apply(
             notes.insert(0, f"{_gone_note(target, record)}: removed its stale record")
             _forget(target)
             record = None
-        if not steps:
+        if not steps and lock.entries:
             notes.append(
                 "recorded the overlay found in place (no originals: revert cannot undo it)"
             )
@@ -615,7 +615,7 @@ def apply(
             fsio.remove_tree(_state_path(target, UNDO))
         for path in paths.values():  # also pycs left beside files that were patched already
             _remove_bytecode(path)
-    outcome = "applied" if steps else "already applied"
+    outcome = "applied" if steps or not lock.entries else "already applied"
     return _report("apply", outcome, target, lock, _after(files, lock, steps), [repaired, *notes])
 
 

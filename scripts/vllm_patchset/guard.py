@@ -105,8 +105,8 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         )
     return Outcome(
         True,
-        f"vllm-patchset: overlay active on {package} {version}: {', '.join(patches)}"
-        f" ({len(files)} files)",
+        f"vllm-patchset: overlay active on {package} {version}:"
+        f" {', '.join(patches) or 'no patches'} ({len(files)} files)",
     )
 
 
