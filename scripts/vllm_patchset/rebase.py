@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_patchset import fsio
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.gitrepo import Repo
@@ -125,9 +126,7 @@ def _state_path(project: Project) -> Path:
 
 
 def _save(project: Project, state: RebaseState) -> None:
-    tmp = rebase_dir(project) / "state.json.tmp"
-    tmp.write_text(state.to_json(), encoding="utf-8")
-    tmp.replace(_state_path(project))
+    fsio.atomic_write(_state_path(project), state.to_json().encode())
 
 
 def _load(project: Project) -> RebaseState:
