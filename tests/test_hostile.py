@@ -694,8 +694,9 @@ def upgrade_to_0_25_0(target: Path, mirror: Mirror) -> None:
     info.rename(target / "vllm-0.25.0.dist-info")
 
 
+@pytest.mark.parametrize("then", ["apply", "revert"])
 def test_upgraded_vllm_and_rebased_project_can_apply_and_revert(
-    run: Run, overlay: Overlay, target: Path, tmp_path: Path, mirror: Mirror
+    run: Run, overlay: Overlay, target: Path, tmp_path: Path, mirror: Mirror, then: str
 ) -> None:
     assert run(*deploy_args(overlay, "apply", "--target", target))[0] == 0
     upgrade_to_0_25_0(target, mirror)
@@ -722,6 +723,17 @@ def test_upgraded_vllm_and_rebased_project_can_apply_and_revert(
         "",
     )
     assert snapshot(target) == before
+    if then == "revert":  # the stale record goes; vllm 0.25.0's files stay as pip left them
+        assert run(*args, "revert", "--target", target) == (
+            0,
+            f"overlay revert: stale record removed ({target}/vllm, 0.25.0; overlay for 0.24.0:"
+            f" {', '.join(PATCHES)})\n"
+            + "".join(f"  modified   {rel}\n" for rel in OVERLAID)
+            + f"  note: {gone}: removed its stale record\n",
+            "",
+        )
+        assert snapshot(target) == {k: v for k, v in before.items() if not k.startswith(STATE)}
+        return
     assert run(*args, "apply", "--target", target) == (
         0,
         f"overlay apply: applied {where}\n  note: {gone}: removed its stale record\n",
@@ -898,6 +910,7 @@ def _running(pid: int) -> bool:
 
 WRITERS = (
     ["queue", "import"],
+    ["queue", "export"],
     ["overlay", "build"],
     ["rebase", "--onto", "0.25.0"],
 )

@@ -15,14 +15,14 @@ came from data (a RECORD, a lock, a journal, a series, a patch header). The rule
   interrupt at this point leaves behind, for the one line `cli.main` prints; the children a
   command starts die with it (`die_with_parent`).
 
-Standard library only, and cheap to import: the start-up guard reads through `read_regular`.
+Standard library only, and cheap to import (the rest is imported where it is used): the
+start-up guard reads through `read_regular`.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import signal
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -61,6 +61,8 @@ class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM: raised in the main thread, so that `finally` and rollbacks run."""
 
     def __init__(self, signum: int) -> None:
+        import signal
+
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
@@ -173,6 +175,8 @@ def _test_hook() -> None:
     if not setting:
         return
     _write_points[0] += 1
+    import signal
+
     point, _, name = setting.partition(":")
     if _write_points[0] == int(point):
         os.kill(os.getpid(), getattr(signal, f"SIG{name}") if name else signal.SIGKILL)
@@ -452,6 +456,8 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 @contextmanager
 def signals_raise() -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
+    import signal
+
     if not _main_thread():
         yield
         return
@@ -467,6 +473,8 @@ def signals_raise() -> Iterator[None]:
 @contextmanager
 def deferred_signals() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block is done (a rollback must not be cut short)."""
+    import signal
+
     if not _main_thread():
         yield
         return
@@ -494,6 +502,8 @@ def die_with_parent() -> Callable[[], None] | None:
         import ctypes
 
         _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+    import signal
+
     prctl, parent = _prctl[0], os.getpid()
 
     def preexec() -> None:

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import re
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -23,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vllm_patchset.errors import BadInput, DownloadFailed, PatchsetError, UnknownVersion
-from vllm_patchset.fsio import no_symlink_below, plain_parts, read_regular
+from vllm_patchset.fsio import die_with_parent, no_symlink_below, plain_parts, read_regular
 from vllm_patchset.gitrepo import Repo, init_bare
-from vllm_patchset.installed import probe
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
 VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?$")
@@ -308,3 +308,60 @@ def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, s
         raise BadInput(f"{package} for {python} has no RECORD: its files cannot be checked")
     site = Path(found.origin).parent.parent
     return site, found.version, _parse_record(found.record)
+
+
+# -- another interpreter's vllm ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    origin: str | None  # the package's __init__.py, as find_spec sees it (not imported)
+    version: str | None  # its distribution's version
+    record: str | None  # its distribution's RECORD
+    site_dirs: tuple[str, ...]  # where the interpreter installs packages
+
+
+# Run by the interpreter of `--python` (or this one): finds the package without importing it,
+# so neither vllm nor torch is loaded. `-c` puts the caller's cwd first on sys.path: drop it.
+_PROBE = """\
+import importlib.metadata as md, importlib.util, json, site, sys, sysconfig
+if sys.path and sys.path[0] in ("", "."):
+    del sys.path[0]
+spec = importlib.util.find_spec(sys.argv[1])
+try:
+    dist = md.distribution(sys.argv[1])
+    version, record = dist.version, dist.read_text("RECORD")
+except md.PackageNotFoundError:
+    version = record = None
+dirs = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)()]
+answer = {"origin": spec and spec.origin, "version": version, "record": record, "dirs": dirs}
+print("vllm-patchset-probe", json.dumps(answer))
+"""
+
+
+def probe(python: str, package: str) -> Probe:
+    """Ask `python` where its `package` is; "cannot run --python …" when it gives no answer."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE, package],
+            capture_output=True,
+            timeout=120,
+            preexec_fn=die_with_parent(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise BadInput(f"cannot run --python {python}: {why}") from None
+    out = done.stdout.decode("utf-8", "replace").splitlines()
+    answer = next((line for line in reversed(out) if line.startswith("vllm-patchset-probe ")), "")
+    try:
+        doc = json.loads(answer.partition(" ")[2]) if done.returncode == 0 else {}
+        found: Probe | None = Probe(
+            doc["origin"], doc["version"], doc["record"], tuple(str(d) for d in doc["dirs"])
+        )
+    except (ValueError, TypeError, KeyError):
+        found = None
+    if found is None or not all(
+        isinstance(v, str | None) for v in (found.origin, found.version, found.record)
+    ):
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = f"exit {done.returncode}: {err[-1]}" if done.returncode and err else "no answer"
+        raise BadInput(f"cannot run --python {python}: {why} (is it a Python interpreter?)")
+    return found
