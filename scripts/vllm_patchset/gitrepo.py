@@ -272,10 +272,11 @@ class Repo:
 
 
 def init_bare(path: Path) -> Repo:
+    repo = Repo(path)
     if not (path / "HEAD").is_file():
-        path.mkdir(parents=True, exist_ok=True)
         try:
-            git.Repo.init(str(path), bare=True)
-        except (git.exc.GitError, OSError) as exc:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
             raise GitError("init", str(exc)) from None
-    return Repo(path)
+        repo.run("init", "--quiet", "--bare")
+    return repo
