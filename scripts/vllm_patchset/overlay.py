@@ -166,13 +166,13 @@ def build_overlay(
         if is_pin
         else project.root / "build" / f"overlay-{upstream.tag.replace('/', '-')}"
     )
-    lock_path = project.lock_path if target == project.overlay_dir else target / "overlay.lock.json"
     # The project's overlay dir is the tool's by configuration (overlay/vllm is generated);
     # any other output dir must be new, empty, or one it made before (its marker says so).
-    owned = target == project.overlay_dir
+    owned = target.resolve() == project.overlay_dir.resolve()
+    lock_path = project.lock_path if owned else target / "overlay.lock.json"
     if not owned:
         fsio.claim_dir(target, "the output dir", mark=False)
-    if is_pin and target == project.overlay_dir and not update_lock:
+    if is_pin and owned and not update_lock:
         committed = Lock.load(project.lock_path)
         difference = compare_locks(lock, committed)
         if difference:
