@@ -3,7 +3,9 @@ own, since tests/ and tests/gpu/ each have a conftest.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -45,3 +47,38 @@ def make_upstream_repo(mirror: Mirror, version: str, path: Path) -> Path:
     git(path, "commit", "-q", "-m", f"vllm {version}")
     git(path, "tag", f"v{version}")
     return path
+
+
+_SHA256: dict[tuple[int, int, int, int], str] = {}
+
+
+def snapshot(root: Path, *, skip_git: bool = False) -> dict[str, tuple[object, ...]]:
+    """Every entry under `root` by its relative path: ("file", mode, sha256), ("dir", mode),
+    ("link", target), or (the kind, mode) for a FIFO, socket or device. Symlinks are not
+    followed. With `skip_git`, a `.git` dir is left out (git refreshes its own index).
+
+    A file's sha256 is computed once per (device, inode, size, mtime): the installed vllm that
+    every test copies is 6,000 hard links to the same files. (Not ctime: each copy's new
+    links change it.)"""
+    found: dict[str, tuple[object, ...]] = {}
+    for folder, dirs, files in os.walk(root):
+        if skip_git and ".git" in dirs:
+            dirs.remove(".git")
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            rel = os.path.relpath(path, root)
+            mode = stat.S_IMODE(info.st_mode)
+            if stat.S_ISLNK(info.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                found[rel] = ("dir", mode)
+            elif stat.S_ISREG(info.st_mode):
+                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+                if key not in _SHA256:
+                    with open(path, "rb") as handle:
+                        _SHA256[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+                found[rel] = ("file", mode, _SHA256[key])
+            else:
+                found[rel] = (stat.S_IFMT(info.st_mode), mode)
+    return found

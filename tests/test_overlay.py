@@ -96,7 +96,7 @@ def test_overlay_for_nightly_like_base(
     assert not out.exists()
     assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly", "--skip", FUSED]) == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["overlay.lock.json", ORACLE]
+    assert files == [".vllm-patchset-owned", "overlay.lock.json", ORACLE]
     text = (out / ORACLE).read_text()
     assert "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)" in text
     assert "layer.weight.device" not in text

@@ -700,10 +700,11 @@ def test_signal_during_the_swap(
 
     monkeypatch.setattr(rebase, "swap_in", swap_in_interrupted)
     code, out, err = cli(capsys, root, "rebase", *onto(upstream, "1.1"))
-    assert (code, out) == (130, "")
+    assert (code, out) == (128 + signum, "")
     assert err == (
-        "vllm-patchset: rebase interrupted after it was done: the checkout is rebased;"
-        " `rebase --continue` removes .rebase/ (`rebase --abort` would put everything back)\n"
+        f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase was done: the"
+        " checkout is rebased; `rebase --continue` removes .rebase/ (`rebase --abort` would put"
+        " everything back)\n"
     )
     assert pyproject_pin(upstream, "1.1") in (root / "pyproject.toml").read_text()
     assert Lock.load(project.lock_path).version == "1.1"
@@ -741,10 +742,11 @@ def test_signal_while_staging_changes_nothing(
 
     monkeypatch.setattr(rebase, "stage_project", stage_interrupted)
     assert cli(capsys, root, "rebase", *onto(upstream, "1.1")) == (
-        130,
+        128 + signum,
         "",
-        "vllm-patchset: rebase interrupted: nothing in patches/, pyproject.toml, the lock or"
-        " CHANGELOG.md changed; `rebase --abort` removes .rebase/\n",
+        f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase changed nothing"
+        " in patches/, pyproject.toml, the lock or CHANGELOG.md yet; `rebase --abort` removes"
+        " .rebase/\n",
     )
     assert sha256s(root) == before
     assert cli(capsys, root, "rebase", "--abort") == (

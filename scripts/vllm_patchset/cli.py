@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
+import os
+import signal
 import sys
 import time
 import traceback
@@ -14,6 +19,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from vllm_patchset import fsio
 from vllm_patchset.checks import lock_freshness, problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
@@ -26,7 +32,6 @@ from vllm_patchset.overlay import (
     walk,
 )
 from vllm_patchset.queue import export_queue, import_queue
-from vllm_patchset.rebase_state import project_lock
 from vllm_patchset.reports import matrix_json, matrix_table, state_cell
 from vllm_patchset.series import read_series_entries
 from vllm_patchset.states import Verdict, classify
@@ -39,12 +44,18 @@ def _project(args: argparse.Namespace) -> Project:
     return Project.load(args.project, args.cache_dir)
 
 
+def _reads_only() -> None:
+    """The command changes nothing in the checkout (the mirror in the cache may grow)."""
+    fsio.interrupt_leaves("nothing in the checkout was changed")
+
+
 def _mirror(project: Project) -> Mirror:
     return Mirror(project.cache_dir, project.package, project.index_url)
 
 
 # -- status / check / matrix / releases --------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     series = project_series(project)
@@ -86,6 +97,7 @@ def _parked(project: Project) -> list[tuple[str, str]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     series, found = problems(project, _mirror(project))
     for problem in found:
@@ -96,14 +108,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     patches = patches_for(project)
     started = time.perf_counter()
+    if bool(args.git) != bool(args.ref):
+        raise BadInput(
+            "--ref REF goes with --git URL|PATH" if args.ref else "--git needs --ref REF"
+        )
     versions = sort_versions(dict.fromkeys(check_version(v) for v in args.versions))
     bases: list[Upstream] = [mirror.release(v) for v in versions]
-    if args.ref and not args.git:
-        raise BadInput("--ref goes with --git URL|PATH")
     bases += [mirror.git_ref(args.git, ref) for ref in args.ref or []]
     if not bases:
         raise BadInput("matrix needs at least one VERSION (or --git URL --ref REF)")
@@ -136,6 +151,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 # -- upstream / overlay / tree -----------------------------------------------------------------
 def cmd_fetch(args: argparse.Namespace) -> int:
+    _reads_only()
     project = _project(args)
     mirror = _mirror(project)
     if args.installed or args.python or args.target:
@@ -154,6 +170,7 @@ def _base(project: Project, args: argparse.Namespace) -> Upstream | None:
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     base = _base(project, args)
     lock, where = build_overlay(
@@ -166,6 +183,7 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     dest = export_tree(project, _base(project, args), args.dest, pristine=args.pristine)
     print(f"wrote {'pristine' if args.pristine else 'patched'} tree to {dest}")
@@ -173,17 +191,15 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
-    project = _project(args)
-    with project_lock(project, "queue import"):  # not while a rebase writes the series
-        info = import_queue(project, force=args.force)
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
+    info = import_queue(_project(args), force=args.force)
     print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}")
     return 0
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
-    project = _project(args)
-    with project_lock(project, "queue export"):  # not while a rebase writes the series
-        info = export_queue(project, keep=not args.drop)
+    fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
+    info = export_queue(_project(args), keep=not args.drop)
     print(f"exported {len(info.patches)} patch(es) to patches/")
     return 0
 
@@ -275,20 +291,70 @@ def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
 
 
+def _writes_project(args: argparse.Namespace) -> bool:
+    """Commands that rewrite the checkout (patches/, the overlay, the pin) run one at a time."""
+    command = (args.command, getattr(args, "overlay_command", None))
+    return args.command in ("rebase", "queue") or command == ("overlay", "build")
+
+
+def _one_writer(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    if not _writes_project(args):
+        return contextlib.nullcontext()
+    root = Project.load(args.project, args.cache_dir).root
+    return fsio.locked_dir(root, holder="another vllm-patchset rebase, queue or overlay build")
+
+
+def _unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
+    """Output the terminal's encoding cannot take: a file name's undecodable bytes go out as
+    they were (surrogateescape), any other character as a backslash escape."""
+    assert isinstance(error, UnicodeEncodeError)
+    chunk = error.object[error.start : error.end]
+    if all("\udc80" <= c <= "\udcff" for c in chunk):
+        return bytes(ord(c) - 0xDC00 for c in chunk), error.end
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error("vllm-patchset", _unencodable)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="vllm-patchset")
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.func
-    try:
-        return handler(args)
-    except PatchsetError as exc:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"vllm-patchset: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("vllm-patchset: interrupted; nothing was left half-written", file=sys.stderr)
-        return 130
+    with fsio.signals_raise():
+        try:
+            with _one_writer(args):
+                code = handler(args)
+            sys.stdout.flush()  # here, so that a closed pipe is seen inside the boundary
+            return code
+        except BrokenPipeError:
+            # The reader went away (`| head`): stop quietly, as other command-line tools do.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
+        except PatchsetError as exc:
+            if args.verbose:
+                traceback.print_exc()
+            left = f"; {exc.left}" if exc.left else ""
+            print(f"vllm-patchset: {exc}{left}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, fsio.Interrupted) else signal.SIGINT
+            note = fsio.interrupted_note()
+            left = f"; {note}" if note else ""
+            name = signal.Signals(signum).name
+            print(f"vllm-patchset: interrupted ({name}){left}", file=sys.stderr)
+            return 128 + signum
+        except OSError as exc:  # what no check foresaw (a disk that fails): still one line
+            if args.verbose:
+                traceback.print_exc()
+            where = f": {exc.filename}" if exc.filename else ""
+            note = fsio.interrupted_note()
+            left = f"; {note}" if note else ""
+            print(f"vllm-patchset: {exc.strerror or exc}{where}{left}", file=sys.stderr)
+            return 1
 
 
 def run() -> None:

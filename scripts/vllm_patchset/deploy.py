@@ -17,18 +17,10 @@ forward to the end: originals are removed only after the last file is restored.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
-import itertools
 import json
 import os
-import shutil
-import signal
-import stat
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
@@ -36,7 +28,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset import fsio
+from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.fsio import (  # re-exported: the tests and the README name them here
+    KILL_ENV,
+    LOCK_TIMEOUT_ENV,
+    TMP_SUFFIX,
+    UnsafePath,
+)
 from vllm_patchset.installed import (
     JOURNAL,
     LOCK_FILE,
@@ -47,14 +46,16 @@ from vllm_patchset.installed import (
     path_parts,
 )
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.upstream import probe
 
 if TYPE_CHECKING:
     import argparse
 
 RECORD_SCHEMA = 1
-TMP_SUFFIX = ".vllm-patchset-tmp"
-LOCK_TIMEOUT_ENV = "VLLM_PATCHSET_LOCK_TIMEOUT"  # seconds to wait for another run (default 60)
-KILL_ENV = "VLLM_PATCHSET_TEST_KILL_AFTER"  # tests: SIGKILL at the N-th write point
+UNDO = "undo"  # in the state dir while an apply runs: bytes it replaced that revert does not need
+STATE_NAMES = (LOCK_FILE, JOURNAL, RECORD, ORIGINALS, UNDO)  # all the tool ever makes there
+
+__all__ = ["KILL_ENV", "LOCK_TIMEOUT_ENV", "TMP_SUFFIX", "UnsafePath"]
 
 
 class VersionMismatch(Finding):
@@ -65,12 +66,16 @@ class HashMismatch(Finding):
     pass
 
 
-class UnsafePath(Finding):
-    pass
-
-
 class ReadOnlyTarget(Finding):
     pass
+
+
+class NoPackage(BadInput):
+    """No package where the target should hold one; `root` is where its state would be."""
+
+    def __init__(self, message: str, root: Path | None) -> None:
+        super().__init__(message)
+        self.root = root
 
 
 # -- the installed vllm ------------------------------------------------------------------------
@@ -85,21 +90,6 @@ class Target:
         return self.root / STATE_DIR
 
 
-# Run by the interpreter of `--python` (or this one): finds the package without importing it,
-# so neither vllm nor torch is loaded. `-c` puts the caller's cwd first on sys.path: drop it.
-_LOCATE = """\
-import importlib.metadata, importlib.util, json, sys
-if sys.path and sys.path[0] in ("", "."):
-    del sys.path[0]
-spec = importlib.util.find_spec(sys.argv[1])
-try:
-    version = importlib.metadata.version(sys.argv[1])
-except importlib.metadata.PackageNotFoundError:
-    version = None
-print(json.dumps({"origin": spec.origin if spec else None, "version": version}))
-"""
-
-
 def find_target(
     package: str, *, target_dir: Path | None = None, python: str | None = None
 ) -> Target:
@@ -109,26 +99,18 @@ def find_target(
     reported = None
     if target_dir is None:
         exe = python or sys.executable
-        try:
-            done = subprocess.run(
-                [exe, "-c", _LOCATE, package], capture_output=True, text=True, timeout=120
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BadInput(f"cannot run --python {exe}: {exc}") from None
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BadInput(f"{exe} could not look for {package}: {last}")
-        try:
-            found = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise BadInput(f"{exe} printed no answer when asked for {package}") from None
-        if not found["origin"] or not found["origin"].endswith("__init__.py"):
-            raise BadInput(f"{exe} has no {package} package installed")
-        target_dir = Path(found["origin"]).parent.parent
-        reported = found["version"]
+        found = probe(exe, package)
+        if not found.origin or not found.origin.endswith("__init__.py"):
+            # where an uninstalled package may have left the state of an overlay
+            left = [Path(d).resolve() for d in found.site_dirs if (Path(d) / STATE_DIR).is_dir()]
+            raise NoPackage(f"{exe} has no {package} package installed", next(iter(left), None))
+        target_dir = Path(found.origin).parent.parent
+        reported = found.version
     root = target_dir.resolve()
     if not (root / package / "__init__.py").is_file():
-        raise BadInput(f"{root} holds no {package} package ({package}/__init__.py is missing)")
+        raise NoPackage(
+            f"{root} holds no {package} package ({package}/__init__.py is missing)", root
+        )
     version = installed_version(root, package)
     if reported is not None and reported != version:
         raise BadInput(
@@ -146,28 +128,25 @@ def package_path(target: Target, rel: str) -> Path:
             f"refusing lock path {rel!r}: only relative paths inside the {target.package}"
             " package are deployed"
         )
-    path = target.root.joinpath(*parts)
-    for step in [*reversed(path.parents[: len(parts) - 1]), path, path.parent / "__pycache__"]:
-        if step.is_symlink():
-            raise UnsafePath(
-                f"refusing {step}: it is a symlink (to {os.readlink(step)}); the overlay is"
-                " written only to regular files inside the package"
-            )
+    path = fsio.no_symlink_below(target.root, parts)
+    fsio.no_symlink_below(path.parent, ["__pycache__"])
     return path
 
 
+def _state_path(target: Target, *parts: str) -> Path:
+    """A path in the state dir, no symlink on the way (the state dir itself included)."""
+    return fsio.no_symlink_below(target.root, [STATE_DIR, *parts])
+
+
 def _refuse_symlinked_state(target: Target) -> None:
-    for path in (target.state, target.state / LOCK_FILE, target.state / ORIGINALS):
-        if path.is_symlink():
-            raise UnsafePath(
-                f"refusing {path}: it is a symlink (to {os.readlink(path)}); the tool keeps its"
-                " state only in a plain directory beside the package"
-            )
+    for name in (LOCK_FILE, ORIGINALS, UNDO, RECORD, JOURNAL):
+        _state_path(target, name)
 
 
 def _pending(target: Target) -> bool:
     """Did a run stop before its end (a journal, or the temp file of one being written)?"""
-    return (target.state / JOURNAL).exists() or any(target.state.glob(f".*{TMP_SUFFIX}"))
+    names = os.listdir(target.state) if target.state.is_dir() else []
+    return JOURNAL in names or any(fsio.is_temp_name(n) for n in names)
 
 
 def _check_version(target: Target, lock: Lock) -> None:
@@ -180,14 +159,15 @@ def _check_version(target: Target, lock: Lock) -> None:
 
 
 def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
+    return fsio.read_regular(path)
 
 
 def _sha(data: bytes | None) -> str | None:
     return None if data is None else sha256_bytes(data)
+
+
+def _file_sha(target: Target, rel: str) -> str | None:
+    return _sha(_read(package_path(target, rel)))
 
 
 # -- the record and the journal -----------------------------------------------------------------
@@ -212,36 +192,37 @@ class Journal:
     steps: tuple[Step, ...]  # the intent; the lines after it (files done) are for people
 
 
-def read_record(state: Path) -> Record | None:
-    text = _read(state / RECORD)
+def read_record(target: Target) -> Record | None:
+    path = _state_path(target, RECORD)
+    text = _read(path)
     if text is None:
         return None
-    where = str(state / RECORD)
     try:
         doc = json.loads(text)
         if doc["schema"] != RECORD_SCHEMA:
-            raise BadInput(f"{where}: record schema {doc['schema']} is not {RECORD_SCHEMA}")
+            raise BadInput(f"{path}: record schema {doc['schema']} is not {RECORD_SCHEMA}")
         return Record(
-            lock=Lock.from_json(json.dumps(doc["lock"]), where),
+            lock=Lock.from_json(json.dumps(doc["lock"]), str(path)),
             originals={str(k): str(v) for k, v in doc["originals"].items()},
             transaction=str(doc["transaction"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BadInput(f"{where}: not a valid record ({exc!r}); move it away to continue") from None
+        raise BadInput(f"{path}: not a valid record ({exc!r}); move it away to continue") from None
 
 
-def _write_record(state: Path, lock: Lock, originals: dict[str, str], transaction: str) -> None:
+def _write_record(target: Target, lock: Lock, originals: dict[str, str], txid: str) -> None:
     doc = {
         "schema": RECORD_SCHEMA,
-        "transaction": transaction,
+        "transaction": txid,
         "lock": json.loads(lock.to_json()),
         "originals": dict(sorted(originals.items())),
     }
-    _write_atomic(state / RECORD, (json.dumps(doc, indent=2) + "\n").encode())
+    fsio.atomic_write(_state_path(target, RECORD), (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def _read_journal(state: Path) -> Journal | None:
-    text = _read(state / JOURNAL)
+def _read_journal(target: Target) -> Journal | None:
+    path = _state_path(target, JOURNAL)
+    text = _read(path)
     if text is None:
         return None
     lines = text.decode("utf-8", errors="replace").splitlines()
@@ -251,39 +232,72 @@ def _read_journal(state: Path) -> Journal | None:
         return Journal(str(intent["op"]), str(intent["id"]), steps)
     except (IndexError, ValueError, KeyError, TypeError) as exc:
         raise BadInput(
-            f"{state / JOURNAL}: unreadable journal ({exc!r}): check the files, then remove it"
+            f"{path}: unreadable journal ({exc!r}): check the files, then remove it"
         ) from None
 
 
 @contextmanager
 def _transaction(target: Target, op: str, steps: list[Step]) -> Iterator[str]:
-    """Journal `steps` before any change; on an error, undo (apply) or finish (revert) them."""
+    """Journal `steps` before any change; on an error or an interrupt, undo (apply) or finish
+    (revert) them at once, with the next SIGINT/SIGTERM held back until that is done."""
     txid = uuid.uuid4().hex
     intent = {"op": op, "id": txid, "version": target.version, "files": [asdict(s) for s in steps]}
-    _write_atomic(target.state / JOURNAL, (json.dumps(intent) + "\n").encode())
+    journal = _state_path(target, JOURNAL)
     try:
+        fsio.atomic_write(journal, (json.dumps(intent) + "\n").encode())
         yield txid
-    except BaseException:
-        _recover(target)  # the same code that repairs a killed run
+    except BaseException as exc:
+        with fsio.deferred_signals():
+            try:
+                note = _recover(target)  # the same code that repairs a killed run
+            except (PatchsetError, OSError) as again:
+                _left(
+                    exc,
+                    f"the {op} stopped half-way and could not be undone ({again}): its journal"
+                    f" {journal} is left for the next `vllm-patchset overlay apply`, `revert`"
+                    " or `status` to finish",
+                )
+                raise exc from None
+        record = read_record(target)
+        if note is None:
+            _left(exc, "nothing was changed")
+        elif op == "revert":
+            _left(exc, f"{note}: the files are pristine")
+        elif record is not None and record.transaction == txid:
+            _left(exc, f"{note}: the overlay is applied")
+        else:
+            _left(exc, f"{note}: the target is as it was")
         raise
-    (target.state / JOURNAL).unlink()
-    _fsync_dir(target.state)
+    fsio.remove_file(journal)
+    fsio.fsync_dir(target.state)
+    done = "applied" if op == "apply" else "reverted"
+    fsio.interrupt_leaves(f"the overlay had been {done} (the run was complete)")
+
+
+def _left(exc: BaseException, note: str) -> None:
+    """Say what `exc` left behind, in the one line cli.main prints for it."""
+    if isinstance(exc, PatchsetError):
+        exc.left = note
+    fsio.interrupt_leaves(note)
 
 
 def _journal_done(target: Target, path: str) -> None:
-    with (target.state / JOURNAL).open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"done": path}) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with _state_path(target, JOURNAL).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"done": path}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise fsio.WriteFailed(target.state / JOURNAL, exc) from None
 
 
 def _recover(target: Target) -> str | None:
     """Repair what a killed run left (the caller holds the lock); a note, or None."""
-    _sweep_tmp([target.state])  # a run killed while writing its journal leaves only a temp file
-    journal = _read_journal(target.state)
+    fsio.sweep_temp([target.state])  # a run killed while writing its journal leaves a temp file
+    journal = _read_journal(target)
     if journal is None:
         return None
-    record = read_record(target.state)
+    record = read_record(target)
     n = len(journal.steps)
     if journal.op == "apply" and record is not None and record.transaction == journal.id:
         note = "finished an interrupted apply (it had committed)"
@@ -292,18 +306,19 @@ def _recover(target: Target) -> str | None:
             _put(target, s, want=s.before_sha256, other=s.after_sha256) for s in journal.steps
         ]
         if record is None:
-            shutil.rmtree(target.state / ORIGINALS, ignore_errors=True)
+            fsio.remove_tree(_state_path(target, ORIGINALS))
         for step in journal.steps:
             if record is not None and step.path not in record.originals:
-                (target.state / ORIGINALS / step.path).unlink(missing_ok=True)
+                fsio.remove_file(_state_path(target, ORIGINALS, *step.path.split("/")))
         note = f"rolled back an interrupted apply ({sum(undone)} of {n} files had been replaced)"
     else:
         done = [_put(target, s, want=s.after_sha256, other=s.before_sha256) for s in journal.steps]
         _forget(target)
         note = f"finished an interrupted revert ({n - sum(done)} of {n} files had been restored)"
-    _sweep_tmp({package_path(target, s.path).parent for s in journal.steps})
-    (target.state / JOURNAL).unlink()
-    _fsync_dir(target.state)
+    fsio.remove_tree(_state_path(target, UNDO))
+    fsio.sweep_temp({package_path(target, s.path).parent for s in journal.steps})
+    fsio.remove_file(_state_path(target, JOURNAL))
+    fsio.fsync_dir(target.state)
     return note
 
 
@@ -319,87 +334,81 @@ def _put(target: Target, step: Step, *, want: str, other: str) -> bool:
                 f"{path} changed during an interrupted run (sha256 {current}): reinstall"
                 f" {target.package}=={target.version} and remove {target.state}"
             )
-        _write_atomic(path, _saved_original(target, step.path, want), like=path)
+        fsio.atomic_write(path, _saved_original(target, step.path, want), like=path)
     _remove_bytecode(path)
     return current != want
 
 
 def _saved_original(target: Target, rel: str, sha: str) -> bytes:
-    saved = target.state / ORIGINALS / rel
-    data = _read(saved)
-    if data is None or sha256_bytes(data) != sha:
-        what = "missing" if data is None else "corrupt (its sha256 differs from the record)"
-        raise Finding(
-            f"the saved original {saved} is {what}: cannot restore {rel}; reinstall"
-            f" {target.package}=={target.version}"
-        )
-    return data
+    """The saved bytes of `rel` with this sha256: in undo/ (what an apply in progress replaced
+    while an original was kept already) or originals/."""
+    parts = rel.split("/")
+    for where in (UNDO, ORIGINALS):
+        saved = _state_path(target, where, *parts)
+        data = _read(saved)
+        if data is not None and sha256_bytes(data) == sha:
+            return data
+    what = "missing" if data is None else "corrupt (its sha256 differs from the record)"
+    raise Finding(
+        f"the saved original {saved} is {what}: cannot restore {rel}; reinstall"
+        f" {target.package}=={target.version}"
+    )
 
 
 def _forget(target: Target) -> None:
-    """After a revert: drop the record (the commit point), then the originals."""
-    (target.state / RECORD).unlink(missing_ok=True)
-    _fsync_dir(target.state)
-    shutil.rmtree(target.state / ORIGINALS, ignore_errors=True)
+    """Drop the record (the commit point of a revert), then the originals."""
+    fsio.remove_file(_state_path(target, RECORD))
+    fsio.fsync_dir(target.state)
+    fsio.remove_tree(_state_path(target, ORIGINALS))
+    fsio.remove_tree(_state_path(target, UNDO))
 
 
-# -- file system: atomic writes, bytecode, the lock ---------------------------------------------
-_write_points = itertools.count(1)
-
-
-def _kill_point() -> None:
-    """Test hook: with VLLM_PATCHSET_TEST_KILL_AFTER=N the process SIGKILLs itself at the N-th
-    point (each write has two: temp file complete, and replaced), as a crash or `kill -9`."""
-    limit = os.environ.get(KILL_ENV)
-    if limit and next(_write_points) >= int(limit):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _write_atomic(path: Path, data: bytes, *, like: Path | None = None) -> None:
-    """Write a temp file beside `path`, fsync it, os.replace it over `path`, fsync the dir.
-
-    With `like`, keep that existing file's mode (and owner, when run as root)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = like.stat() if like is not None and like.exists() else None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+def _remove_state_dir(target: Target) -> str | None:
+    """With the lock held and no record left: remove the state dir (its lock file last). A
+    file the tool did not make is left there, and said so."""
+    if not target.state.is_dir():
+        return None
+    foreign = sorted(n for n in os.listdir(target.state) if n not in STATE_NAMES)
+    if foreign:
+        return f"left {target.state}: it holds files vllm-patchset did not make ({foreign[0]})"
+    fsio.sweep_temp([target.state])
+    fsio.remove_tree(_state_path(target, ORIGINALS))
+    fsio.remove_tree(_state_path(target, UNDO))
+    fsio.remove_file(_state_path(target, LOCK_FILE))  # a run waiting on it takes a new one
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, stat.S_IMODE(old.st_mode) if old else 0o644)
-        if old is not None and os.geteuid() == 0:
-            os.chown(tmp, old.st_uid, old.st_gid)
-        _kill_point()
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-    _kill_point()
+        os.rmdir(target.state)
+    except OSError as exc:
+        raise fsio.WriteFailed(target.state, exc) from None
+    return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _overlay_gone(target: Target, record: Record | None) -> bool:
+    """Is nothing of the recorded overlay left in the files? (vllm reinstalled or upgraded
+    over it: `pip install --force-reinstall` or `-U` replaces the files, not the record)"""
+    if record is None:
+        return False
+    if not record.lock.entries:
+        return record.lock.version != target.version
+    return all(_file_sha(target, e.path) != e.patched_sha256 for e in record.lock.entries)
 
 
-def _sweep_tmp(dirs: Iterable[Path]) -> None:
-    """Remove temp files that a killed run left (only ours: a dot name ending in TMP_SUFFIX)."""
-    for folder in dirs:
-        if folder.is_dir():
-            for leftover in folder.glob(f".*{TMP_SUFFIX}"):
-                leftover.unlink(missing_ok=True)
+def _gone_note(target: Target, record: Record) -> str:
+    how = (
+        f"{target.package} {target.version} was installed over it"
+        if record.lock.version != target.version
+        else f"{target.package} was reinstalled over it"
+    )
+    return (
+        f"the overlay applied to {target.package} {record.lock.version}"
+        f" ({', '.join(record.lock.patches) or 'no patches'}) is gone from the files ({how})"
+    )
 
 
+# -- file system: bytecode, writability, the lock --------------------------------------------------
 def bytecode_files(source: Path) -> list[Path]:
     """`__pycache__/<module>.*.pyc` of a module, for every interpreter and optimization level."""
     cache = source.parent / "__pycache__"
-    if not cache.is_dir():
+    if not cache.is_dir() or cache.is_symlink():
         return []
     prefix = source.name.removesuffix(".py") + "."
     return sorted(p for p in cache.iterdir() if p.name.startswith(prefix) and p.suffix == ".pyc")
@@ -409,15 +418,18 @@ def _remove_bytecode(source: Path) -> None:
     # Timestamp pycs would be rebuilt, but an unchecked-hash pyc (compileall --invalidation-mode
     # unchecked-hash, common in images) is run without looking at the source: remove them all.
     for pyc in bytecode_files(source):
-        pyc.unlink(missing_ok=True)
+        fsio.remove_file(pyc)
 
 
 def stale_bytecode(source: Path, data: bytes) -> list[Path]:
     """Unchecked-hash pycs that do not match `data`: Python would run them instead of it."""
     stale = []
     for pyc in bytecode_files(source):
-        with pyc.open("rb") as handle:
-            head = handle.read(16)
+        try:
+            head = fsio.read_regular(pyc, limit=16) or b""
+        except UnsafePath:
+            stale.append(pyc)  # not a regular file where a pyc should be: not the patched code
+            continue
         flags = int.from_bytes(head[4:8], "little")
         if flags & 0b01 and not flags & 0b10:  # hash-based, check_source off (PEP 552)
             current = head[:4] == importlib.util.MAGIC_NUMBER
@@ -427,64 +439,51 @@ def stale_bytecode(source: Path, data: bytes) -> list[Path]:
 
 
 def _check_writable(dirs: Iterable[Path]) -> None:
-    """Create and remove a temp file in each dir: a read-only target fails here, unchanged."""
+    """A read-only target fails here, unchanged. No probe file is made: one that a kill left
+    would be a stray file in the target."""
     for folder in sorted(set(dirs)):
         try:
-            fd, probe = tempfile.mkstemp(prefix=".probe.", suffix=TMP_SUFFIX, dir=folder)
-            os.close(fd)
-            os.unlink(probe)
+            read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+            why = (
+                "Read-only file system"
+                if read_only
+                else None
+                if os.access(folder, os.W_OK | os.X_OK)
+                else "Permission denied"
+            )
         except OSError as exc:
+            why = exc.strerror
+        if why:
             raise ReadOnlyTarget(
-                f"cannot write in {folder} ({exc.strerror}): the target is read-only here;"
+                f"cannot write in {folder} ({why}): the target is read-only here;"
                 " nothing was changed"
-            ) from None
+            )
 
 
 @contextmanager
 def _locked(target: Target, *, shared: bool = False) -> Iterator[None]:
     """Hold <state>/lock, waiting for another run at most VLLM_PATCHSET_LOCK_TIMEOUT seconds.
 
-    The lock file is never removed: a run waiting on a removed file would hold a lock that a
-    third run, creating a new file, does not see."""
-    path = target.state / LOCK_FILE
+    On the way out, a state dir that records nothing (no record, no journal: a run refused,
+    rolled back or reverted) is removed: the target is left as it was before any apply."""
     _refuse_symlinked_state(target)
-    try:
-        if shared:
-            fd = os.open(path, os.O_RDONLY)
-        else:
-            target.state.mkdir(exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ReadOnlyTarget(
-            f"cannot open {path} ({exc.strerror}): the target is read-only here;"
-            " nothing was changed"
-        ) from None
-    try:
-        timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or 60)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise Finding(
-                        f"another vllm-patchset run holds {path} (waited {timeout:g} s):"
-                        " nothing was changed"
-                    ) from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+    with fsio.locked(_state_path(target, LOCK_FILE), shared=shared):
+        try:
+            yield
+        finally:
+            if not shared:
+                with fsio.deferred_signals(), suppress(PatchsetError, OSError):
+                    if not {RECORD, JOURNAL} & set(os.listdir(target.state)):
+                        _remove_state_dir(target)
 
 
 # -- reports -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FileState:
     path: str
-    state: str  # pristine | patched | modified | missing
+    state: str  # pristine | patched | modified | missing: after the command (now, on a dry run)
     sha256: str | None
-    action: str = ""  # what the command did (or would do) to it
+    action: str | None = None  # what the command did (would do, on a dry run): patch | restore
 
 
 @dataclass(frozen=True)
@@ -493,7 +492,7 @@ class Report:
     outcome: str
     ok: bool
     target: str
-    version: str
+    version: str | None  # None: the package is not installed there (any more)
     lock_version: str
     patches: tuple[str, ...]
     files: tuple[FileState, ...]
@@ -504,7 +503,8 @@ class Report:
 
     def text(self) -> str:
         lines = [
-            f"overlay {self.command}: {self.outcome} ({self.target}, {self.version};"
+            f"overlay {self.command}: {self.outcome} ({self.target},"
+            f" {self.version or 'not installed'};"
             f" overlay for {self.lock_version}: {', '.join(self.patches) or 'no patches'})"
         ]
         lines += [f"  {f.action or f.state:10} {f.path}" for f in self.files]
@@ -516,6 +516,26 @@ def _state_of(entry: LockEntry, sha: str | None) -> str:
     if sha is None:
         return "missing"
     return {entry.pristine_sha256: "pristine", entry.patched_sha256: "patched"}.get(sha, "modified")
+
+
+def _after(files: list[FileState], lock: Lock, steps: list[Step]) -> list[FileState]:
+    """The files as the steps left them (what a report shows after a change)."""
+    done = {s.path: s.after_sha256 for s in steps}
+    return [
+        FileState(f.path, _state_of(entry, done[f.path]), done[f.path], f.action)
+        if f.path in done and entry is not None
+        else f
+        for f in files
+        for entry in [lock.entry(f.path)]
+    ]
+
+
+def _current(target: Target, lock: Lock) -> list[FileState]:
+    return [
+        FileState(e.path, _state_of(e, sha), sha)
+        for e in lock.entries
+        for sha in [_file_sha(target, e.path)]
+    ]
 
 
 def _report(
@@ -548,19 +568,29 @@ def apply(
     if dry_run and pending:
         return _would_repair("apply", target, lock)
     if not pending:  # plan without the lock: a no-op must work on a read-only target too
-        steps, files, notes = _plan_apply(target, lock, paths, force=force)
-        record = read_record(target.state)
+        record = read_record(target)
+        gone = _overlay_gone(target, record)
+        steps, files, notes = _plan_apply(
+            target, lock, paths, None if gone else record, force=force
+        )
         if dry_run or (not steps and record is not None and record.lock == lock):
             outcome = "would apply" if steps else "already applied"
             return _report("apply", outcome, target, lock, files, notes)
     _check_writable(_dirs_written(target, paths.values()))
     with _locked(target):
         repaired = _recover(target)
-        record = read_record(target.state)
-        steps, files, notes = _plan_apply(target, lock, paths, force=force)
+        record = read_record(target)
+        gone = _overlay_gone(target, record)
+        steps, files, notes = _plan_apply(
+            target, lock, paths, None if gone else record, force=force
+        )
         if not steps and record is not None and record.lock == lock:
             return _report("apply", "already applied", target, lock, files, [repaired, *notes])
-        if not steps:
+        if gone and record is not None:
+            notes.insert(0, f"{_gone_note(target, record)}: removed its stale record")
+            _forget(target)
+            record = None
+        if not steps and lock.entries:
             notes.append(
                 "recorded the overlay found in place (no originals: revert cannot undo it)"
             )
@@ -569,37 +599,38 @@ def apply(
         originals = {path: sha for path, sha in kept.items() if path in paths}
         with _transaction(target, "apply", steps) as txid:
             for step in steps:
-                _write_atomic(target.state / ORIGINALS / step.path, current[step.path])
-                originals[step.path] = step.before_sha256
+                if kept.get(step.path, step.before_sha256) == step.before_sha256:
+                    where = ORIGINALS  # saved for revert (or there already)
+                    originals[step.path] = step.before_sha256
+                else:
+                    where = UNDO  # the original saved at the first apply stays for revert
+                saved = _state_path(target, where, *step.path.split("/"))
+                if _sha(_read(saved)) != step.before_sha256:
+                    fsio.atomic_write(saved, current[step.path])
             for step in steps:
-                _write_atomic(paths[step.path], overlay[step.path], like=paths[step.path])
+                fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
                 _remove_bytecode(paths[step.path])
                 _journal_done(target, step.path)
-            _write_record(target.state, lock, originals, txid)
+            _write_record(target, lock, originals, txid)
+            fsio.remove_tree(_state_path(target, UNDO))
         for path in paths.values():  # also pycs left beside files that were patched already
             _remove_bytecode(path)
-    outcome = "applied" if steps else "already applied"
-    return _report("apply", outcome, target, lock, files, [repaired, *notes])
+    outcome = "applied" if steps or not lock.entries else "already applied"
+    return _report("apply", outcome, target, lock, _after(files, lock, steps), [repaired, *notes])
 
 
 def _would_repair(command: str, target: Target, lock: Lock) -> Report:
-    files = [
-        FileState(e.path, _state_of(e, sha), sha)
-        for e in lock.entries
-        for sha in [_sha(_read(package_path(target, e.path)))]
-    ]
     outcome = f"would repair an interrupted run, then {command}"
-    return _report(command, outcome, target, lock, files)
+    return _report(command, outcome, target, lock, _current(target, lock))
 
 
 def _plan_apply(
-    target: Target, lock: Lock, paths: dict[str, Path], *, force: bool
+    target: Target, lock: Lock, paths: dict[str, Path], record: Record | None, *, force: bool
 ) -> tuple[list[Step], list[FileState], list[str | None]]:
-    record = read_record(target.state)
     if record is not None and record.lock != lock:
         for entry in record.lock.entries:
             saved = record.originals.get(entry.path, entry.pristine_sha256)
-            if _sha(_read(package_path(target, entry.path))) != saved:
+            if _file_sha(target, entry.path) != saved:
                 raise HashMismatch(
                     f"refusing to apply, nothing changed: {target.root / entry.path} holds"
                     f" another overlay ({', '.join(record.lock.patches)}): run `vllm-patchset"
@@ -624,9 +655,15 @@ def _plan_apply(
             if not force:
                 refused.append(f"{entry.path} (sha256 {sha[:12]}: {why})")
                 continue
+            kept = record is not None and entry.path in record.originals
             notes.append(
                 f"--force: overwrote {entry.path} (sha256 {sha[:12]}, {why});"
-                " its bytes are kept for revert"
+                + (
+                    " the original saved when the overlay was first applied is kept for revert"
+                    " (the overwritten bytes are not)"
+                    if kept
+                    else " its bytes are kept for revert"
+                )
             )
         steps.append(Step(entry.path, sha, entry.patched_sha256))
         files.append(FileState(entry.path, state, sha, "patch"))
@@ -641,7 +678,13 @@ def _plan_apply(
 def _overlay_files(lock: Lock, overlay_dir: Path) -> dict[str, bytes]:
     files = {}
     for entry in lock.entries:
-        source = overlay_dir / entry.path
+        parts = path_parts(lock.package, entry.path)
+        if parts is None:
+            raise UnsafePath(
+                f"refusing lock path {entry.path!r}: only relative paths inside the"
+                f" {lock.package} package are deployed"
+            )
+        source = fsio.no_symlink_below(overlay_dir, parts)
         data = _read(source)
         if data is None:
             raise BadInput(f"{source} is missing: run `vllm-patchset overlay build`")
@@ -661,36 +704,62 @@ def _dirs_written(target: Target, paths: Iterable[Path]) -> set[Path]:
 
 
 def revert(target: Target, lock: Lock, *, dry_run: bool = False, force: bool = False) -> Report:
-    """Restore the saved originals of what `apply` changed (its record's lock, else `lock`)."""
+    """Restore the saved originals of what `apply` changed (its record's lock, else `lock`).
+
+    With a record, the version is not checked: each file is restored only when it holds the
+    recorded patched bytes (an upgrade of vllm that left the files patched is undone, one that
+    replaced them leaves only a stale record to remove). --force needs the recorded version."""
     _refuse_symlinked_state(target)
-    record = read_record(target.state)
+    record = read_record(target)
     applied = record.lock if record else lock
-    _check_version(target, applied)
+    if record is None or force:
+        _check_version(target, applied)
     pending = _pending(target)
     if dry_run and pending:
         return _would_repair("revert", target, applied)
     if not pending:
-        steps, files, notes = _plan_revert(target, applied, record, force=force)
-        if dry_run or (not steps and record is None):
-            outcome = "would revert" if steps else "already pristine"
+        gone = _overlay_gone(target, record)
+        if gone:
+            steps, files, notes = list[Step](), _current(target, applied), list[str | None]()
+        else:
+            steps, files, notes = _plan_revert(target, applied, record, force=force)
+        if dry_run:
+            outcome = (
+                "would remove a stale record"
+                if gone
+                else "would revert"
+                if steps
+                else "already pristine"
+            )
             return _report("revert", outcome, target, applied, files, notes)
+        if not steps and record is None and not target.state.exists():
+            return _report("revert", "already pristine", target, applied, files, notes)
     paths = [package_path(target, e.path) for e in applied.entries]
     _check_writable(_dirs_written(target, paths))
     with _locked(target):
         repaired = _recover(target)
-        record = read_record(target.state)
+        record = read_record(target)
         applied = record.lock if record else lock
-        steps, files, notes = _plan_revert(target, applied, record, force=force)
+        outcome = "already pristine"
+        if record is not None and _overlay_gone(target, record):
+            steps, files = [], _current(target, applied)
+            notes = [f"{_gone_note(target, record)}: removed its stale record"]
+            outcome = "stale record removed"
+            _forget(target)
+        else:
+            steps, files, notes = _plan_revert(target, applied, record, force=force)
         if steps:
             with _transaction(target, "revert", steps):
                 for step in steps:
                     _put(target, step, want=step.after_sha256, other=step.before_sha256)
                     _journal_done(target, step.path)
                 _forget(target)
-        elif record is not None:
+            outcome = "reverted"
+        elif record is not None and outcome == "already pristine":
             _forget(target)
             notes.append("the files were pristine already: removed the stale record")
-    outcome = "reverted" if steps else "already pristine"
+        notes.append(_remove_state_dir(target))
+    files = _after(files, applied, steps)
     return _report("revert", outcome, target, applied, files, [repaired, *notes])
 
 
@@ -731,16 +800,27 @@ def _plan_revert(
 
 
 def verify(target: Target, lock: Lock) -> Report:
-    """ok only when the target holds exactly the overlay of `lock`."""
+    """ok only when the target holds exactly the overlay of `lock`, recorded by apply."""
     _refuse_symlinked_state(target)
     problems: list[str | None] = []
     if target.version != lock.version:
         problems.append(
             f"{target.package} {target.version} is installed, the lock is for {lock.version}"
         )
-    with _locked(target, shared=True) if (target.state / LOCK_FILE).exists() else nullcontext():
-        if (target.state / JOURNAL).exists():
+    with _locked(target, shared=True) if target.state.is_dir() else nullcontext():
+        if _state_path(target, JOURNAL).exists():
             problems.append("an interrupted run is pending (`overlay status` repairs it)")
+        record = read_record(target)
+        if record is None:
+            problems.append(
+                f"no record of an apply in {target.state}: the start-up guard cannot confirm"
+                " the overlay (`vllm-patchset overlay apply` records it)"
+            )
+        elif record.lock != lock:
+            problems.append(
+                f"the overlay recorded there is another one"
+                f" ({', '.join(record.lock.patches) or 'no patches'} on {record.lock.version})"
+            )
         files = []
         for entry in lock.entries:
             path = package_path(target, entry.path)
@@ -769,28 +849,63 @@ def status(target: Target, lock: Lock) -> Report:
             _check_writable(_dirs_written(target, paths))
             with _locked(target):
                 notes.append(_recover(target))
+            fsio.interrupt_leaves(f"{notes[0]}; nothing else was changed")
         except ReadOnlyTarget as exc:
             notes.append(f"an interrupted run is pending and cannot be repaired: {exc}")
             ok = False
-    record = read_record(target.state)
-    files = []
-    for entry in lock.entries:
-        sha = _sha(_read(package_path(target, entry.path)))
-        files.append(FileState(entry.path, _state_of(entry, sha), sha))
+    record = read_record(target)
+    files = _current(target, lock)
     states = {f.state for f in files}
-    if target.version != lock.version:
+    if record is not None and _overlay_gone(target, record):
+        outcome, ok = "gone", False
+        notes.append(
+            f"{_gone_note(target, record)}: `vllm-patchset overlay apply` applies this lock's"
+            " overlay again, `vllm-patchset overlay revert` removes the stale record"
+        )
+    elif target.version != lock.version:
         outcome, ok = f"other version (the lock is for {lock.version})", False
-    elif states <= {"patched"}:
+    elif states <= {"patched"} and (lock.entries or record is not None):
         outcome = "applied"
-    elif states == {"pristine"}:
+    elif states <= {"pristine"}:
         outcome = "not applied"
     else:
         outcome, ok = ("partial" if states <= {"pristine", "patched"} else "modified"), False
-    if record is not None and record.lock != lock:
+    if record is not None and record.lock != lock and outcome != "gone":
         notes.append(f"the applied overlay's lock differs from this one ({record.lock.patches})")
     elif record is None and outcome == "applied":
         notes.append("no record of this apply: `overlay revert` cannot restore the originals")
     return _report("status", outcome, target, lock, files, notes, ok=ok)
+
+
+def orphaned(root: Path, package: str, lock: Lock, command: str, why: str) -> Report:
+    """status or revert where the package is gone but the state of an overlay is left
+    (`pip uninstall vllm` removes the package's files, not `.vllm-patchset/`)."""
+    state = root / STATE_DIR
+    target = Target(root, package, "")
+    _refuse_symlinked_state(target)
+    record = read_record(target)
+    what = (
+        f"an overlay applied to {package} {record.lock.version}"
+        if record is not None
+        else "an overlay"
+    )
+    found = f"{why}, but {state} is left from {what} ({package} uninstalled?)"
+    notes: list[str | None] = []
+    if command == "status":
+        outcome, ok = "orphaned state", False
+        notes.append(f"{found}: `vllm-patchset overlay revert --target {root}` removes it")
+    else:
+        _check_writable([state, root])
+        with _locked(target):
+            fsio.sweep_temp([state])
+            fsio.remove_file(_state_path(target, JOURNAL))
+            _forget(target)
+            notes += [f"{found}: removed it", _remove_state_dir(target)]
+        outcome, ok = "orphaned state removed", True
+    kept = tuple(n for n in notes if n)
+    return Report(
+        command, outcome, ok, str(root / package), None, lock.version, lock.patches, (), kept
+    )
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -802,6 +917,12 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "revert": "restore the files that apply replaced, byte for byte",
         "status": "what the installed vllm holds (repairs an interrupted apply first)",
     }
+    forces = {
+        "apply": "override the hash guard only: replace files that are neither pristine nor"
+        " patched (their bytes are kept for revert, unless an original is saved already)",
+        "revert": "override the hash guard only: restore the saved originals over files that"
+        " changed since apply",
+    }
     for name, text in helps.items():
         p = osub.add_parser(name, help=text)
         where = p.add_mutually_exclusive_group()
@@ -810,39 +931,44 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         )
         where.add_argument("--python", metavar="EXE", help="the vllm of this interpreter")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
-        if name in ("apply", "revert"):
+        if name in forces:
             p.add_argument("--dry-run", action="store_true", help="say what would change")
-            p.add_argument(
-                "--force",
-                action="store_true",
-                help="override the hash guard only: replace files that are neither pristine nor"
-                " patched (apply keeps their bytes for revert)",
-            )
+            p.add_argument("--force", action="store_true", help=forces[name])
         p.set_defaults(func=cmd_deploy)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from vllm_patchset.config import Project  # here: the guard imports this module, not tomllib
 
-    project = Project.load(args.project, args.cache_dir)
-    lock = Lock.load(project.lock_path)
-    target = find_target(lock.package, target_dir=args.target, python=args.python)
     command = args.overlay_command
+    fsio.interrupt_leaves("nothing was changed")
     try:
-        if command == "apply":
-            report = apply(
-                target, lock, project.overlay_dir, dry_run=args.dry_run, force=args.force
-            )
-        elif command == "revert":
-            report = revert(target, lock, dry_run=args.dry_run, force=args.force)
-        elif command == "verify":
-            report = verify(target, lock)
+        project = Project.load(args.project, args.cache_dir)
+        lock = Lock.load(project.lock_path)
+        try:
+            target = find_target(lock.package, target_dir=args.target, python=args.python)
+        except NoPackage as exc:
+            if command not in ("status", "revert") or exc.root is None:
+                raise
+            if not (exc.root / STATE_DIR).is_dir() or (exc.root / STATE_DIR).is_symlink():
+                raise
+            report = orphaned(exc.root, lock.package, lock, command, str(exc))
         else:
-            report = status(target, lock)
-    except OSError as exc:  # a failed write mid-run: _transaction has undone what it did
-        raise Finding(
-            f"{exc.strerror or exc}: {exc.filename}; no file was left half-written (a run"
-            " that could not undo itself is repaired by the next apply, revert or status)"
-        ) from None
+            if command == "apply":
+                report = apply(
+                    target, lock, project.overlay_dir, dry_run=args.dry_run, force=args.force
+                )
+            elif command == "revert":
+                report = revert(target, lock, dry_run=args.dry_run, force=args.force)
+            elif command == "verify":
+                report = verify(target, lock)
+            else:
+                report = status(target, lock)
+    except PatchsetError as exc:
+        if args.json:  # the error as a document too, for scripts that read stdout
+            error = f"{exc}; {exc.left}" if exc.left else str(exc)
+            doc = {"ok": False, "command": command, "error": error, "exit_code": exc.exit_code}
+            print(json.dumps(doc, indent=2))
+        raise
     print(report.to_json() if args.json else report.text())
     return 0 if report.ok else 1

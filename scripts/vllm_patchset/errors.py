@@ -12,6 +12,7 @@ class PatchsetError(Exception):
     """Base class: the message is one line a user can act on."""
 
     exit_code = 2
+    left: str | None = None  # what the failed run left behind, when it had begun to change things
 
 
 class Finding(PatchsetError):
@@ -46,12 +47,6 @@ class UnknownVersion(BadInput):
 
 class DownloadFailed(BadInput):
     pass
-
-
-class Interrupted(PatchsetError):
-    """Ctrl-C or SIGTERM: the message says what the interrupted command left."""
-
-    exit_code = 130
 
 
 class LockMismatch(Finding):

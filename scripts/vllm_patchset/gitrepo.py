@@ -19,6 +19,7 @@ from pathlib import Path
 import git
 
 from vllm_patchset.errors import GitError
+from vllm_patchset.fsio import die_with_parent
 
 BOT_NAME = "vllm-patchset"
 BOT_EMAIL = "vllm-patchset@users.noreply.github.com"
@@ -70,6 +71,7 @@ class Repo:
                     env=full_env,
                     stdout_as_string=False,
                     strip_newline_in_stdout=False,
+                    preexec_fn=die_with_parent(),  # a killed run leaves no git running
                 )
             except git.exc.GitCommandError as exc:
                 stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
@@ -282,6 +284,10 @@ class Repo:
         clone.run("checkout", "--quiet", "--detach", commit)
         return clone
 
+    def git_path(self, name: str) -> Path:
+        """A file of this repository's own (`git rev-parse --git-path NAME`)."""
+        return self.path / self.run("rev-parse", "--git-path", name).strip()
+
     def is_dirty(self) -> bool:
         return bool(self.run("status", "--porcelain", "--untracked-files=no").strip())
 
@@ -295,10 +301,11 @@ class Repo:
 
 
 def init_bare(path: Path) -> Repo:
+    repo = Repo(path)
     if not (path / "HEAD").is_file():
-        path.mkdir(parents=True, exist_ok=True)
         try:
-            git.Repo.init(str(path), bare=True)
-        except (git.exc.GitError, OSError) as exc:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
             raise GitError("init", str(exc)) from None
-    return Repo(path)
+        repo.run("init", "--quiet", "--bare")
+    return repo

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vllm_patchset.errors import PatchsetError
+from vllm_patchset.fsio import read_regular
 from vllm_patchset.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
 
 STRICT_ENV = "VLLM_PATCHSET_STRICT"
@@ -61,17 +62,18 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             f" `vllm-patchset overlay status --target {root}`",
         )
     try:
-        lock = json.loads((state / RECORD).read_bytes())["lock"]
+        record = read_regular(state / RECORD)  # a FIFO there is refused, never opened
+        if record is None:
+            return Outcome(
+                False,
+                f"vllm-patchset: NO overlay applied to {package} {version} at {where}: its fixes"
+                " are NOT active (run `vllm-patchset overlay apply`)",
+            )
+        lock = json.loads(record)["lock"]
         locked_version = str(lock["version"])
         patches = [str(p) for p in lock["patches"]]
         files = {str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()}
-    except FileNotFoundError:
-        return Outcome(
-            False,
-            f"vllm-patchset: NO overlay applied to {package} {version} at {where}: its fixes are"
-            " NOT active (run `vllm-patchset overlay apply`)",
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return Outcome(
             False,
             f"vllm-patchset: unreadable record {state / RECORD} ({type(exc).__name__}): the"
@@ -103,17 +105,18 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         )
     return Outcome(
         True,
-        f"vllm-patchset: overlay active on {package} {version}: {', '.join(patches)}"
-        f" ({len(files)} files)",
+        f"vllm-patchset: overlay active on {package} {version}:"
+        f" {', '.join(patches) or 'no patches'} ({len(files)} files)",
     )
 
 
 def _sha256(root: Path, package: str, rel: str) -> str | None:
     parts = path_parts(package, rel)
     try:
-        return hashlib.sha256(root.joinpath(*parts).read_bytes()).hexdigest() if parts else None
-    except OSError:
+        data = read_regular(root.joinpath(*parts)) if parts else None
+    except (PatchsetError, OSError):  # a FIFO or a symlink: not the patched file
         return None
+    return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
 def _installed_root(package: str) -> Path | None:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from vllm_patchset.errors import BadInput
+from vllm_patchset.fsio import UnsafePath, plain_parts, read_regular
 
 STATE_DIR = ".vllm-patchset"  # beside the package: <target>/.vllm-patchset/
 LOCK_FILE = "lock"
@@ -31,27 +32,17 @@ def installed_version(root: Path, package: str) -> str:
             what = "no" if not names else f"{len(names)}"
             raise BadInput(f"{root}: {what} {package}-*.dist-info beside the package")
         metadata = root / names[0] / "METADATA"
-        with metadata.open(encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-                if not line.strip():
-                    break  # end of the headers
-    except OSError as exc:
+        data = read_regular(metadata, limit=1 << 20)  # no FIFO is opened: the guard reads this
+    except (OSError, UnsafePath) as exc:
         raise BadInput(f"cannot read the {package} dist-info in {root}: {exc}") from None
+    for line in (data or b"").decode("utf-8", "replace").splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+        if not line.strip():
+            break  # end of the headers
     raise BadInput(f"{metadata}: no Version header")
 
 
-def path_parts(package: str, rel: str) -> list[str] | None:
+def path_parts(package: str, rel: str) -> tuple[str, ...] | None:
     """The parts of a lock path, or None when it is not a plain relative path in the package."""
-    parts = rel.split("/")
-    if (
-        rel.startswith("/")
-        or "\\" in rel
-        or "\x00" in rel
-        or parts[0] != package
-        or len(parts) < 2
-        or any(part in ("", ".", "..") for part in parts)
-    ):
-        return None
-    return parts
+    return plain_parts(rel, package)

@@ -8,13 +8,11 @@ of files that the applied patches touch, patched, at vLLM's own paths.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_patchset import fsio
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
@@ -191,8 +189,13 @@ def build_overlay(
         if is_pin
         else project.root / "build" / f"overlay-{upstream.tag.replace('/', '-')}"
     )
-    lock_path = project.lock_path if target == project.overlay_dir else target / "overlay.lock.json"
-    if is_pin and target == project.overlay_dir and not update_lock:
+    # The project's overlay dir is the tool's by configuration (overlay/vllm is generated);
+    # any other output dir must be new, empty, or one it made before (its marker says so).
+    owned = target.resolve() == project.overlay_dir.resolve()
+    lock_path = project.lock_path if owned else target / "overlay.lock.json"
+    if not owned:
+        fsio.claim_dir(target, "the output dir", mark=False)
+    if is_pin and owned and not update_lock:
         committed = Lock.load(project.lock_path)
         difference = compare_locks(lock, committed)
         if difference:
@@ -200,15 +203,21 @@ def build_overlay(
                 f"overlay does not match {project.lock_path.name}: {difference}"
                 " (rebuild with --update-lock if the change is intended)"
             )
-    with _replaced_dir(target / project.package) as staging:
+    if not owned:
+        fsio.claim_dir(target, "the output dir")
+    with fsio.staging_dir(target, "overlay") as staging:
         for entry in lock.entries:
             data = mirror.repo.read_blob(result.tree, entry.path)
             assert data is not None
-            out = staging.parent / entry.path
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(data)
-    if update_lock or lock_path != project.lock_path:
-        _write_atomic(lock_path, lock.to_json().encode())
+            fsio.atomic_write(staging.joinpath(*entry.path.split("/")), data)
+        (staging / project.package).mkdir(exist_ok=True)
+        with fsio.deferred_signals():  # the overlay and its lock change together, or neither
+            fsio.replace_dir(staging / project.package, target / project.package)
+            if update_lock or lock_path != project.lock_path:
+                fsio.atomic_write(lock_path, lock.to_json().encode())
+            fsio.interrupt_leaves(
+                f"the overlay in {target} had been written (the run was complete)"
+            )
     return lock, target
 
 
@@ -222,10 +231,13 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
         result = walk(mirror, upstream, patches_for(project))
         require_no_conflict(result)
         tree, applied = result.tree, tuple(p.key for p in result.applied)
-    if (dest / project.package).exists():
-        raise BadInput(f"{dest / project.package} exists already: give an empty destination")
-    dest.mkdir(parents=True, exist_ok=True)
-    mirror.repo.archive_to(tree, dest)
+    exists = os.path.lexists(dest)
+    if exists and (dest.is_symlink() or not dest.is_dir()):
+        what = "a symlink" if dest.is_symlink() else "a file"
+        raise BadInput(f"{dest} is {what}, not a directory: give a new or empty directory")
+    for name in (project.package, TREE_INFO):  # written new, never over anything
+        if os.path.lexists(dest / name):
+            raise BadInput(f"{dest / name} exists already: give an empty destination")
     info: dict[str, object] = {
         "version": upstream.version or upstream.label,
         "label": upstream.label,
@@ -233,29 +245,15 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
         "kind": "pristine" if pristine else "overlay",
         "patches": list(applied),
     }
-    (dest / TREE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    # Staged beside, then renamed in: an interrupted run leaves no half-written tree.
+    with fsio.staging_dir(dest if exists else dest.parent, "tree") as staging:
+        mirror.repo.archive_to(tree, staging)
+        fsio.atomic_write(staging / TREE_INFO, (json.dumps(info, indent=2) + "\n").encode())
+        with fsio.deferred_signals():
+            if exists:
+                for name in (project.package, TREE_INFO):
+                    os.rename(staging / name, dest / name)
+            else:
+                os.rename(staging, dest)
+            fsio.interrupt_leaves(f"the tree in {dest} had been written (the run was complete)")
     return dest
-
-
-@contextmanager
-def _replaced_dir(final: Path) -> Iterator[Path]:
-    """Yield a staging dir; on success it replaces `final` whole, on error nothing changes.
-    Staging dirs that a killed build left behind are removed first."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(".staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=".staging-", dir=final.parent) as tmp:
-        staging = Path(tmp) / final.name
-        staging.mkdir()
-        yield staging
-        old = Path(tmp) / "old"
-        if final.exists():
-            final.rename(old)
-        staging.rename(final)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)

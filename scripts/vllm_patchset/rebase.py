@@ -22,18 +22,16 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 from packaging.version import Version
 
+from vllm_patchset import fsio
 from vllm_patchset.checks import project_series
 from vllm_patchset.config import Project
 from vllm_patchset.edits import rewrite_paths
-from vllm_patchset.errors import BadInput, Finding, GitError, Interrupted
+from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.gitrepo import Repo
 from vllm_patchset.overlay import pin_base, walk
 from vllm_patchset.rebase_report import Outcome, render_json, render_text, short_id, today
@@ -46,7 +44,6 @@ from vllm_patchset.rebase_state import (
     Step,
     load,
     phase_on_disk,
-    project_lock,
     rebase_dir,
     save,
     state_path,
@@ -61,7 +58,6 @@ from vllm_patchset.swap import (
     rel,
     rewritten_paths,
     roll_back,
-    signals_deferred,
     stage_project,
     swap_in,
 )
@@ -600,7 +596,7 @@ def abort(project: Project) -> str | None:
         label = None
     except BadInput:
         label = None  # no state file: killed before it was written, or at the end
-    with signals_deferred():
+    with fsio.deferred_signals():
         roll_back(folder, project.root, rewritten_paths(project))
     _cleanup(project)
     return label
@@ -653,7 +649,7 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
     if state.phase == "running":
         state = stage_project(project, mirror, worktree, state)
     if state.phase in ("running", "swap"):
-        with signals_deferred():  # Ctrl-C and SIGTERM land after the swap, not inside it
+        with fsio.deferred_signals():  # Ctrl-C and SIGTERM land after the swap, not inside it
             state = dataclasses.replace(state, phase="swap")
             save(project, state)
             swap_in(folder, project.root, state.moves)
@@ -662,13 +658,14 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
     entry = folder / "entry.md"
     changelog = entry.read_text("utf-8") if entry.is_file() else ""
     try:
-        with signals_deferred():  # the state file goes last: no signal between it and the end
+        with fsio.deferred_signals():  # the state file goes last: no signal between it and the end
             _cleanup(project)
     except KeyboardInterrupt:
-        raise Interrupted(
-            "rebase interrupted after it was done: the checkout is rebased and .rebase/ removed;"
-            " review and commit it"
-        ) from None
+        fsio.interrupt_leaves(
+            "the rebase was done: the checkout is rebased and .rebase/ removed; review and"
+            " commit it"
+        )
+        raise
     where = (
         f"pin: {project.package} {state.new_pin} (was {state.old_pin}); patches/, "
         f"{rel(project, project.lock_path)} and {CHANGELOG} rewritten, `check` passes;"
@@ -691,43 +688,29 @@ def _cleanup(project: Project) -> None:
 
 
 # -- interruptions -------------------------------------------------------------------------------
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, `kill`) stops the rebase the way Ctrl-C does."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def interrupted_message(project: Project) -> str:
     """What an interrupted rebase left, read from its journal."""
     phase = phase_on_disk(project)
     if phase is None:  # before the journal was written (after it, the end is deferred)
-        return "rebase interrupted before it wrote anything: nothing changed"
+        return "the rebase had written nothing: nothing changed"
     if phase == "damaged":
         return (
-            "rebase interrupted; its state file is damaged: `rebase --abort` restores the checkout"
+            "the rebase's state file is damaged: `rebase --abort` restores the checkout"
         )
     if phase in ("running", "stopped"):
         return (
-            "rebase interrupted: nothing in patches/, pyproject.toml, the lock or CHANGELOG.md"
-            " changed; `rebase --abort` removes .rebase/"
+            "the rebase changed nothing in patches/, pyproject.toml, the lock or CHANGELOG.md"
+            " yet; `rebase --abort` removes .rebase/"
             + (" (or `rebase --continue`)" if phase == "stopped" else "")
         )
     if phase == "swap":
         return (
-            "rebase interrupted while moving the rebased files in: `rebase --continue`"
-            " finishes it, `rebase --abort` puts everything back"
+            "the rebase was moving its files in: `rebase --continue` finishes it,"
+            " `rebase --abort` puts everything back"
         )
     return (
-        "rebase interrupted after it was done: the checkout is rebased; `rebase --continue`"
-        " removes .rebase/ (`rebase --abort` would put everything back)"
+        "the rebase was done: the checkout is rebased; `rebase --continue` removes .rebase/"
+        " (`rebase --abort` would put everything back)"
     )
 
 
@@ -745,30 +728,31 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         )
     if args.abort and (choices or args.release):
         raise BadInput("--abort takes no decisions (it puts everything back)")
-    with project_lock(project, "rebase"), _sigterm_as_interrupt():
-        try:
-            if args.abort:
-                label = abort(project)
-                print(
-                    json.dumps({"status": "aborted", "onto": label})
-                    if args.json
-                    else f"rebase onto {label or '(unknown: damaged state)'} aborted:"
-                    " everything is as it was"
-                )
-                return 0
-            if args.resume:
-                outcome = resume(project, choices=choices, release=args.release)
-            else:
-                outcome = start(
-                    project,
-                    version=args.onto,
-                    git=args.onto_git,
-                    ref=args.ref,
-                    choices=choices,
-                    release=args.release,
-                )
-        except KeyboardInterrupt:
-            raise Interrupted(interrupted_message(project)) from None
+    # cli.main holds the checkout lock and turns SIGTERM into an interrupt, as for Ctrl-C.
+    try:
+        if args.abort:
+            label = abort(project)
+            print(
+                json.dumps({"status": "aborted", "onto": label})
+                if args.json
+                else f"rebase onto {label or '(unknown: damaged state)'} aborted:"
+                " everything is as it was"
+            )
+            return 0
+        if args.resume:
+            outcome = resume(project, choices=choices, release=args.release)
+        else:
+            outcome = start(
+                project,
+                version=args.onto,
+                git=args.onto_git,
+                ref=args.ref,
+                choices=choices,
+                release=args.release,
+            )
+    except KeyboardInterrupt:
+        fsio.interrupt_leaves(interrupted_message(project))
+        raise
     print(render_json(outcome) if args.json else render_text(outcome, verbose=args.verbose))
     return 1 if outcome.status == "stopped" else 0
 

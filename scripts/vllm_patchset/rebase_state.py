@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput
+from vllm_patchset.fsio import atomic_write
 from vllm_patchset.states import Verdict
 from vllm_patchset.upstream import Upstream
 
@@ -214,12 +215,7 @@ def state_path(project: Project) -> Path:
 
 def save(project: Project, state: RebaseState) -> None:
     """Written whole (temp file, fsync, rename): a kill leaves the old state or the new one."""
-    tmp = rebase_dir(project) / f"{STATE_FILE}.tmp"
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(state.to_json())
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(state_path(project))
+    atomic_write(state_path(project), state.to_json().encode())
 
 
 def load(project: Project) -> RebaseState:

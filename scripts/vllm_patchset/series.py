@@ -5,11 +5,14 @@ its series gives the reason as a `#` comment, which quilt and `git am` read as a
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vllm_patchset.errors import MalformedPatch, SeriesError
+from vllm_patchset.errors import MalformedPatch, PatchsetError, SeriesError
+from vllm_patchset.fsio import UnsafePath, atomic_write, kind_of, plain_parts, read_regular
 
 REQUIRED_TRAILERS = (
     "Upstream-PR",
@@ -93,14 +96,18 @@ def _check_path(patch: Path, path: str) -> str:
     pure = PurePosixPath(path)
     if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] != "vllm":
         raise MalformedPatch(patch, f"touches {path!r}, outside the vllm/ package")
+    if plain_parts(path, "vllm") is None:
+        raise MalformedPatch(patch, f"touches {path!r}, not a plain path inside vllm/")
     return path
 
 
 def parse_patch(path: Path, key: str | None = None) -> Patch:
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
+        raw = read_regular(path)  # a FIFO or a symlink is refused, never opened
+    except PatchsetError as exc:
         raise MalformedPatch(path, f"unreadable ({exc})") from None
+    if raw is None:
+        raise MalformedPatch(path, "no such file")
     return parse_patch_bytes(raw, path, key)
 
 
@@ -111,6 +118,10 @@ def parse_patch_bytes(raw: bytes, path: Path, key: str | None = None) -> Patch:
     except UnicodeDecodeError as exc:
         raise MalformedPatch(path, f"unreadable ({exc})") from None
     head, sep, diff = text.partition("\ndiff --git ")
+    if "\r\n" in head:
+        raise MalformedPatch(
+            path, "CRLF line endings (git format-patch writes LF: convert it, e.g. dos2unix)"
+        )
     if not sep and "diff --git " not in text:
         raise MalformedPatch(path, "no `diff --git` section")
     if not head.startswith("From ") or "\nSubject: " not in head:
@@ -223,10 +234,20 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
 def read_series_entries(series_file: Path) -> list[tuple[str, str]]:
     """(patch name, the `#` comment on its line) in order; blank lines and comment-only lines
     are ignored (as quilt does)."""
-    if not series_file.is_file():
-        return []
+    try:
+        data = read_regular(series_file)
+        if data is None:
+            return []
+        text = data.decode("utf-8")
+    except UnsafePath as exc:
+        raise SeriesError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise SeriesError(
+            f"{series_file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset"
+            f" {exc.start})"
+        ) from None
     entries = []
-    for number, line in enumerate(series_file.read_text("utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         entry, _, comment = line.partition("#")
         entry = entry.strip()
         if not entry:
@@ -249,8 +270,13 @@ def _load_dir(series_file: Path, prefix: str) -> tuple[Patch, ...]:
     names = read_series_file(series_file)
     folder = series_file.parent
     for name in names:
-        if not (folder / name).is_file():
+        info = os.lstat(folder / name) if os.path.lexists(folder / name) else None
+        if info is None:
             raise SeriesError(f"{series_file}: entry {name} has no file {folder / name}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SeriesError(
+                f"{series_file}: entry {name} is {kind_of(info.st_mode)}, not a regular file"
+            )
     unlisted = sorted(p.name for p in folder.glob("*.patch") if p.name not in names)
     if unlisted:
         raise SeriesError(f"{folder / unlisted[0]} is not listed in {series_file}")
@@ -267,13 +293,15 @@ def load_series(
     )
 
 
+def series_bytes(names: list[str], reasons: dict[str, str] | None = None) -> bytes:
+    """One name a line; a reason, where given, as a `#` comment after it."""
+    reasons = reasons or {}
+    return "".join(f"{n}  # {reasons[n]}\n" if reasons.get(n) else f"{n}\n" for n in names).encode(
+        "utf-8"
+    )
+
+
 def write_series_file(
     series_file: Path, names: list[str], reasons: dict[str, str] | None = None
 ) -> None:
-    """One name a line; a reason, where given, as a `#` comment after it."""
-    reasons = reasons or {}
-    series_file.parent.mkdir(parents=True, exist_ok=True)
-    series_file.write_text(
-        "".join(f"{n}  # {reasons[n]}\n" if reasons.get(n) else f"{n}\n" for n in names),
-        encoding="utf-8",
-    )
+    atomic_write(series_file, series_bytes(names, reasons))

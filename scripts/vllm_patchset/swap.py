@@ -12,17 +12,15 @@ cut short (a kill, a power cut) is finished by running `swap_in` again, or undon
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_patchset.checks import problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.edits import insert_entry, set_ci_images, set_pin, with_trailer
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.fsio import fsync_dir, remove_file, remove_tree
 from vllm_patchset.gitrepo import Repo
 from vllm_patchset.overlay import build_overlay
 from vllm_patchset.rebase_report import changelog_entry, range_diff, today
@@ -44,9 +42,9 @@ def _marker(folder: Path, rel: str) -> Path:
 
 def remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        remove_tree(path)
     else:
-        path.unlink(missing_ok=True)
+        remove_file(path)
 
 
 def swap_in(folder: Path, root: Path, paths: Sequence[str]) -> None:
@@ -62,11 +60,11 @@ def swap_in(folder: Path, root: Path, paths: Sequence[str]) -> None:
                 target.rename(saved)
             else:
                 _marker(folder, rel).touch()
-            _fsync_dir(saved.parent)
+            fsync_dir(saved.parent)
         remove(target)  # only after a kill between the two renames: the staged one again
         target.parent.mkdir(parents=True, exist_ok=True)
         staged.rename(target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
 
 def roll_back(folder: Path, root: Path, paths: Sequence[str]) -> None:
@@ -77,7 +75,7 @@ def roll_back(folder: Path, root: Path, paths: Sequence[str]) -> None:
         if saved.exists() or saved.is_symlink():
             remove(target)
             saved.rename(target)
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         elif marker.exists():
             remove(target)
             marker.unlink()
@@ -86,26 +84,6 @@ def roll_back(folder: Path, root: Path, paths: Sequence[str]) -> None:
 def has_backup(folder: Path) -> bool:
     backup = folder / BACKUP
     return backup.is_dir() and any(backup.iterdir())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (they are blocked, not lost): a swap is
-    a few renames, and is never left half-way by a signal a process can catch."""
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # -- the rebased project -----------------------------------------------------------------------

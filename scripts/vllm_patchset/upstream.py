@@ -26,7 +26,8 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
+from vllm_patchset.errors import BadInput, DownloadFailed, PatchsetError, UnknownVersion
+from vllm_patchset.fsio import die_with_parent, no_symlink_below, plain_parts, read_regular
 from vllm_patchset.gitrepo import Repo, init_bare
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
@@ -101,17 +102,32 @@ class Mirror:
 
     # -- lookups ------------------------------------------------------------------------------
     def get(self, tag: str) -> Upstream | None:
+        """The tree stored under `tag`, or None when there is none, or none usable: a tag this
+        tool did not make (its commit message is not the JSON `_store` writes) is fetched again
+        by the caller, which overwrites it."""
         commit = self.repo.resolve(f"refs/tags/{tag}")
         if commit is None:
             return None
         message = self.repo.run("log", "-1", "--format=%B", commit)
-        meta = json.loads(message.split("\n\n", 1)[1]) if "\n\n" in message else {}
+        try:
+            meta = json.loads(message.split("\n\n", 1)[1])
+            fields = (meta["label"], meta["version"], meta["source"])
+            usable = isinstance(meta["label"], str) and isinstance(meta["source"], str)
+        except (IndexError, ValueError, KeyError, TypeError):
+            usable = False
+        if not usable or not isinstance(fields[1], str | None):
+            print(
+                f"vllm-patchset: the mirror's tag {tag} was not made by vllm-patchset (its"
+                " message is not the expected JSON): fetching it again",
+                file=sys.stderr,
+            )
+            return None
         return Upstream(
-            label=meta.get("label", tag),
-            version=meta.get("version"),
+            label=meta["label"],
+            version=meta["version"],
             tag=tag,
             commit=commit,
-            source=meta.get("source", tag),
+            source=meta["source"],
         )
 
     def _store(self, tree: str, tag: str, label: str, version: str | None, source: str) -> Upstream:
@@ -228,15 +244,26 @@ class Mirror:
         with tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp:
             root = Path(tmp)
             for path, digest in record.items():
-                if not _kept(path):
-                    continue
-                data = (site / path).read_bytes()
-                if digest and _record_digest(data) != digest:
+                if path.split("/", 1)[0] != self.package or not _kept(path):
+                    continue  # the dist-info, scripts (`../../bin/…`), bytecode
+                parts = plain_parts(path, self.package)
+                if parts is None:
                     raise BadInput(
-                        f"{site / path} does not match its RECORD hash: the installed"
-                        f" {self.package} {version} was modified"
+                        f"{site}: RECORD lists {path!r}, not a plain path inside"
+                        f" {self.package}/: refusing this install"
                     )
-                out = root / path
+                if not digest:
+                    raise BadInput(
+                        f"{site}: RECORD lists {path} without a sha256: the installed"
+                        f" {self.package} {version} cannot be checked"
+                    )
+                data = read_regular(no_symlink_below(site, parts))
+                if data is None or _record_digest(data) != digest:
+                    what = "is missing" if data is None else "does not match its RECORD hash"
+                    raise BadInput(
+                        f"{site / path} {what}: the installed {self.package} {version} was modified"
+                    )
+                out = root.joinpath(*parts)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(data)
             tree = self.repo.tree_from_directory(root)
@@ -282,7 +309,7 @@ def _extract_package(sdist: Path, dest: Path, package: str) -> None:
                 if len(parts) < 3 or parts[1] != package or not member.isfile():
                     continue
                 rel = "/".join(parts[1:])
-                if ".." in parts or not _kept(rel):
+                if plain_parts(rel, package) is None or not _kept(rel):
                     continue
                 handle = tar.extractfile(member)
                 assert handle is not None
@@ -302,9 +329,9 @@ def _read_installed(site: Path, package: str) -> tuple[Path, str, dict[str, str]
     if len(infos) != 1 or not (site / package / "__init__.py").is_file():
         raise BadInput(f"{site} holds no single installed {package} (package + dist-info)")
     try:
-        metadata = (infos[0] / "METADATA").read_text("utf-8", "replace")
-        record_text = (infos[0] / "RECORD").read_text("utf-8")
-    except OSError as exc:
+        metadata = (read_regular(infos[0] / "METADATA") or b"").decode("utf-8", "replace")
+        record_text = (read_regular(infos[0] / "RECORD") or b"").decode("utf-8")
+    except (PatchsetError, UnicodeDecodeError) as exc:
         raise BadInput(f"{infos[0]}: unreadable ({exc})") from None
     headers = (line.split(":", 1) for line in metadata.splitlines() if ":" in line)
     version = next((value.strip() for key, value in headers if key == "Version"), None)
@@ -317,24 +344,68 @@ def _parse_record(text: str) -> dict[str, str]:
     return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row and len(row) >= 2}
 
 
-_LOCATE = """
-import importlib.metadata as md, importlib.util as u, json, sys
-spec = u.find_spec(sys.argv[1])
-dist = md.distribution(sys.argv[1])
-print(json.dumps({"init": spec.origin if spec else None, "version": dist.version,
-                  "record": dist.read_text("RECORD")}))
+def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, str]]:
+    found = probe(python, package)
+    if not found.origin or not found.origin.endswith("__init__.py") or not found.version:
+        raise BadInput(f"{python} has no {package} package installed")
+    if not found.record:
+        raise BadInput(f"{package} for {python} has no RECORD: its files cannot be checked")
+    site = Path(found.origin).parent.parent
+    return site, found.version, _parse_record(found.record)
+
+
+# -- another interpreter's vllm ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    origin: str | None  # the package's __init__.py, as find_spec sees it (not imported)
+    version: str | None  # its distribution's version
+    record: str | None  # its distribution's RECORD
+    site_dirs: tuple[str, ...]  # where the interpreter installs packages
+
+
+# Run by the interpreter of `--python` (or this one): finds the package without importing it,
+# so neither vllm nor torch is loaded. `-c` puts the caller's cwd first on sys.path: drop it.
+_PROBE = """\
+import importlib.metadata as md, importlib.util, json, site, sys, sysconfig
+if sys.path and sys.path[0] in ("", "."):
+    del sys.path[0]
+spec = importlib.util.find_spec(sys.argv[1])
+try:
+    dist = md.distribution(sys.argv[1])
+    version, record = dist.version, dist.read_text("RECORD")
+except md.PackageNotFoundError:
+    version = record = None
+dirs = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)()]
+answer = {"origin": spec and spec.origin, "version": version, "record": record, "dirs": dirs}
+print("vllm-patchset-probe", json.dumps(answer))
 """
 
 
-def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, str]]:
+def probe(python: str, package: str) -> Probe:
+    """Ask `python` where its `package` is; "cannot run --python …" when it gives no answer."""
     try:
-        out = subprocess.run(
-            [python, "-c", _LOCATE, package], capture_output=True, text=True, check=True
-        ).stdout
-        info = json.loads(out)
-    except (OSError, subprocess.CalledProcessError, ValueError) as exc:
-        raise BadInput(f"no installed {package} found for {python} ({exc})") from None
-    if not info["init"] or not info["record"]:
-        raise BadInput(f"{package} for {python} has no package files or no RECORD")
-    site = Path(info["init"]).parent.parent
-    return site, str(info["version"]), _parse_record(info["record"])
+        done = subprocess.run(
+            [python, "-c", _PROBE, package],
+            capture_output=True,
+            timeout=120,
+            preexec_fn=die_with_parent(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise BadInput(f"cannot run --python {python}: {why}") from None
+    out = done.stdout.decode("utf-8", "replace").splitlines()
+    answer = next((line for line in reversed(out) if line.startswith("vllm-patchset-probe ")), "")
+    try:
+        doc = json.loads(answer.partition(" ")[2]) if done.returncode == 0 else {}
+        found: Probe | None = Probe(
+            doc["origin"], doc["version"], doc["record"], tuple(str(d) for d in doc["dirs"])
+        )
+    except (ValueError, TypeError, KeyError):
+        found = None
+    if found is None or not all(
+        isinstance(v, str | None) for v in (found.origin, found.version, found.record)
+    ):
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = f"exit {done.returncode}: {err[-1]}" if done.returncode and err else "no answer"
+        raise BadInput(f"cannot run --python {python}: {why} (is it a Python interpreter?)")
+    return found
