@@ -694,9 +694,7 @@ def interrupted_message(project: Project) -> str:
     if phase is None:  # before the journal was written (after it, the end is deferred)
         return "the rebase had written nothing: nothing changed"
     if phase == "damaged":
-        return (
-            "the rebase's state file is damaged: `rebase --abort` restores the checkout"
-        )
+        return "the rebase's state file is damaged: `rebase --abort` restores the checkout"
     if phase in ("running", "stopped"):
         return (
             "the rebase changed nothing in patches/, pyproject.toml, the lock or CHANGELOG.md"
