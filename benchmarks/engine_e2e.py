@@ -674,7 +674,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from engine_checkpoint import MoeModel, write_model
 
     models = args.work / "models"
-    for name in args.models or list(MODELS):
+    # Deepest first: a shallower model of the same format links the deeper one's files.
+    for name in sorted(args.models or MODELS, key=lambda n: -MODELS[n][1]):
         fmt, layers = MODELS[name]
         dest = models / name
         if dest.is_dir():
