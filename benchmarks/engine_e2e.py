@@ -67,6 +67,7 @@ CAPTURE_ERRORS = re.compile(
     r"|capture.*(invalidated|unsupported)|hipErrorStreamCaptureUnsupported",
     re.IGNORECASE,
 )
+TRACEBACK_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 # The environment every engine gets: no flashinfer sampler, no DeepGEMM (neither is in the
 # kit), nothing from a hub, NVLink multicast off (it can wedge a shared host's GPUs).
 ENGINE_ENV = {
@@ -320,6 +321,8 @@ def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[st
             }
         )
         rank["capture_errors"] = sorted({m.group(0) for m in CAPTURE_ERRORS.finditer(text)})
+        if frame := failing_frame(text):
+            rank["failing_frame"] = frame
         if proc.returncode != 0 and "startup_error" not in rank:
             rank["error_tail"] = text.splitlines()[-15:]
         ranks.append(rank)
@@ -334,8 +337,25 @@ def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[st
         result["ranks"] = ranks
         result["guard"] = sorted({line for r in ranks for line in r["guard"]})
         result["capture_errors"] = sorted({e for r in ranks for e in r["capture_errors"]})
+        frames = sorted({r["failing_frame"] for r in ranks if "failing_frame" in r})
+        if frames:
+            result["failing_frame"] = frames[0]
     (host.results / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def failing_frame(log: str) -> str | None:
+    """The innermost traceback frame logged before the first capture error: where it broke."""
+    lines = [line.split("] ", 1)[-1] for line in log.splitlines()]
+    first = next((i for i, line in enumerate(lines) if CAPTURE_ERRORS.search(line)), None)
+    frames = [i for i in range(first or 0) if lines[i].lstrip().startswith('File "')]
+    if not frames or frames[-1] + 1 >= len(lines):
+        return None
+    frame = TRACEBACK_FRAME.match(lines[frames[-1]])
+    if frame is None:
+        return None
+    path = frame["path"][frame["path"].rfind("/vllm/") + 1 :]  # the path inside the package
+    return f"{path}:{frame['line']} ({frame['fn']}): {lines[frames[-1] + 1].strip()}"
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], begin: float) -> None:
@@ -379,7 +399,10 @@ def run_phases(host: Host, names: Sequence[str], gpus: int) -> list[dict[str, An
             raise SystemExit(f"phase {name} needs the {required} install; it holds the {state}")
     host.results.mkdir(parents=True, exist_ok=True)
     needs = [max(r.gpus for r in PHASES[name][1]) for name in names]
-    blocks = gpu_blocks(needs, gpus)
+    # Throughput is measured with no other engine on the host: one starting beside it (its
+    # torch.compile workers, its Triton JIT) slowed some repeats by up to 5x on the H200 host.
+    timed = any(r.batches for name in names for r in PHASES[name][1])
+    blocks = None if timed and len(names) > 1 else gpu_blocks(needs, gpus)
     results: list[dict[str, Any]] = []
 
     def lane(name: str, devices: list[int]) -> None:
@@ -541,7 +564,10 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if a and b:
             greedy.append({"what": what, "a": ra, "b": rb, **compare_greedy(a, b)})
     throughput = {
-        label: {b: t["median"] for b, t in ok[name]["throughput"].items()}
+        label: {
+            b: {"median": t["median"], "best": max(t["repeats"]), "worst": min(t["repeats"])}
+            for b, t in ok[name]["throughput"].items()
+        }
         for label, name in THROUGHPUT_ROWS
         if name in ok and "throughput" in ok[name]
     }
@@ -553,6 +579,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "gpus": r.get("gpus"),
             "guard": r.get("guard", []),
             "capture_errors": r.get("capture_errors", []),
+            "failing_frame": r.get("failing_frame"),
             "error": r.get("startup_error") or (r.get("error_tail") or [None])[-1],
         }
         for name, r in results.items()
@@ -560,8 +587,9 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"logprobs": logprobs, "greedy": greedy, "throughput": throughput, "runs": runs}
 
 
-def markdown(summary: dict[str, Any], title: str) -> str:
+def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
     lines = [f"# {title}", ""]
+    lines += [f"Note: {note}\n" for note in notes]
     if summary["logprobs"]:
         lines += [
             f"Teacher-forced logprobs, 2-layer model, {LOGPROB_PROMPTS} prompts of"
@@ -593,14 +621,30 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         batches = sorted({int(b) for row in summary["throughput"].values() for b in row})
         lines += [
             f"Generation throughput, 12-layer model, {THROUGHPUT_TOKENS} greedy tokens after a"
-            f" {THROUGHPUT_PROMPT}-token prompt, CUDA graphs, median of {REPEATS} (tokens/s):",
+            f" {THROUGHPUT_PROMPT}-token prompt, CUDA graphs, tokens/s: median of {REPEATS}"
+            " (slowest to fastest):",
             "",
             "| engine | " + " | ".join(f"batch {b}" for b in batches) + " |",
             "|---|" + "---:|" * len(batches),
         ]
         for label, row in summary["throughput"].items():
-            cells = [f"{row[str(b)]:.0f}" if str(b) in row else "—" for b in batches]
+            cells = [_cell(row[str(b)]) if str(b) in row else "—" for b in batches]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    fix2 = {n: r for n, r in summary["runs"].items() if "fix2" in n}
+    if fix2:
+        lines += [
+            "Fix 2 in the engine: an FP8 model with static per-tensor activation scales, LoRA"
+            " enabled, data parallel 2 with expert parallel (TritonExperts defers the input"
+            " quantization to apply(), with a tensor a1_scale):",
+            "",
+        ]
+        for name, r in fix2.items():
+            if r["ok"]:
+                lines.append(f"- {name}: started (CUDA graphs captured) and generated")
+            else:
+                errors = "; ".join(r["capture_errors"]) or str(r["error"])[:160]
+                lines.append(f"- {name}: start-up failed: {errors}, at {r['failing_frame']}")
         lines.append("")
     lines += [
         "Runs:",
@@ -619,6 +663,10 @@ def markdown(summary: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell(t: dict[str, float]) -> str:
+    return f"{t['median']:.0f} ({t['worst']:.0f} to {t['best']:.0f})"
+
+
 def plot(summary: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib
 
@@ -631,7 +679,11 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> None:
     width = 0.8 / max(1, len(rows))
     for i, (label, row) in enumerate(rows.items()):
         xs = [j + i * width for j in range(len(batches))]
-        ax.bar(xs, [row.get(str(b), 0.0) for b in batches], width, label=label)
+        cells = [row.get(str(b), {"median": 0.0, "worst": 0.0, "best": 0.0}) for b in batches]
+        medians = [c["median"] for c in cells]
+        spread = [[m - c["worst"] for m, c in zip(medians, cells, strict=True)],
+                  [c["best"] - m for m, c in zip(medians, cells, strict=True)]]  # fmt: skip
+        ax.bar(xs, medians, width, yerr=spread, capsize=2, label=label)
     ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(batches))])
     ax.set_xticklabels([f"batch {b}" for b in batches])
     ax.set_ylabel("tokens/s")
@@ -716,11 +768,12 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     summary = summarize(load_results(args.work / "results"))
+    summary["notes"] = list(args.note)
     title = args.title
     prefix = args.out
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
-    text = markdown(summary, title)
+    text = markdown(summary, title, args.note)
     prefix.with_suffix(".md").write_text(text)
     if summary["throughput"]:
         plot(summary, prefix.with_suffix(".png"), title)
@@ -749,7 +802,7 @@ def cmd_all(args: argparse.Namespace) -> int:
             run_phases(host, ["parallel"], gpus)
     finally:
         cmd_overlay(argparse.Namespace(work=work, action="revert"))
-    return cmd_report(argparse.Namespace(work=work, out=args.out, title=args.title))
+    return cmd_report(argparse.Namespace(work=work, out=args.out, title=args.title, note=[]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -792,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_overlay)
     p = sub.add_parser("report", help="WORK/results -> JSON, Markdown and PNG")
     work(p)
+    p.add_argument("--note", action="append", default=[], help="a line for the Markdown")
     p.add_argument("--out", type=Path, default=default_out)
     p.add_argument("--title", default=default_title)
     p.set_defaults(func=cmd_report)
