@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.errors import BadInput, Finding, by_exit_code
 from vllm_patchset.validate import build_trees
 
 LIMIT = 64 * 1024 * 1024
@@ -29,7 +29,7 @@ NAME = "vllm-patchset-gpu"
 KIT_NAME = "vllm-patchset-kit"  # a native-ops kit's folder, beside the archive
 
 # What importing vLLM's fused MoE code needs beyond a GPU host with torch, triton, numpy,
-# transformers and their dependencies (../shared/GPU.md; gguf for 0.21.0). openai < 3:
+# transformers and their dependencies (seen on an H200 host; gguf for 0.21.0). openai < 3:
 # 3.x needs httpx2. pydantic-core is added at the version the chosen pydantic pins.
 HOST_WHEELS = (
     "pyzmq",
@@ -156,7 +156,7 @@ def make_bundle(
         try:
             kitparts.verify(kit)
         except kitparts.KitError as exc:
-            raise (BadInput if exc.exit_code == 2 else Finding)(str(exc)) from None
+            raise by_exit_code(str(exc), exc.exit_code) from None
     with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
         root = Path(tmp) / NAME
         built = build_trees(project, root)

@@ -36,7 +36,7 @@ from typing import BinaryIO, cast
 from vllm_patchset import kitparts
 from vllm_patchset.bundle import download_wheels
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, DownloadFailed, Finding
+from vllm_patchset.errors import BadInput, DownloadFailed, by_exit_code
 from vllm_patchset.upstream import _download
 
 NAME = "vllm-patchset-kit"
@@ -214,10 +214,6 @@ def build_kit(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _kit_errors(exc: kitparts.KitError) -> BadInput | Finding:
-    return BadInput(str(exc)) if exc.exit_code == 2 else Finding(str(exc))
-
-
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kit = sub.add_parser("kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
     ksub = kit.add_subparsers(dest="kit_command", required=True)
@@ -262,7 +258,7 @@ def cmd_kit_verify(args: argparse.Namespace) -> int:
     try:
         manifest = kitparts.verify(args.kit)
     except kitparts.KitError as exc:
-        raise _kit_errors(exc) from None
+        raise by_exit_code(str(exc), exc.exit_code) from None
     print(f"kit for vllm {manifest.vllm}: {len(manifest.parts)} parts ok")
     return 0
 
@@ -271,6 +267,6 @@ def cmd_kit_assemble(args: argparse.Namespace) -> int:
     try:
         dest = kitparts.assemble(args.kit, args.dest)
     except kitparts.KitError as exc:
-        raise _kit_errors(exc) from None
+        raise by_exit_code(str(exc), exc.exit_code) from None
     print(f"kit assembled in {dest}: PYTHONPATH={dest / 'site'}")
     return 0

@@ -28,7 +28,7 @@ import tomllib
 
 from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.errors import BadInput, Finding, by_exit_code
 from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, pin_base, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
@@ -175,7 +175,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         try:
             native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
         except kitparts.KitError as exc:
-            raise (BadInput if exc.exit_code == 2 else Finding)(str(exc)) from None
+            raise by_exit_code(str(exc), exc.exit_code) from None
         print(f"native ops for the pin's trees from {native}", file=sys.stderr)
     if args.build_only:
         return 0
