@@ -352,3 +352,14 @@ def test_kitparts_runs_standalone(kit: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"kitparts: kit part kit.tar.xz.00 is missing from {kit}\n"
     assert not (tmp_path / "n").exists()
+
+
+def test_pin_wheel_is_the_index_s(project, cache_dir: Path) -> None:
+    """The pin's wheel, from the cache, checked against the package index's sha256."""
+    from vllm_patchset.kit import pin_wheel
+
+    install_pristine(cache_dir)  # the wheel is in the test cache already
+    wheel, sha256 = pin_wheel(project)
+    assert wheel == cache_dir / "wheels" / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert sha256 == "2d2831aeba311292250df0132dbc4d8e9f42c654536eaec48e6fe58acb1822cf"
+    assert kitparts.sha256_file(wheel) == sha256

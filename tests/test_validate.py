@@ -234,3 +234,40 @@ def test_bundle_with_a_broken_kit_writes_nothing(project: Project, tmp_path: Pat
     with pytest.raises(Finding, match=r"^kit part kit.tar.xz.01 is missing from "):
         make_bundle(_with_gpu_tests(project), out, wheels=False, level=0, kit=kit)
     assert not out.parent.exists()
+
+
+VALIDATE_KIT_CASES = [
+    (None, 0, ""),
+    ("kit.tar.xz.01", 1, "vllm-patchset: kit part kit.tar.xz.01 is missing from {kit}\n"),
+]
+
+
+@pytest.mark.parametrize(("remove", "code", "stderr_end"), VALIDATE_KIT_CASES)
+def test_validate_with_a_kit(
+    project: Project,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    remove: str | None,
+    code: int,
+    stderr_end: str,
+) -> None:
+    """validate --kit assembles the kit beside the trees before running anything; a broken kit
+    stops it with one line and no native/ folder."""
+    from test_kit import WHEEL_FILES, make_wheel
+    from vllm_patchset.cli import main
+    from vllm_patchset.kit import write_kit
+
+    wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
+    kit = tmp_path / "kit"
+    write_kit(wheel, "ab" * 32, "0.24.0", kit, level=0, part_limit=4096)
+    if remove:
+        (kit / remove).unlink()
+    work = tmp_path / "work"
+    args = ["--project", str(_with_gpu_tests(project).root), "validate", "--work", str(work)]
+    assert main([*args, "--build-only", "--kit", str(kit)]) == code
+    err = capsys.readouterr().err
+    assert err.endswith(stderr_end.format(kit=kit))
+    native = work / "native" / "site" / "vllm" / "_C_stable_libtorch.abi3.so"
+    assert native.is_file() == (code == 0)
+    if code == 0:
+        assert f"native ops for the pin's trees from {work / 'native' / 'site'}\n" in err
