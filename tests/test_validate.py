@@ -65,6 +65,13 @@ def test_build_trees_and_expectations(project: Project, tmp_path: Path) -> None:
                 assert expect["pristine-0.24.0"][test] == "red"
     assert specs["pristine-0.24.0"].select == ("tests/gpu",)
     assert specs["buggy-0001-0.21.0"].select == (FIX1,)
+    # Only the pin's trees take a native-ops kit's compiled extensions.
+    assert {name: s.native for name, s in specs.items()} == {
+        "pristine-0.24.0": True,
+        "overlay-0.24.0": True,
+        "buggy-0001-0.21.0": False,
+        "fixed-0001-0.21.0": False,
+    }
 
     root = built.root
     assert gpurun.load_manifest(root) == list(built.specs)
@@ -144,15 +151,123 @@ def test_pinned_requirement(tmp_path: Path) -> None:
     assert _pinned(wheel, "pydantic-core") == "pydantic-core==2.50.5"
 
 
+def test_link_extensions(tmp_path: Path) -> None:
+    site, tree = tmp_path / "site", tmp_path / "tree"
+    for rel in ("vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(rel.encode())
+    (site / "vllm" / "__init__.py").write_text("")
+    (tree / "vllm" / "vllm_flash_attn").mkdir(parents=True)
+    assert gpurun.link_extensions(site, tree) == [
+        "vllm/_C_stable_libtorch.abi3.so",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+    ]
+    assert (tree / "vllm" / "_C_stable_libtorch.abi3.so").read_bytes() == (
+        b"vllm/_C_stable_libtorch.abi3.so"
+    )
+    assert sorted(p.name for p in (tree / "vllm").iterdir()) == [
+        "_C_stable_libtorch.abi3.so",
+        "vllm_flash_attn",
+    ]
+    assert gpurun.link_extensions(site, tree) == []  # already there: kept
+
+
+def test_gpurun_native_without_vllm_is_bad_usage(tmp_path: Path) -> None:
+    gpurun.write_manifest(tmp_path, [])
+    assert gpurun.main([str(tmp_path), "--native", str(tmp_path / "nowhere")]) == 2
+
+
+# xz level 0 in the tests: the archive's size is not under test, and level 9 takes minutes.
 def test_bundle_without_wheels(project: Project, tmp_path: Path) -> None:
-    archive = make_bundle(_with_gpu_tests(project), tmp_path / "b.tar.xz", wheels=False)
+    archive = make_bundle(_with_gpu_tests(project), tmp_path / "b.tar.xz", wheels=False, level=0)
     assert archive.stat().st_size < 64 * 1024 * 1024
     with lzma.open(archive) as xz, tarfile.open(fileobj=xz) as tar:
         names = set(tar.getnames())
         run_sh = tar.extractfile(f"{NAME}/run.sh")
         assert run_sh is not None
-        assert run_sh.read().decode().rstrip().endswith('exec "$PY" gpurun.py . "$@"')
-    for name in ("gpurun.py", "manifest.json", "pytest.ini", "README.txt", "tests/gpu/conftest.py"):
+        script = run_sh.read().decode()
+        assert script.rstrip().endswith('exec "$PY" gpurun.py . "$@"')
+        assert "KIT=${VLLM_PATCHSET_KIT:-../vllm-patchset-kit}" in script
+        manifest = tar.extractfile(f"{NAME}/manifest.json")
+        assert manifest is not None
+        native = {t["name"]: t["native"] for t in json.load(manifest)["trees"]}
+    names_needed = ("gpurun.py", "kitparts.py", "manifest.json", "pytest.ini", "README.txt")
+    for name in (*names_needed, "tests/gpu/conftest.py"):
         assert f"{NAME}/{name}" in names
     assert f"{NAME}/trees/buggy-0001-0.21.0/{ORACLE}" in names
     assert not any(n.startswith(f"{NAME}/wheels") for n in names)
+    assert native == {
+        "pristine-0.24.0": True,
+        "overlay-0.24.0": True,
+        "buggy-0001-0.21.0": False,
+        "fixed-0001-0.21.0": False,
+    }
+    assert not (tmp_path / "vllm-patchset-kit").exists()
+
+
+def test_bundle_with_kit(project: Project, tmp_path: Path) -> None:
+    from test_kit import WHEEL_FILES, make_wheel
+    from vllm_patchset.kit import write_kit
+
+    wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
+    kit = tmp_path / "kit"
+    write_kit(wheel, "ab" * 32, "0.24.0", kit, level=0, part_limit=4096)
+    out = tmp_path / "out" / "b.tar.xz"
+    make_bundle(_with_gpu_tests(project), out, wheels=False, level=0, kit=kit)
+    copied = out.parent / "vllm-patchset-kit"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["b.tar.xz", "vllm-patchset-kit"]
+    assert {p.name: p.read_bytes() for p in copied.iterdir()} == {
+        p.name: p.read_bytes() for p in kit.iterdir()
+    }
+
+
+def test_bundle_with_a_broken_kit_writes_nothing(project: Project, tmp_path: Path) -> None:
+    from test_kit import WHEEL_FILES, make_wheel
+    from vllm_patchset.errors import Finding
+    from vllm_patchset.kit import write_kit
+
+    wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
+    kit = tmp_path / "kit"
+    write_kit(wheel, "ab" * 32, "0.24.0", kit, level=0, part_limit=4096)
+    (kit / "kit.tar.xz.01").unlink()
+    out = tmp_path / "out" / "b.tar.xz"
+    with pytest.raises(Finding, match=r"^kit part kit.tar.xz.01 is missing from "):
+        make_bundle(_with_gpu_tests(project), out, wheels=False, level=0, kit=kit)
+    assert not out.parent.exists()
+
+
+VALIDATE_KIT_CASES = [
+    (None, 0, ""),
+    ("kit.tar.xz.01", 1, "vllm-patchset: kit part kit.tar.xz.01 is missing from {kit}\n"),
+]
+
+
+@pytest.mark.parametrize(("remove", "code", "stderr_end"), VALIDATE_KIT_CASES)
+def test_validate_with_a_kit(
+    project: Project,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    remove: str | None,
+    code: int,
+    stderr_end: str,
+) -> None:
+    """validate --kit assembles the kit beside the trees before running anything; a broken kit
+    stops it with one line and no native/ folder."""
+    from test_kit import WHEEL_FILES, make_wheel
+    from vllm_patchset.cli import main
+    from vllm_patchset.kit import write_kit
+
+    wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
+    kit = tmp_path / "kit"
+    write_kit(wheel, "ab" * 32, "0.24.0", kit, level=0, part_limit=4096)
+    if remove:
+        (kit / remove).unlink()
+    work = tmp_path / "work"
+    args = ["--project", str(_with_gpu_tests(project).root), "validate", "--work", str(work)]
+    assert main([*args, "--build-only", "--kit", str(kit)]) == code
+    err = capsys.readouterr().err
+    assert err.endswith(stderr_end.format(kit=kit))
+    native = work / "native" / "site" / "vllm" / "_C_stable_libtorch.abi3.so"
+    assert native.is_file() == (code == 0)
+    if code == 0:
+        assert f"native ops for the pin's trees from {work / 'native' / 'site'}\n" in err

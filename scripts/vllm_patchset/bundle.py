@@ -3,7 +3,8 @@
 It holds what `validate` runs (the pristine, overlaid and buggy vLLM trees, tests/gpu, the
 manifest of red/green expectations and gpurun.py, the checker), optionally the wheels of the
 pure-Python packages that vLLM's MoE code imports and such a host lacks, and run.sh. It must stay
-under 64 MiB so that it travels over narrow channels.
+under 64 MiB so that it travels over narrow channels. A native-ops kit (`--kit`, kit.py) goes
+beside it as its own folder of parts; with it, the pin's trees run vLLM's real compiled ops.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from vllm_patchset import gpurun
+from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.errors import BadInput, Finding, by_exit_code
 from vllm_patchset.validate import build_trees
 
 LIMIT = 64 * 1024 * 1024
 NAME = "vllm-patchset-gpu"
+KIT_NAME = "vllm-patchset-kit"  # a native-ops kit's folder, beside the archive
 
 # What importing vLLM's fused MoE code needs beyond a GPU host with torch, triton, numpy,
-# transformers and their dependencies (../shared/GPU.md; gguf for 0.21.0). openai < 3:
+# transformers and their dependencies (seen on an H200 host; gguf for 0.21.0). openai < 3:
 # 3.x needs httpx2. pydantic-core is added at the version the chosen pydantic pins.
 HOST_WHEELS = (
     "pyzmq",
@@ -44,7 +46,10 @@ HOST_WHEELS = (
     "gguf",
 )
 PLATFORMS = (
+    "manylinux_2_31_x86_64",  # llguidance (the kit's wheels) is built for 2.31 only
     "manylinux_2_28_x86_64",
+    "manylinux_2_26_x86_64",
+    "manylinux_2_24_x86_64",
     "manylinux_2_27_x86_64",
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
@@ -55,15 +60,22 @@ RUN_SH = """\
 #!/bin/sh
 # GPU validation of the vllm-patchset trees on this host: python3 with torch and a CUDA or
 # ROCm GPU; no network. Usage: sh run.sh [--only TREE]...   (PYTHON=... to pick python3)
+# A native-ops kit in ../{kit} (or VLLM_PATCHSET_KIT=DIR): the pin's trees run vLLM's real ops.
 set -e
 cd "$(dirname "$0")"
-PY=${PYTHON:-python3}
+PY=${{PYTHON:-python3}}
 if ls wheels/*.whl >/dev/null 2>&1; then
-    SITE=${VLLM_PATCHSET_SITE:-/tmp/vllm-patchset-site}
+    SITE=${{VLLM_PATCHSET_SITE:-/tmp/vllm-patchset-site}}
     "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \\
         --target "$SITE" wheels/*.whl
-    PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    PYTHONPATH="$SITE${{PYTHONPATH:+:$PYTHONPATH}}"
     export PYTHONPATH
+fi
+KIT=${{VLLM_PATCHSET_KIT:-../{kit}}}
+if [ -f "$KIT/kit.json" ]; then
+    NATIVE=${{VLLM_PATCHSET_NATIVE:-/tmp/vllm-patchset-native}}
+    "$PY" kitparts.py assemble "$KIT" --dest "$NATIVE"
+    exec "$PY" gpurun.py . --native "$NATIVE/site" "$@"
 fi
 exec "$PY" gpurun.py . "$@"
 """
@@ -82,18 +94,24 @@ the tree has them, else the stand-ins of tests/gpu/standins.py, and checks manif
 red/green expectations. It prints a table and exits 1 if one is unmet; logs and per-tree
 reports are in results/. One tree: sh run.sh --only pristine-0.24.0.
 
+With a native-ops kit beside the archive (vllm-patchset-kit/: kit.json and its parts), run.sh
+first checks every part and reassembles the pin's vLLM with its compiled ops
+(python3 kitparts.py assemble), and the pin's two trees run with those real ops (mode=native).
+
 Trees:
 {trees}
 """
 
 
-def download_wheels(dest: Path, python_version: str = "3.12") -> list[Path]:
-    """cp<python_version> manylinux wheels of HOST_WHEELS (no dependencies of their own: the
+def download_wheels(
+    dest: Path, python_version: str = "3.12", requirements: tuple[str, ...] = HOST_WHEELS
+) -> list[Path]:
+    """cp<python_version> manylinux wheels of `requirements` (no dependencies of their own: the
     host has them), and the pydantic-core that the downloaded pydantic pins."""
     dest.mkdir(parents=True, exist_ok=True)
-    _pip_download(dest, python_version, HOST_WHEELS)
-    (pydantic,) = dest.glob("pydantic-[0-9]*.whl")
-    _pip_download(dest, python_version, (_pinned(pydantic, "pydantic-core"),))
+    _pip_download(dest, python_version, requirements)
+    for pydantic in dest.glob("pydantic-[0-9]*.whl"):
+        _pip_download(dest, python_version, (_pinned(pydantic, "pydantic-core"),))
     return sorted(dest.glob("*.whl"))
 
 
@@ -117,17 +135,36 @@ def _pinned(wheel: Path, name: str) -> str:
 
 
 def make_bundle(
-    project: Project, archive: Path, *, wheels: bool, python_version: str = "3.12"
+    project: Project,
+    archive: Path,
+    *,
+    wheels: bool,
+    python_version: str = "3.12",
+    level: int = 9,
+    kit: Path | None = None,
 ) -> Path:
+    """Write the archive; with `kit` (a folder from `kit build`), check it and copy it beside
+    the archive as vllm-patchset-kit/ (its parts travel on their own: each is under 60 MiB)."""
     if archive.exists():
         raise BadInput(f"{archive} exists already")
+    if not 0 <= level <= 9:
+        raise BadInput(f"xz level {level} is not in 0..9")
+    kit_copy = archive.with_name(KIT_NAME)
+    if kit is not None:
+        if kit_copy.exists():
+            raise BadInput(f"{kit_copy} exists already")
+        try:
+            kitparts.verify(kit)
+        except kitparts.KitError as exc:
+            raise by_exit_code(str(exc), exc.exit_code) from None
     with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
         root = Path(tmp) / NAME
         built = build_trees(project, root)
         shutil.copy2(Path(gpurun.__file__), root / "gpurun.py")
+        shutil.copy2(Path(kitparts.__file__), root / "kitparts.py")
         if wheels:
             download_wheels(root / "wheels", python_version)
-        (root / "run.sh").write_text(RUN_SH, encoding="utf-8")
+        (root / "run.sh").write_text(RUN_SH.format(kit=KIT_NAME), encoding="utf-8")
         trees = "\n".join(
             f"  {s.name}: "
             + ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
@@ -141,7 +178,7 @@ def make_bundle(
         # together to little more than one.
         try:
             with (
-                lzma.open(partial, "wb", preset=9) as xz,
+                lzma.open(partial, "wb", preset=level) as xz,
                 tarfile.open(fileobj=xz, mode="w") as tar,
             ):
                 tar.add(root, arcname=NAME)
@@ -152,6 +189,8 @@ def make_bundle(
     if size >= LIMIT:
         partial.unlink()
         raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
+    if kit is not None:
+        shutil.copytree(kit, kit_copy)
     partial.replace(archive)
     return archive
 
@@ -161,6 +200,8 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--out", type=Path, help=f"the archive (default: build/{NAME}.tar.xz)")
     p.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave wheels out")
     p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
+    p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
+    p.add_argument("--kit", type=Path, help=f"a native-ops kit (kit build), copied to {KIT_NAME}/")
     p.set_defaults(func=cmd_bundle)
 
 
@@ -169,7 +210,17 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     out = args.out or project.root / "build" / f"{NAME}.tar.xz"
     if args.out is None:
         out.unlink(missing_ok=True)  # our own build output: replace it
-    archive = make_bundle(project, out, wheels=args.wheels, python_version=args.python_version)
+        shutil.rmtree(out.with_name(KIT_NAME), ignore_errors=True)
+    archive = make_bundle(
+        project,
+        out,
+        wheels=args.wheels,
+        python_version=args.python_version,
+        level=args.level,
+        kit=args.kit,
+    )
     print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
+    if args.kit is not None:
+        print(f"wrote {archive.with_name(KIT_NAME)} (the kit's parts: copy them beside it)")
     print(f"on the GPU host: tar -xJf {archive.name} && sh {NAME}/run.sh")
     return 0

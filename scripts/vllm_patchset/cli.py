@@ -285,8 +285,8 @@ def _register_deploy(osub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands of their own modules: rebase, validate, bundle, bench."""
-    for name in ("rebase", "validate", "bundle", "bench"):
+    """Commands of their own modules: rebase, validate, bundle, bench, kit."""
+    for name in ("rebase", "validate", "bundle", "bench", "kit"):
         if importlib.util.find_spec(f"vllm_patchset.{name}") is not None:
             importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
 

@@ -56,3 +56,8 @@ class LockMismatch(Finding):
 class PatchDoesNotApply(Finding):
     def __init__(self, patch: str, base: str, detail: str) -> None:
         super().__init__(f"{patch} does not apply to {base}: {detail}")
+
+
+def by_exit_code(message: str, exit_code: int) -> PatchsetError:
+    """The project's error for a message and exit code from a stdlib-only module (kitparts)."""
+    return BadInput(message) if exit_code == 2 else Finding(message)

@@ -7,6 +7,11 @@ ships it to GPU hosts that have torch but neither network nor vllm-patchset, whe
 The manifest (``manifest.json``) lists trees; each names the pytest selection to run and the
 expected outcome of each regression test: ``red`` (fails: the bug is there) or ``green``
 (passes). Every other test selected must pass or skip itself with a reason.
+
+With ``--native SITE`` (an assembled native-ops kit, ``kitparts.py``), SITE goes on every run's
+PYTHONPATH (the packages vLLM imports) and the trees marked ``native`` (the pin's) get SITE's
+compiled vLLM extensions linked in beside their Python files, so that tests/gpu runs them with
+vLLM's real ops (mode ``native``); the other trees keep the stand-ins.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class TreeSpec:
     path: str  # relative to the manifest's folder
     select: tuple[str, ...]  # pytest arguments (paths or node ids), relative to that folder
     expectations: tuple[Expectation, ...]
+    native: bool = False  # the pin's tree: takes a native-ops kit's compiled extensions
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ def load_manifest(root: Path) -> list[TreeSpec]:
             path=t["path"],
             select=tuple(t["select"]),
             expectations=tuple(Expectation(**e) for e in t["expectations"]),
+            native=bool(t.get("native", False)),
         )
         for t in data["trees"]
     ]
@@ -72,6 +79,7 @@ def write_manifest(root: Path, trees: list[TreeSpec]) -> None:
                 "path": t.path,
                 "select": list(t.select),
                 "expectations": [e.__dict__ for e in t.expectations],
+                "native": t.native,
             }
             for t in trees
         ]
@@ -104,11 +112,30 @@ def base_ids(outcomes: dict[str, str]) -> list[str]:
     return sorted({node.split("[", 1)[0] for node in outcomes if "::" in node})
 
 
-def run_tree(root: Path, tree: TreeSpec, out: Path, python: str) -> tuple[dict[str, object], float]:
+def link_extensions(site: Path, tree: Path) -> list[str]:
+    """Link every compiled extension of the vllm in `site` into the vllm tree `tree` (the
+    folder holding vllm/) at the same path; return their paths. Existing files are kept."""
+    linked = []
+    for ext in sorted((site / "vllm").rglob("*.so")):
+        rel = ext.relative_to(site)
+        dest = tree / rel
+        if dest.parent.is_dir() and not dest.exists():
+            dest.symlink_to(ext.resolve())
+            linked.append(rel.as_posix())
+    return linked
+
+
+def run_tree(
+    root: Path, tree: TreeSpec, out: Path, python: str, native: Path | None = None
+) -> tuple[dict[str, object], float]:
     """Run pytest on `tree`'s selection with that tree first on sys.path; return the report."""
     report_path = out / f"{tree.name}.json"
     report_path.unlink(missing_ok=True)
     env = {**os.environ, TREE_ENV: str((root / tree.path).resolve()), REPORT_ENV: str(report_path)}
+    if native is not None:
+        if tree.native:
+            link_extensions(native, root / tree.path)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(native), env.get("PYTHONPATH"))))
     command = [
         python,
         "-m",
@@ -163,14 +190,20 @@ def table(rows: list[Row]) -> str:
     )
 
 
-def run_all(root: Path, out: Path, python: str, only: tuple[str, ...] = ()) -> list[Row]:
+def run_all(
+    root: Path,
+    out: Path,
+    python: str,
+    only: tuple[str, ...] = (),
+    native: Path | None = None,
+) -> list[Row]:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     timings: dict[str, float] = {}
     for tree in load_manifest(root):
         if only and tree.name not in only:
             continue
-        report, seconds = run_tree(root, tree, out, python)
+        report, seconds = run_tree(root, tree, out, python, native)
         timings[tree.name] = round(seconds, 1)
         print(f"{tree.name}: {report.get('vllm', {})} ({seconds:.0f} s)", flush=True)
         rows.extend(check_tree(tree, report))
@@ -185,11 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="logs and reports (default: ROOT/results)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter with torch")
     parser.add_argument("--only", action="append", default=[], metavar="TREE")
+    parser.add_argument("--native", type=Path, metavar="SITE", help="an assembled kit's site/")
     args = parser.parse_args(argv)
     if not (args.root / MANIFEST).is_file():
         print(f"gpurun: no {MANIFEST} in {args.root}", file=sys.stderr)
         return 2
-    rows = run_all(args.root, args.out or args.root / "results", args.python, tuple(args.only))
+    if args.native is not None and not (args.native / "vllm" / "__init__.py").is_file():
+        print(f"gpurun: --native {args.native} holds no vllm/ package", file=sys.stderr)
+        return 2
+    native = args.native.resolve() if args.native else None
+    out = args.out or args.root / "results"
+    rows = run_all(args.root, out, args.python, tuple(args.only), native)
     print(table(rows))
     unmet = [r for r in rows if not r.met]
     print(f"{len(rows) - len(unmet)} expectations met, {len(unmet)} unmet")

@@ -10,7 +10,9 @@ Trees, each a pure-Python `vllm/` package with the metadata vLLM's platform dete
   `fixed-<n>`, that tree with the patch applied, where they must pass.
 
 The run itself is gpurun.py (standard library only), so that `vllm-patchset bundle` can ship
-the same trees, manifest and checker to a GPU host without network.
+the same trees, manifest and checker to a GPU host without network. With `--kit DIR` (a
+native-ops kit, `vllm-patchset kit build`), the pin's two trees run with vLLM's compiled ops
+from the pin's wheel (mode `native` in the report) instead of the stand-ins.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from pathlib import Path
 
 import tomllib
 
-from vllm_patchset import gpurun
+from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.errors import BadInput, Finding, by_exit_code
 from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, pin_base, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
@@ -100,7 +102,8 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
     ):
         export_tree(project, None, trees / name, pristine=pristine)
         _add_metadata(trees / name, version)
-        specs.append(gpurun.TreeSpec(name, f"trees/{name}", (TESTS,), tuple(expect)))
+        spec = gpurun.TreeSpec(name, f"trees/{name}", (TESTS,), tuple(expect), native=True)
+        specs.append(spec)
 
     for patch in patches:
         if patch.key.startswith("upstreamed/"):
@@ -153,6 +156,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
     p.add_argument("--only", action="append", default=[], metavar="TREE")
     p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
+    p.add_argument("--kit", type=Path, help="a native-ops kit: the pin's trees run its real ops")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
@@ -166,9 +170,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     built = build_trees(project, work)
     for spec in built.specs:
         print(f"tree {spec.name}: {spec.path}", file=sys.stderr)
+    native = None
+    if args.kit is not None:
+        try:
+            native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
+        except kitparts.KitError as exc:
+            raise by_exit_code(str(exc), exc.exit_code) from None
+        print(f"native ops for the pin's trees from {native}", file=sys.stderr)
     if args.build_only:
         return 0
-    rows = gpurun.run_all(built.root, built.root / "results", args.python, tuple(args.only))
+    rows = gpurun.run_all(built.root, built.root / "results", args.python, tuple(args.only), native)
     if args.json:
         print(json.dumps({"rows": [r.__dict__ for r in rows]}, indent=2))
     else:

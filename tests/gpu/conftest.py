@@ -183,7 +183,7 @@ def vllm_under_test() -> VllmUnderTest:
 
 @pytest.fixture(scope="session", autouse=True)
 def _workspace() -> None:
-    """FusedMoEKernel.apply takes its buffers from vLLM's workspace manager (GPU.md)."""
+    """FusedMoEKernel.apply takes its buffers from vLLM's workspace manager: set it up once."""
     if UNDER_TEST.mode.startswith("skipped"):
         return
     import torch

@@ -1,0 +1,868 @@
+"""The engine end-to-end check: the overlay inside vLLM's `LLM` engine, on a GPU host.
+
+vLLM 0.24.0's engine (CUDA graphs on: piecewise and full decode graphs) serves generated
+Qwen3-MoE checkpoints (engine_checkpoint.py: ModelOpt NVFP4 at Qwen3-30B-A3B's MoE sizes, the
+same weights in BF16, and an FP8 variant), prompts given as token ids (no tokenizer):
+
+- teacher-forced logprobs (`prompt_logprobs=0`) of 32 prompts of 96 tokens on a 2-layer model,
+  compared pristine vs overlay, with the scale to judge them by: the pristine batch of 32 vs
+  the same prompts one by one, and the pristine emulation vs Marlin (0.24.0's default NVFP4
+  MoE backend on Hopper); greedy tokens where the model is shallow enough for them to agree;
+- generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
+  repeats) on a 12-layer model, where the MoE dominates the step: pristine emulation, the
+  overlay's emulation, Marlin and the BF16 model;
+- fix 2 at engine level: an FP8 (static per-tensor scales) model with LoRA enabled, data
+  parallel 2 and expert parallel: the configuration in which TritonExperts defers the input
+  quantization to apply() with a tensor a1_scale; CUDA graph capture fails at start-up on the
+  pristine pin and passes with the overlay;
+- with two GPUs: expert parallel 2 and tensor parallel 2, so that the fused kernel's expert
+  map runs inside the engine.
+
+The overlay is applied with `vllm-patchset overlay apply` to the very vLLM install the
+pristine runs used (and reverted at the end); each engine's output shows the guard plugin's
+start-up line. One command on a host with vLLM installed:
+
+    python benchmarks/engine_e2e.py all --work /tmp/engine-e2e
+
+and on a host with torch but no vLLM, with a native-ops kit (`vllm-patchset kit build`):
+
+    python benchmarks/engine_e2e.py all --work /tmp/engine-e2e --kit KIT
+
+Results (JSON per run, logs) go to WORK/results; `report` writes
+benchmarks/results/engine_e2e_h200.{json,md,png}. Every engine runs in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+VOCAB = 32768
+LOGPROB_PROMPTS, LOGPROB_LEN = 32, 96
+GREEDY_TOKENS = 32
+THROUGHPUT_PROMPT, THROUGHPUT_TOKENS, REPEATS = 32, 128, 3
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32]
+RUN_TIMEOUT = 480  # seconds: a hung engine must not eat a whole GPU visit
+RANK_GRACE = 45  # seconds the other data-parallel ranks get once one has ended
+# What a failed CUDA graph capture says (CUDA, then HIP).
+CAPTURE_ERRORS = re.compile(
+    r"operation not permitted when stream is capturing|cudaErrorStreamCaptureInvalidated"
+    r"|capture.*(invalidated|unsupported)|hipErrorStreamCaptureUnsupported",
+    re.IGNORECASE,
+)
+TRACEBACK_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+# The environment every engine gets: no flashinfer sampler, no DeepGEMM (neither is in the
+# kit), nothing from a hub, NVLink multicast off (it can wedge a shared host's GPUs).
+ENGINE_ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_USE_DEEP_GEMM": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "GIT_PYTHON_REFRESH": "quiet",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One engine: a checkpoint, a MoE backend, a parallel layout and what to measure."""
+
+    name: str
+    model: str  # the checkpoint's folder under WORK/models
+    backend: str = "emulation"  # moe_backend ("auto" for BF16 and the fix-2 model)
+    tp: int = 1
+    ep: bool = False
+    dp: int = 1
+    lora: bool = False
+    logprobs: bool = False
+    greedy: bool = False
+    batches: tuple[int, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+
+MODELS = {  # folder -> (format, layers)
+    "nvfp4-L2": ("nvfp4", 2),
+    "nvfp4-L12": ("nvfp4", 12),
+    "bf16-L12": ("bf16", 12),
+    "fp8-L2": ("fp8", 2),
+}
+NUMERICS = {"logprobs": True, "greedy": True}
+SPEED = {"batches": (1, 8, 32)}
+# A phase: runs one after the other on GPUs of their own, and the state the vLLM install must
+# be in ("pristine", "overlay" or "any"). Phases given together run side by side when there
+# are GPUs enough.
+PHASES: dict[str, tuple[str, tuple[Run, ...]]] = {
+    "emulation": (
+        "any",
+        (
+            Run("emulation-L2", "nvfp4-L2", **NUMERICS),
+            Run("emulation-L12", "nvfp4-L12", **SPEED),
+        ),
+    ),
+    "baselines": (
+        "pristine",
+        (
+            Run("marlin-L2", "nvfp4-L2", backend="marlin", **NUMERICS),
+            Run("marlin-L12", "nvfp4-L12", backend="marlin", **SPEED),
+            Run("bf16-L12", "bf16-L12", backend="auto", **SPEED),
+        ),
+    ),
+    "fix2": (
+        "any",
+        (Run("fix2-fp8-lora-dp2-ep", "fp8-L2", backend="triton", ep=True, dp=2, lora=True),),
+    ),
+    "parallel": (
+        "any",
+        (
+            Run("emulation-L2-ep2", "nvfp4-L2", tp=2, ep=True, **NUMERICS),
+            Run("emulation-L2-tp2", "nvfp4-L2", tp=2, **NUMERICS),
+            Run("emulation-L12-ep2", "nvfp4-L12", tp=2, ep=True, **SPEED),
+        ),
+    ),
+}
+
+
+def prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(length)] for _ in range(count)]
+
+
+def engine_kwargs(run: Run, model: Path) -> dict[str, Any]:
+    """The LLM(...) arguments of a run: CUDA graphs on (vLLM's default FULL_AND_PIECEWISE,
+    captured for the batch sizes measured), no tokenizer, no prefix cache (prompt logprobs
+    are computed, not looked up)."""
+    kwargs: dict[str, Any] = {
+        "model": str(model),
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "seed": 0,
+        "max_model_len": 1024,
+        "max_num_seqs": max(CAPTURE_SIZES),
+        "gpu_memory_utilization": 0.6,
+        "enable_prefix_caching": False,
+        "attention_backend": "TRITON_ATTN",
+        "compilation_config": {"cudagraph_capture_sizes": CAPTURE_SIZES},
+        "tensor_parallel_size": run.tp,
+        "enable_expert_parallel": run.ep,
+    }
+    if run.backend != "auto":
+        kwargs["moe_backend"] = run.backend
+    if run.lora:
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=8)
+    return kwargs
+
+
+# -- the worker: one engine, in a process of its own -------------------------------------------
+def worker(run: Run, model: Path, out: Path) -> None:
+    """Start the engine, measure what the run asks for, write the result to `out`."""
+    result: dict[str, Any] = {"run": dataclasses.asdict(run), "kwargs": engine_kwargs(run, model)}
+    started = time.monotonic()
+    from vllm import LLM, SamplingParams
+
+    try:
+        llm = LLM(**engine_kwargs(run, model))
+    except Exception as exc:  # the run's outcome: recorded, not raised
+        result["startup_error"] = f"{type(exc).__name__}: {exc}"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        return
+    result["startup_s"] = round(time.monotonic() - started, 1)
+
+    def generate(batch: list[list[int]], params: Any) -> list[Any]:
+        return list(llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False))
+
+    if run.logprobs:
+        texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        result["logprobs_batch"] = [
+            _prompt_logprobs(o, p) for o, p in zip(generate(texts, params), texts, strict=True)
+        ]
+        result["logprobs_single"] = [_prompt_logprobs(generate([p], params)[0], p) for p in texts]
+    if run.greedy:
+        texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True, detokenize=False
+        )
+        result["greedy"] = [list(o.outputs[0].token_ids) for o in generate(texts, params)]
+    if run.dp > 1 or not (run.logprobs or run.greedy or run.batches):
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, detokenize=False)
+        result["generated"] = [
+            list(o.outputs[0].token_ids) for o in generate(prompts(4, 32, 3), params)
+        ]
+    throughput = {}
+    for batch in run.batches:
+        texts = prompts(batch, THROUGHPUT_PROMPT, seed=100 + batch)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True, detokenize=False
+        )
+        generate(texts, params)  # warm-up: the first call of a batch size pays for Triton's JIT
+        rates = []
+        for _ in range(REPEATS):
+            begin = time.perf_counter()
+            outputs = generate(texts, params)
+            seconds = time.perf_counter() - begin
+            rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / seconds)
+        throughput[str(batch)] = {"median": statistics.median(rates), "repeats": rates}
+    if throughput:
+        result["throughput"] = throughput
+    result["finished"] = True
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _prompt_logprobs(output: Any, prompt: list[int]) -> list[float]:
+    """The logprob of each prompt token after the first, given the tokens before it."""
+    logprobs = output.prompt_logprobs
+    return [float(logprobs[i][prompt[i]].logprob) for i in range(1, len(prompt))]
+
+
+# -- the parent: lanes of runs, each run a process ---------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Host:
+    site: Path | None  # an assembled kit's site/ (PYTHONPATH), or None for the installed vllm
+    models: Path
+    results: Path
+    python: str = sys.executable
+
+    def env(self, gpus: Sequence[int]) -> dict[str, str]:
+        env = {**os.environ, **ENGINE_ENV, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        env.setdefault("VLLM_CACHE_ROOT", str(self.results.parent / "vllm-cache"))
+        if self.site is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, (str(self.site), env.get("PYTHONPATH")))
+            )
+        return env
+
+    def patchset(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`vllm-patchset ARGS` on this host's vLLM (the kit's site, or the installed one)."""
+        target = ["--target", str(self.site)] if self.site is not None else []
+        command = [self.python, "-m", "vllm_patchset", "--project", str(REPO), *args, *target]
+        return subprocess.run(command, env=self.env([]), capture_output=True, text=True)
+
+    def state(self) -> str:
+        result = self.patchset("overlay", "status", "--json")
+        if result.returncode != 0:
+            raise SystemExit(f"overlay status failed: {result.stderr.strip()}")
+        outcome = json.loads(result.stdout)["outcome"]
+        states = {"applied": "overlay", "not applied": "pristine"}
+        if outcome not in states:
+            raise SystemExit(
+                f"the vLLM install holds neither the pristine files nor the overlay: {outcome}"
+            )
+        return states[outcome]
+
+
+def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[str, Any]:
+    """One run in processes of its own (one per data-parallel rank); its result, with the
+    guard plugin's lines and what a failed capture said."""
+    name = f"{state}-{run.name}"
+    model = host.models / run.model
+    spec = json.dumps(dataclasses.asdict(run))
+    port = _free_port()
+    procs = []
+    for rank in range(run.dp):
+        out = host.results / f"{name}.rank{rank}.json"
+        out.unlink(missing_ok=True)
+        log = (host.results / f"{name}.rank{rank}.log").open("w")
+        env = host.env(gpus)
+        if run.dp > 1:  # vLLM's offline data parallel: one engine per rank, told by env
+            env.update(
+                VLLM_DP_RANK=str(rank),
+                VLLM_DP_RANK_LOCAL=str(rank),
+                VLLM_DP_SIZE=str(run.dp),
+                VLLM_DP_MASTER_IP="127.0.0.1",
+                VLLM_DP_MASTER_PORT=str(port),
+            )
+        command = [host.python, __file__, "worker", spec, str(model), str(out)]
+        # A session of its own: a timeout kills the engine's own processes with it.
+        proc = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs.append((proc, log, out))
+    begin = time.monotonic()
+    _wait_all([proc for proc, _, _ in procs], begin)
+    for proc, _, _ in procs:  # what the engine left running (compile workers, a stuck core)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    ranks = []
+    for proc, log, out in procs:
+        log.close()
+        text = Path(log.name).read_text(errors="replace")
+        rank: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+        rank["exit_code"] = proc.returncode
+        rank["guard"] = sorted(
+            {
+                line.split("vllm-patchset: ", 1)[1]
+                for line in text.splitlines()
+                if "vllm-patchset: " in line
+            }
+        )
+        rank["capture_errors"] = sorted({m.group(0) for m in CAPTURE_ERRORS.finditer(text)})
+        if frame := failing_frame(text):
+            rank["failing_frame"] = frame
+        if proc.returncode != 0 and "startup_error" not in rank:
+            rank["error_tail"] = text.splitlines()[-15:]
+        ranks.append(rank)
+    result = {
+        **ranks[0],
+        "name": name,
+        "state": state,
+        "gpus": list(gpus),
+        "seconds": round(time.monotonic() - begin, 1),
+    }
+    if run.dp > 1:
+        result["ranks"] = ranks
+        result["guard"] = sorted({line for r in ranks for line in r["guard"]})
+        result["capture_errors"] = sorted({e for r in ranks for e in r["capture_errors"]})
+        frames = sorted({r["failing_frame"] for r in ranks if "failing_frame" in r})
+        if frames:
+            result["failing_frame"] = frames[0]
+    (host.results / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def failing_frame(log: str) -> str | None:
+    """The innermost traceback frame logged before the first capture error: where it broke."""
+    lines = [line.split("] ", 1)[-1] for line in log.splitlines()]
+    first = next((i for i, line in enumerate(lines) if CAPTURE_ERRORS.search(line)), None)
+    frames = [i for i in range(first or 0) if lines[i].lstrip().startswith('File "')]
+    if not frames or frames[-1] + 1 >= len(lines):
+        return None
+    frame = TRACEBACK_FRAME.match(lines[frames[-1]])
+    if frame is None:
+        return None
+    path = frame["path"][frame["path"].rfind("/vllm/") + 1 :]  # the path inside the package
+    return f"{path}:{frame['line']} ({frame['fn']}): {lines[frames[-1] + 1].strip()}"
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], begin: float) -> None:
+    """Wait for every rank, at most RUN_TIMEOUT; once one has ended, the others get
+    RANK_GRACE seconds (a rank whose engine failed leaves the others waiting in a collective)."""
+    first_end: float | None = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if first_end is None and any(p.poll() is not None for p in procs):
+            first_end = now
+        late = first_end is not None and now - first_end > RANK_GRACE
+        if now - begin > RUN_TIMEOUT or late:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            return
+        time.sleep(1.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gpu_blocks(needs: Sequence[int], gpus: int) -> list[list[int]] | None:
+    """Consecutive GPUs for phases side by side, or None when there are not enough."""
+    if sum(needs) > gpus:
+        return None
+    starts = [sum(needs[:i]) for i in range(len(needs))]
+    return [list(range(start, start + need)) for start, need in zip(starts, needs, strict=True)]
+
+
+def run_phases(host: Host, names: Sequence[str], gpus: int) -> list[dict[str, Any]]:
+    """The phases `names`, side by side when there are GPUs enough, else one after another."""
+    state = host.state()
+    for name in names:
+        required = PHASES[name][0]
+        if required not in ("any", state):
+            raise SystemExit(f"phase {name} needs the {required} install; it holds the {state}")
+    host.results.mkdir(parents=True, exist_ok=True)
+    needs = [max(r.gpus for r in PHASES[name][1]) for name in names]
+    # Throughput is measured with no other engine on the host: one starting beside it (its
+    # torch.compile workers, its Triton JIT) slowed some repeats by up to 5x on the H200 host.
+    timed = any(r.batches for name in names for r in PHASES[name][1])
+    blocks = None if timed and len(names) > 1 else gpu_blocks(needs, gpus)
+    results: list[dict[str, Any]] = []
+
+    def lane(name: str, devices: list[int]) -> None:
+        for run in PHASES[name][1]:
+            if run.gpus > gpus:
+                print(f"{state}-{run.name}: not run ({run.gpus} GPUs needed, {gpus} here)")
+                continue
+            result = run_engine(host, run, state, devices[: run.gpus])
+            results.append(result)
+            print(_summary(result), flush=True)
+            if not _ok(result) and name != "fix2":  # the rest would fail alike: save the time
+                print(f"phase {name}: stopped after {result['name']} failed", flush=True)
+                break
+
+    if blocks is None:
+        for name, need in zip(names, needs, strict=True):
+            lane(name, list(range(min(need, gpus))))
+        return results
+    threads = [
+        threading.Thread(target=lane, args=(n, b)) for n, b in zip(names, blocks, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def _ok(result: dict[str, Any]) -> bool:
+    """Every rank started and measured all it had to (its exit, after that, is not judged)."""
+    ranks = result.get("ranks", [result])
+    return all(r.get("finished") and "startup_error" not in r for r in ranks)
+
+
+def _summary(result: dict[str, Any]) -> str:
+    if not _ok(result):
+        what = result.get("startup_error") or f"exit code {result.get('exit_code')}"
+        capture = (
+            "; capture failed: " + ", ".join(result["capture_errors"])
+            if result.get("capture_errors")
+            else ""
+        )
+        return f"{result['name']}: FAILED ({str(what)[:200]}){capture}"
+    speed = ", ".join(
+        f"bs{b} {t['median']:.0f} tok/s" for b, t in result.get("throughput", {}).items()
+    )
+    return (
+        f"{result['name']}: ok, start-up {result.get('startup_s')} s{'; ' + speed if speed else ''}"
+    )
+
+
+# -- the report ---------------------------------------------------------------------------------
+# (what, run a, series a, run b, series b): logprob series compared position by position.
+LOGPROB_PAIRS = (
+    (
+        "pristine: batch of 32 vs one by one",
+        "pristine-emulation-L2",
+        "batch",
+        "pristine-emulation-L2",
+        "single",
+    ),
+    (
+        "overlay: batch of 32 vs one by one",
+        "overlay-emulation-L2",
+        "batch",
+        "overlay-emulation-L2",
+        "single",
+    ),
+    ("pristine vs overlay", "pristine-emulation-L2", "batch", "overlay-emulation-L2", "batch"),
+    (
+        "pristine emulation vs Marlin",
+        "pristine-emulation-L2",
+        "batch",
+        "pristine-marlin-L2",
+        "batch",
+    ),
+    (
+        "overlay vs overlay EP2",
+        "overlay-emulation-L2",
+        "batch",
+        "overlay-emulation-L2-ep2",
+        "batch",
+    ),
+    (
+        "overlay vs overlay TP2",
+        "overlay-emulation-L2",
+        "batch",
+        "overlay-emulation-L2-tp2",
+        "batch",
+    ),
+    (
+        "pristine vs pristine EP2",
+        "pristine-emulation-L2",
+        "batch",
+        "pristine-emulation-L2-ep2",
+        "batch",
+    ),
+    (
+        "pristine EP2 vs overlay EP2",
+        "pristine-emulation-L2-ep2",
+        "batch",
+        "overlay-emulation-L2-ep2",
+        "batch",
+    ),
+)
+THROUGHPUT_ROWS = (
+    ("0.24.0 emulation, pristine", "pristine-emulation-L12"),
+    ("0.24.0 emulation + overlay", "overlay-emulation-L12"),
+    ("Marlin (0.24.0's default on Hopper)", "pristine-marlin-L12"),
+    ("BF16 model", "pristine-bf16-L12"),
+    ("emulation, pristine, EP2 (2 GPUs)", "pristine-emulation-L12-ep2"),
+    ("emulation + overlay, EP2 (2 GPUs)", "overlay-emulation-L12-ep2"),
+)
+
+
+def compare_logprobs(a: list[list[float]], b: list[list[float]]) -> dict[str, float | int]:
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    diffs = [abs(x - y) for x, y in pairs]
+    return {
+        "positions": len(pairs),
+        "identical": sum(d == 0.0 for d in diffs) / len(pairs),
+        "mean_abs": statistics.fmean(diffs),
+        "max_abs": max(diffs),
+    }
+
+
+def compare_greedy(a: list[list[int]], b: list[list[int]]) -> dict[str, float | int]:
+    prefixes = []
+    for x, y in zip(a, b, strict=True):
+        same = next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), len(x))
+        prefixes.append(same)
+    return {
+        "sequences": len(a),
+        "identical": sum(p == len(x) for p, x in zip(prefixes, a, strict=True)) / len(a),
+        "mean_common_prefix": statistics.fmean(prefixes),
+        "tokens": len(a[0]) if a else 0,
+    }
+
+
+def load_results(folder: Path) -> dict[str, dict[str, Any]]:
+    """Each run's result (not the per-rank files, not the deploy reports)."""
+    return {
+        p.stem: json.loads(p.read_text())
+        for p in sorted(folder.glob("*.json"))
+        if ".rank" not in p.stem and not p.stem.startswith("deploy-")
+    }
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ok = {n: r for n, r in results.items() if _ok(r)}
+    logprobs = []
+    for what, ra, sa, rb, sb in LOGPROB_PAIRS:
+        a, b = ok.get(ra, {}).get(f"logprobs_{sa}"), ok.get(rb, {}).get(f"logprobs_{sb}")
+        if a and b:
+            logprobs.append({"what": what, "a": ra, "b": rb, **compare_logprobs(a, b)})
+    greedy = []
+    for what, ra, _, rb, _ in LOGPROB_PAIRS[2:]:
+        a, b = ok.get(ra, {}).get("greedy"), ok.get(rb, {}).get("greedy")
+        if a and b:
+            greedy.append({"what": what, "a": ra, "b": rb, **compare_greedy(a, b)})
+    throughput = {
+        label: {
+            b: {"median": t["median"], "best": max(t["repeats"]), "worst": min(t["repeats"])}
+            for b, t in ok[name]["throughput"].items()
+        }
+        for label, name in THROUGHPUT_ROWS
+        if name in ok and "throughput" in ok[name]
+    }
+    runs = {
+        name: {
+            "ok": name in ok,
+            "startup_s": r.get("startup_s"),
+            "seconds": r.get("seconds"),
+            "gpus": r.get("gpus"),
+            "guard": r.get("guard", []),
+            "capture_errors": r.get("capture_errors", []),
+            "failing_frame": r.get("failing_frame"),
+            "error": r.get("startup_error") or (r.get("error_tail") or [None])[-1],
+        }
+        for name, r in results.items()
+    }
+    return {"logprobs": logprobs, "greedy": greedy, "throughput": throughput, "runs": runs}
+
+
+def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
+    lines = [f"# {title}", ""]
+    lines += [f"Note: {note}\n" for note in notes]
+    if summary["logprobs"]:
+        lines += [
+            f"Teacher-forced logprobs, 2-layer model, {LOGPROB_PROMPTS} prompts of"
+            f" {LOGPROB_LEN} tokens (nats; |Δ| per prompt position):",
+            "",
+            "| comparison | positions | identical | mean abs Δ | max abs Δ |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {c['what']} | {c['positions']} | {c['identical']:.1%} | {c['mean_abs']:.4f}"
+            f" | {c['max_abs']:.4f} |"
+            for c in summary["logprobs"]
+        ]
+        lines.append("")
+    if summary["greedy"]:
+        lines += [
+            f"Greedy tokens, 2-layer model ({GREEDY_TOKENS} tokens after each prompt):",
+            "",
+            "| comparison | identical sequences | mean common prefix |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {c['what']} | {c['identical']:.0%}"
+            f" | {c['mean_common_prefix']:.1f} / {c['tokens']} |"
+            for c in summary["greedy"]
+        ]
+        lines.append("")
+    if summary["throughput"]:
+        batches = sorted({int(b) for row in summary["throughput"].values() for b in row})
+        lines += [
+            f"Generation throughput, 12-layer model, {THROUGHPUT_TOKENS} greedy tokens after a"
+            f" {THROUGHPUT_PROMPT}-token prompt, CUDA graphs, tokens/s: median of {REPEATS}"
+            " (slowest to fastest):",
+            "",
+            "| engine | " + " | ".join(f"batch {b}" for b in batches) + " |",
+            "|---|" + "---:|" * len(batches),
+        ]
+        for label, row in summary["throughput"].items():
+            cells = [_cell(row[str(b)]) if str(b) in row else "—" for b in batches]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    fix2 = {n: r for n, r in summary["runs"].items() if "fix2" in n}
+    if fix2:
+        lines += [
+            "Fix 2 in the engine: an FP8 model with static per-tensor activation scales, LoRA"
+            " enabled, data parallel 2 with expert parallel (TritonExperts defers the input"
+            " quantization to apply(), with a tensor a1_scale):",
+            "",
+        ]
+        for name, r in fix2.items():
+            if r["ok"]:
+                lines.append(f"- {name}: started (CUDA graphs captured) and generated")
+            else:
+                errors = "; ".join(r["capture_errors"]) or str(r["error"])[:160]
+                lines.append(f"- {name}: start-up failed: {errors}, at {r['failing_frame']}")
+        lines.append("")
+    lines += [
+        "Runs:",
+        "",
+        "| run | GPUs | outcome | start-up (s) | guard plugin |",
+        "|---|---|---|---:|---|",
+    ]
+    for name, r in summary["runs"].items():
+        if r["ok"]:
+            outcome = "ok"
+        else:
+            outcome = "FAILED: " + ("; ".join(r["capture_errors"]) or str(r["error"])[:120])
+        guard = "<br>".join(r["guard"]) or "—"
+        gpus = ",".join(map(str, r["gpus"] or []))
+        lines.append(f"| {name} | {gpus} | {outcome} | {r['startup_s'] or '—'} | {guard} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(t: dict[str, float]) -> str:
+    return f"{t['median']:.0f} ({t['worst']:.0f} to {t['best']:.0f})"
+
+
+def plot(summary: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in summary["throughput"].items() if "2 GPUs" not in k}
+    batches = sorted({int(b) for row in rows.values() for b in row})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(1, len(rows))
+    for i, (label, row) in enumerate(rows.items()):
+        xs = [j + i * width for j in range(len(batches))]
+        cells = [row.get(str(b), {"median": 0.0, "worst": 0.0, "best": 0.0}) for b in batches]
+        medians = [c["median"] for c in cells]
+        spread = [[m - c["worst"] for m, c in zip(medians, cells, strict=True)],
+                  [c["best"] - m for m, c in zip(medians, cells, strict=True)]]  # fmt: skip
+        ax.bar(xs, medians, width, yerr=spread, capsize=2, label=label)
+    ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(batches))])
+    ax.set_xticklabels([f"batch {b}" for b in batches])
+    ax.set_ylabel("tokens/s")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- commands -----------------------------------------------------------------------------------
+def _host(work: Path) -> Host:
+    site = work / "native" / "site"
+    return Host(site if (site / "vllm").is_dir() else None, work / "models", work / "results")
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Assemble a native-ops kit into WORK/native and install vllm-patchset into its site/."""
+    sys.path.insert(0, str(REPO / "scripts" / "vllm_patchset"))
+    import kitparts
+
+    dest = kitparts.assemble(args.kit, args.work / "native")
+    site = dest / "site"
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+    command += [
+        "--no-build-isolation",
+        "--upgrade",
+        "--target",
+        str(site),
+        str(args.project or REPO),
+    ]
+    subprocess.run(command, check=True)
+    print(f"vLLM with its compiled ops and vllm-patchset in {site}")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from engine_checkpoint import MoeModel, write_model
+
+    models = args.work / "models"
+    # Deepest first: a shallower model of the same format links the deeper one's files.
+    for name in sorted(args.models or MODELS, key=lambda n: -MODELS[n][1]):
+        fmt, layers = MODELS[name]
+        dest = models / name
+        if dest.is_dir():
+            continue
+        deeper = [
+            n for n, (f, d) in MODELS.items() if f == fmt and d > layers and (models / n).is_dir()
+        ]
+        begin = time.monotonic()
+        write_model(
+            MoeModel(layers=layers),
+            fmt,
+            dest,
+            device=args.device,
+            reuse=models / deeper[0] if deeper else None,
+        )
+        print(f"{dest}: {time.monotonic() - begin:.0f} s", flush=True)
+    return 0
+
+
+def _gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
+
+
+def cmd_phases(args: argparse.Namespace) -> int:
+    results = run_phases(_host(args.work), args.names, args.gpus or _gpu_count())
+    return 0 if results else 1
+
+
+def cmd_overlay(args: argparse.Namespace) -> int:
+    host = _host(args.work)
+    host.results.mkdir(parents=True, exist_ok=True)
+    result = host.patchset("overlay", args.action, "--json")
+    (host.results / f"deploy-{args.action}.json").write_text(result.stdout)
+    print(result.stdout.strip(), result.stderr.strip(), sep="\n")
+    return result.returncode
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    summary = summarize(load_results(args.work / "results"))
+    summary["notes"] = list(args.note)
+    title = args.title
+    prefix = args.out
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = markdown(summary, title, args.note)
+    prefix.with_suffix(".md").write_text(text)
+    if summary["throughput"]:
+        plot(summary, prefix.with_suffix(".png"), title)
+    print(text)
+    return 0
+
+
+def cmd_all(args: argparse.Namespace) -> int:
+    """Everything, in order, on this host (kit or installed vLLM), the overlay reverted last."""
+    work = args.work
+    if args.kit is not None:
+        cmd_setup(args)
+    cmd_checkpoints(argparse.Namespace(work=work, models=None, device="cuda"))
+    host, gpus = _host(work), args.gpus or _gpu_count()
+    if host.state() != "pristine":
+        raise SystemExit("the vLLM install holds the overlay: revert it first (overlay revert)")
+    run_phases(host, ["emulation", "baselines"], gpus)
+    if gpus >= 2:
+        run_phases(host, ["fix2"], gpus)
+        run_phases(host, ["parallel"], gpus)
+    try:
+        cmd_overlay(argparse.Namespace(work=work, action="apply"))
+        run_phases(host, ["emulation"], gpus)
+        if gpus >= 2:
+            run_phases(host, ["fix2"], gpus)
+            run_phases(host, ["parallel"], gpus)
+    finally:
+        cmd_overlay(argparse.Namespace(work=work, action="revert"))
+    return cmd_report(argparse.Namespace(work=work, out=args.out, title=args.title, note=[]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    default_out = RESULTS / "engine_e2e_h200"
+    default_title = "vLLM 0.24.0 engine, NVFP4 Qwen3-MoE (E=128, H=2048, I=768, top-8), H200"
+
+    def work(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--work", type=Path, default=Path("/tmp/engine-e2e"), help="models, results")
+
+    p = sub.add_parser("all", help="setup (with --kit), checkpoints, every phase, report")
+    work(p)
+    p.add_argument("--kit", type=Path, help="a native-ops kit, for a host without vLLM")
+    p.add_argument("--project", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--out", type=Path, default=default_out)
+    p.add_argument("--title", default=default_title)
+    p.set_defaults(func=cmd_all)
+    p = sub.add_parser("setup", help="assemble a kit into WORK/native, vllm-patchset into it")
+    work(p)
+    p.add_argument("--kit", type=Path, required=True)
+    p.add_argument("--project", type=Path, help="vllm-patchset to install (a wheel or a folder)")
+    p.set_defaults(func=cmd_setup)
+    p = sub.add_parser("checkpoints", help="write the checkpoints into WORK/models")
+    work(p)
+    p.add_argument("models", nargs="*", metavar="MODEL", help=", ".join(MODELS))
+    p.add_argument("--device", default="cuda")
+    p.set_defaults(func=cmd_checkpoints)
+    p = sub.add_parser("phases", help="run phases side by side: " + ", ".join(PHASES))
+    work(p)
+    p.add_argument("names", nargs="+", choices=list(PHASES))
+    p.add_argument("--gpus", type=int)
+    p.set_defaults(func=cmd_phases)
+    p = sub.add_parser(
+        "overlay", help="vllm-patchset overlay apply|revert|status on the engine's vLLM"
+    )
+    work(p)
+    p.add_argument("action", choices=["apply", "revert", "status"])
+    p.set_defaults(func=cmd_overlay)
+    p = sub.add_parser("report", help="WORK/results -> JSON, Markdown and PNG")
+    work(p)
+    p.add_argument("--note", action="append", default=[], help="a line for the Markdown")
+    p.add_argument("--out", type=Path, default=default_out)
+    p.add_argument("--title", default=default_title)
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("worker", help=argparse.SUPPRESS)
+    p.add_argument("spec")
+    p.add_argument("model", type=Path)
+    p.add_argument("out", type=Path)
+    p.set_defaults(func=lambda a: worker(_run_from_json(a.spec), a.model, a.out) or 0)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def _run_from_json(spec: str) -> Run:
+    data = json.loads(spec)
+    data["batches"] = tuple(data["batches"])
+    return Run(**data)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

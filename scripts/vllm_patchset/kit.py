@@ -1,0 +1,272 @@
+"""`vllm-patchset kit build|verify|assemble`: the pin's vLLM, with its compiled ops, for a GPU
+host that has torch but no vLLM install and no network.
+
+`build` downloads the pin's wheel from the package index (sha256 checked against the index,
+cached), keeps the files that vLLM's engine and MoE path need, adds the wheels of the packages
+vLLM imports that such a host lacks, and writes one xz stream cut into parts of at most
+60 MiB with a manifest (kitparts.py has the format and the host side). What it leaves out of
+the wheel, and why:
+
+- `vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so` (191 MB): FlashAttention 2; Hopper runs FA3,
+  which the kit carries (`vllm.vllm_flash_attn` refuses to import when neither loads);
+- `vllm/vllm-rs` (37 MB): the Rust front-end binary, which the offline engine never runs;
+- `vllm/third_party/**` but its Python files (63 MB of CUDA headers and DeepGEMM builds for
+  JIT kernels that an NVFP4 or FP8 MoE on Hopper does not use), and the OpenAPI page's static
+  files (the offline engine serves no page).
+
+A host with a normal vLLM install (users' CI, vLLM's images) needs none of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import lzma
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from vllm_patchset import kitparts
+from vllm_patchset.bundle import download_wheels
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, DownloadFailed, by_exit_code
+from vllm_patchset.upstream import _download
+
+NAME = "vllm-patchset-kit"
+PLATFORM = "manylinux_2_28_x86_64"
+LEFT_OUT_FILES = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs")
+LEFT_OUT_DIRS = ("vllm/entrypoints/serve/instrumentator/static/",)
+THIRD_PARTY = "vllm/third_party/"
+
+# What vLLM 0.24.0's engine imports beyond a GPU host with torch, triton, transformers, numpy,
+# safetensors, aiohttp and their dependencies, found by importing the engine's modules with
+# only the host's packages (pinned: the same kit every time). pydantic-core is added at the
+# version pydantic pins. openai < 3 (3.x needs httpx2); xgrammar and llguidance are imported
+# where the structured-output classes are defined. gitpython and its two dependencies are for
+# vllm-patchset itself (`overlay apply` on the host).
+ENGINE_WHEELS = (
+    "pydantic==2.14.4",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "msgspec==0.23.0",
+    "cbor2==6.3.0",
+    "pyzmq==27.3.0",
+    "multidict==7.2.1",
+    "frozenlist==1.8.0",
+    "openai==2.54.0",
+    "jiter==0.19.0",
+    "sniffio==1.3.1",
+    "distro==1.9.0",
+    "openai-harmony==0.0.8",
+    "pybase64==1.5.1",
+    "cachetools==8.0.2",
+    "llguidance==1.7.6",
+    "xgrammar==0.2.3",
+    "apache-tvm-ffi==0.1.9",
+    "fastapi==0.136.3",
+    "starlette==1.10.0",
+    "partial-json-parser==0.2.1.1.post7",
+    "compressed-tensors==0.17.0",
+    "loguru==0.7.3",
+    "gitpython==3.2.1",
+    "gitdb==4.0.12",
+    "smmap==5.0.3",
+)
+
+
+def kit_member(path: str) -> bool:
+    """Whether a file of the pin's wheel goes into the kit (see the module's docstring)."""
+    if path.startswith("vllm-") and ".dist-info/" in path:
+        return True
+    if not path.startswith("vllm/") or path in LEFT_OUT_FILES:
+        return False
+    if path.startswith(LEFT_OUT_DIRS):
+        return False
+    if path.startswith(THIRD_PARTY):
+        return path.endswith(".py")  # vLLM imports these; the headers and builds are for JIT
+    return True
+
+
+def _index_wheel(project: Project, platform: str) -> tuple[str, str, str]:
+    """(file name, sha256, url) of the pin's wheel for `platform` on the package index."""
+    url = f"{project.index_url}/{project.package}/"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise DownloadFailed(f"cannot read the package index {url} ({exc})") from None
+    prefix = f"{project.package}-{project.pin}-"
+    for entry in files:
+        name = str(entry["filename"])
+        if name.startswith(prefix) and name.endswith(f"-{platform}.whl"):
+            return name, str(entry["hashes"]["sha256"]), str(entry["url"])
+    raise BadInput(f"the index has no {project.package} {project.pin} wheel for {platform}")
+
+
+def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
+    """The pin's wheel in the cache (`<cache>/wheels/`), downloaded once; sha256 checked against
+    the index every time the index is reachable, and against the cached check otherwise."""
+    folder = project.cache_dir / "wheels"
+    name, sha256, url = _index_wheel(project, platform)
+    target = folder / name
+    if target.is_file() and kitparts.sha256_file(target) == sha256:
+        return target, sha256
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    try:
+        _download(url, partial, name)
+        got = kitparts.sha256_file(partial)
+        if got != sha256:
+            raise DownloadFailed(f"{name}: sha256 {got} is not the index's {sha256}")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target, sha256
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_kit(
+    wheel: Path,
+    wheel_sha256: str,
+    version: str,
+    dest: Path,
+    *,
+    wheels: Sequence[Path] = (),
+    level: int = 9,
+    part_limit: int = kitparts.PART_LIMIT,
+) -> kitparts.Manifest:
+    """Write the kit of `wheel` (plus dependency `wheels`) into the new folder `dest`."""
+    if dest.exists():
+        raise BadInput(f"{dest} exists already: give a new folder")
+    if not 0 <= level <= 9:
+        raise BadInput(f"xz level {level} is not in 0..9")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    # The x86 branch filter makes the compiled extensions about a tenth smaller.
+    filters = [{"id": lzma.FILTER_X86}, {"id": lzma.FILTER_LZMA2, "preset": level}]
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = sorted(n for n in archive.namelist() if kit_member(n) and not n.endswith("/"))
+            records = [n for n in names if n.endswith(".dist-info/RECORD")]
+            if len(records) != 1:
+                raise BadInput(f"{wheel.name} holds {len(records)} dist-info RECORDs, expected 1")
+            record_sha256 = hashlib.sha256(archive.read(records[0])).hexdigest()
+            with (
+                kitparts.PartWriter(staging, part_limit) as parts,
+                lzma.open(cast(BinaryIO, parts), "wb", filters=filters) as xz,
+                tarfile.open(fileobj=xz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                for name in names:
+                    mode = (archive.getinfo(name).external_attr >> 16) & 0o777
+                    _add(tar, f"site/{name}", archive.read(name), 0o755 if mode & 0o111 else 0o644)
+                for path in sorted(wheels):
+                    _add(tar, f"wheels/{path.name}", path.read_bytes())
+        manifest = kitparts.Manifest(
+            vllm=version,
+            wheel=wheel.name,
+            wheel_sha256=wheel_sha256,
+            record_sha256=record_sha256,
+            site_files=len(names),
+            wheels={p.name: kitparts.sha256_file(p) for p in wheels},
+            parts=tuple(parts.parts),
+        )
+        (staging / kitparts.MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
+        staging.rename(dest)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BadInput(f"cannot write the kit of {wheel.name}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def build_kit(
+    project: Project,
+    dest: Path,
+    *,
+    level: int = 9,
+    with_wheels: bool = True,
+    python_version: str = "3.12",
+    platform: str = PLATFORM,
+) -> kitparts.Manifest:
+    wheel, sha256 = pin_wheel(project, platform)
+    scratch = dest.with_name(f".{dest.name}.wheels")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        wheels = download_wheels(scratch, python_version, ENGINE_WHEELS) if with_wheels else []
+        return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    kit = sub.add_parser("kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
+    ksub = kit.add_subparsers(dest="kit_command", required=True)
+    p = ksub.add_parser("build", help="download the pin's wheel, write the kit's parts")
+    p.add_argument("--out", type=Path, help=f"a new folder (default: build/{NAME})")
+    p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
+    p.add_argument("--no-wheels", dest="wheels", action="store_false", help="vLLM's wheel only")
+    p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
+    p.add_argument("--platform", default=PLATFORM, help="the wheel's platform tag")
+    p.set_defaults(func=cmd_kit_build)
+    p = ksub.add_parser("verify", help="check every part's size and sha256")
+    p.add_argument("kit", type=Path)
+    p.set_defaults(func=cmd_kit_verify)
+    p = ksub.add_parser("assemble", help="check, unpack, check every file against the RECORD")
+    p.add_argument("kit", type=Path)
+    p.add_argument("--dest", type=Path, required=True, help="the folder to create")
+    p.set_defaults(func=cmd_kit_assemble)
+
+
+def cmd_kit_build(args: argparse.Namespace) -> int:
+    project = Project.load(args.project, args.cache_dir)
+    out = args.out or project.root / "build" / NAME
+    if args.out is None:
+        shutil.rmtree(out, ignore_errors=True)  # our own build output: replace it
+    manifest = build_kit(
+        project,
+        out,
+        level=args.level,
+        with_wheels=args.wheels,
+        python_version=args.python_version,
+        platform=args.platform,
+    )
+    size = sum(p.size for p in manifest.parts) / 2**20
+    wheels = len(manifest.wheels)
+    print(f"wrote {out}: {len(manifest.parts)} parts, {size:.1f} MiB, {wheels} wheels")
+    for part in manifest.parts:
+        print(f"  {part.name} {part.size} {part.sha256}")
+    return 0
+
+
+def cmd_kit_verify(args: argparse.Namespace) -> int:
+    try:
+        manifest = kitparts.verify(args.kit)
+    except kitparts.KitError as exc:
+        raise by_exit_code(str(exc), exc.exit_code) from None
+    print(f"kit for vllm {manifest.vllm}: {len(manifest.parts)} parts ok")
+    return 0
+
+
+def cmd_kit_assemble(args: argparse.Namespace) -> int:
+    try:
+        dest = kitparts.assemble(args.kit, args.dest)
+    except kitparts.KitError as exc:
+        raise by_exit_code(str(exc), exc.exit_code) from None
+    print(f"kit assembled in {dest}: PYTHONPATH={dest / 'site'}")
+    return 0

@@ -1,0 +1,224 @@
+"""The engine check's CPU side: the engine arguments of each run, the plan of phases, and the
+report (comparisons, Markdown, where a failed capture broke) from results shaped like a run's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import engine_e2e as e2e  # noqa: E402
+
+COMMON = {
+    "skip_tokenizer_init": True,
+    "dtype": "bfloat16",
+    "seed": 0,
+    "max_model_len": 1024,
+    "max_num_seqs": 32,
+    "gpu_memory_utilization": 0.6,
+    "enable_prefix_caching": False,
+    "attention_backend": "TRITON_ATTN",
+    "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32]},
+}
+KWARGS_CASES = [
+    (
+        e2e.Run("emulation-L2", "nvfp4-L2", logprobs=True),
+        {"tensor_parallel_size": 1, "enable_expert_parallel": False, "moe_backend": "emulation"},
+    ),
+    (
+        e2e.Run("bf16-L12", "bf16-L12", backend="auto", batches=(1, 8, 32)),
+        {"tensor_parallel_size": 1, "enable_expert_parallel": False},
+    ),
+    (
+        e2e.Run("emulation-L2-ep2", "nvfp4-L2", tp=2, ep=True),
+        {"tensor_parallel_size": 2, "enable_expert_parallel": True, "moe_backend": "emulation"},
+    ),
+    (
+        e2e.Run("fix2", "fp8-L2", backend="triton", ep=True, dp=2, lora=True),
+        {
+            "tensor_parallel_size": 1,
+            "enable_expert_parallel": True,
+            "moe_backend": "triton",
+            "enable_lora": True,
+            "max_loras": 1,
+            "max_lora_rank": 8,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("run", "expected"), KWARGS_CASES, ids=lambda x: getattr(x, "name", ""))
+def test_engine_kwargs(run: e2e.Run, expected: dict[str, object]) -> None:
+    assert e2e.engine_kwargs(run, Path("/m") / run.model) == {
+        "model": f"/m/{run.model}",
+        **COMMON,
+        **expected,
+    }
+
+
+def test_phases() -> None:
+    assert {
+        name: (state, [r.name for r in runs]) for name, (state, runs) in e2e.PHASES.items()
+    } == {
+        "emulation": ("any", ["emulation-L2", "emulation-L12"]),
+        "baselines": ("pristine", ["marlin-L2", "marlin-L12", "bf16-L12"]),
+        "fix2": ("any", ["fix2-fp8-lora-dp2-ep"]),
+        "parallel": ("any", ["emulation-L2-ep2", "emulation-L2-tp2", "emulation-L12-ep2"]),
+    }
+    runs = [r for _, runs in e2e.PHASES.values() for r in runs]
+    assert {r.model for r in runs} <= set(e2e.MODELS)
+    # Fix 2's path in vLLM 0.24.0: TritonExperts.expects_unquantized_inputs needs a LoRA
+    # context, a quantized activation dtype and all2all kernels (data parallel > 1 with expert
+    # parallel); the FP8 checkpoint's static input scale makes a1_scale a tensor.
+    (fix2,) = e2e.PHASES["fix2"][1]
+    assert (fix2.model, fix2.backend, fix2.lora, fix2.dp, fix2.ep) == (
+        "fp8-L2",
+        "triton",
+        True,
+        2,
+        True,
+    )
+    assert e2e.MODELS["fp8-L2"] == ("fp8", 2)
+
+
+GPU_BLOCKS = [
+    ([1, 1], 2, [[0], [1]]),
+    ([1, 1], 1, None),
+    ([2], 2, [[0, 1]]),
+    ([1, 2], 2, None),
+    ([1, 2], 4, [[0], [1, 2]]),
+]
+
+
+@pytest.mark.parametrize(("needs", "gpus", "expected"), GPU_BLOCKS)
+def test_gpu_blocks(needs: list[int], gpus: int, expected: list[list[int]] | None) -> None:
+    assert e2e.gpu_blocks(needs, gpus) == expected
+
+
+def test_compare_logprobs_and_greedy() -> None:
+    a = [[-1.0, -2.0], [-3.0, -4.0]]
+    b = [[-1.0, -2.5], [-3.0, -3.0]]
+    assert e2e.compare_logprobs(a, b) == {
+        "positions": 4,
+        "identical": 0.5,
+        "mean_abs": 0.375,
+        "max_abs": 1.0,
+    }
+    assert e2e.compare_greedy([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == {
+        "sequences": 2,
+        "identical": 0.5,
+        "mean_common_prefix": 2.0,
+        "tokens": 3,
+    }
+
+
+# The shape of what vLLM 0.24.0 logged when capture failed (one rank's worker, trimmed).
+FAILED_LOG = """\
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000]   File "/tmp/e2e/native/site/vllm/model_executor/layers/fused_moe/modular_kernel.py", line 1200, in apply
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000]     self.fused_experts.apply(
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000]   File "/tmp/e2e/native/site/vllm/model_executor/layers/fused_moe/experts/triton_moe.py", line 248, in apply
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000]     self.a1_scale or self.a1_gscale,
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000] torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing
+(Worker_DP0_EP0 pid=3969) ERROR 11-30 08:37:47 [multiproc_executor.py:1000] Search for `cudaErrorStreamCaptureInvalidated' in the CUDA docs.
+"""
+FRAME = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py:248 (apply): self.a1_scale or self.a1_gscale,"
+
+
+def test_failing_frame_and_capture_errors() -> None:
+    assert e2e.failing_frame(FAILED_LOG) == FRAME
+    assert e2e.failing_frame("all fine\n") is None
+    assert sorted({m.group(0) for m in e2e.CAPTURE_ERRORS.finditer(FAILED_LOG)}) == [
+        "cudaErrorStreamCaptureInvalidated",
+        "operation not permitted when stream is capturing",
+    ]
+
+
+def _run(name: str, **extra: object) -> dict[str, object]:
+    return {"name": name, "finished": True, "startup_s": 40.0, "gpus": [0], "guard": ["g"], **extra}
+
+
+RESULTS = {
+    "pristine-emulation-L2": _run(
+        "pristine-emulation-L2",
+        logprobs_batch=[[-1.0, -2.0]],
+        logprobs_single=[[-1.0, -2.0]],
+        greedy=[[5, 6, 7]],
+    ),
+    "overlay-emulation-L2": _run(
+        "overlay-emulation-L2",
+        logprobs_batch=[[-1.0, -2.5]],
+        logprobs_single=[[-1.0, -2.0]],
+        greedy=[[5, 6, 8]],
+    ),
+    "pristine-emulation-L12": _run(
+        "pristine-emulation-L12",
+        throughput={"1": {"median": 100.0, "repeats": [99.0, 100.0, 101.0]}},
+    ),
+    "pristine-fix2-fp8-lora-dp2-ep": {
+        "name": "pristine-fix2-fp8-lora-dp2-ep",
+        "startup_error": "RuntimeError: Engine core initialization failed.",
+        "gpus": [0, 1],
+        "guard": [],
+        "capture_errors": ["operation not permitted when stream is capturing"],
+        "failing_frame": FRAME,
+        "ranks": [{"startup_error": "RuntimeError: Engine core initialization failed."}],
+    },
+}
+MARKDOWN = """\
+# T
+
+Note: n
+
+Teacher-forced logprobs, 2-layer model, 32 prompts of 96 tokens (nats; |Δ| per prompt position):
+
+| comparison | positions | identical | mean abs Δ | max abs Δ |
+|---|---:|---:|---:|---:|
+| pristine: batch of 32 vs one by one | 2 | 100.0% | 0.0000 | 0.0000 |
+| overlay: batch of 32 vs one by one | 2 | 50.0% | 0.2500 | 0.5000 |
+| pristine vs overlay | 2 | 50.0% | 0.2500 | 0.5000 |
+
+Greedy tokens, 2-layer model (32 tokens after each prompt):
+
+| comparison | identical sequences | mean common prefix |
+|---|---:|---:|
+| pristine vs overlay | 0% | 2.0 / 3 |
+
+Generation throughput, 12-layer model, 128 greedy tokens after a 32-token prompt, CUDA graphs, tokens/s: median of 3 (slowest to fastest):
+
+| engine | batch 1 |
+|---|---:|
+| 0.24.0 emulation, pristine | 100 (99 to 101) |
+
+Fix 2 in the engine: an FP8 model with static per-tensor activation scales, LoRA enabled, data parallel 2 with expert parallel (TritonExperts defers the input quantization to apply(), with a tensor a1_scale):
+
+- pristine-fix2-fp8-lora-dp2-ep: start-up failed: operation not permitted when stream is capturing, at vllm/model_executor/layers/fused_moe/experts/triton_moe.py:248 (apply): self.a1_scale or self.a1_gscale,
+
+Runs:
+
+| run | GPUs | outcome | start-up (s) | guard plugin |
+|---|---|---|---:|---|
+| pristine-emulation-L2 | 0 | ok | 40.0 | g |
+| overlay-emulation-L2 | 0 | ok | 40.0 | g |
+| pristine-emulation-L12 | 0 | ok | 40.0 | g |
+| pristine-fix2-fp8-lora-dp2-ep | 0,1 | FAILED: operation not permitted when stream is capturing | — | — |
+"""
+
+
+def test_summary_and_markdown() -> None:
+    summary = e2e.summarize(RESULTS)
+    assert summary["throughput"] == {
+        "0.24.0 emulation, pristine": {"1": {"median": 100.0, "best": 101.0, "worst": 99.0}}
+    }
+    assert [r["ok"] for r in summary["runs"].values()] == [True, True, True, False]
+    assert e2e.markdown(summary, "T", ["n"]) == MARKDOWN
+
+
+def test_load_results_skips_ranks_and_deploy_reports(tmp_path: Path) -> None:
+    for name in ("pristine-x.json", "pristine-x.rank0.json", "deploy-apply.json", "overlay-y.json"):
+        (tmp_path / name).write_text(json.dumps({"name": name}))
+    assert sorted(e2e.load_results(tmp_path)) == ["overlay-y", "pristine-x"]
