@@ -472,17 +472,28 @@ def signals_raise() -> Iterator[None]:
 
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is done (a rollback must not be cut short)."""
+    """SIGINT and SIGTERM wait until the block is done (a rollback or a swap must not be cut
+    short): they are noted, and raised again once the block is over. Not a signal mask: with
+    other threads in the process (torch starts some) the kernel hands the signal to one of
+    them, and Python would still run its handler in the main thread, inside the block."""
     import signal
 
     if not _main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        pending.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+        if pending:
+            signal.raise_signal(pending[0])  # the handler that was there runs now
 
 
 def _main_thread() -> bool:
