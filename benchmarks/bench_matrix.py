@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.version import Version
 from vllm_patchset.config import Project
 from vllm_patchset.overlay import patches_for, walk
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.upstream import mirror_for
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST = Version("0.20.0")
@@ -42,7 +42,7 @@ def main() -> int:
     args = parser.parse_args()
 
     project = Project.load(REPO)
-    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    mirror = mirror_for(project)
     if not args.versions:
         args.versions = [v for v in mirror.available_versions() if Version(v) >= FIRST]
     started = time.perf_counter()

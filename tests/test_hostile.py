@@ -260,11 +260,7 @@ def file_is_fifo(site: Path, tmp: Path) -> tuple[int, str]:
 
 def record_is_fifo(site: Path, tmp: Path) -> tuple[int, str]:
     fifo(site / RECORD)
-    info = site / "vllm-0.24.0.dist-info"
-    return 2, (
-        f"vllm-patchset: {info}: unreadable (refusing {site / RECORD}: it is a FIFO, not a"
-        " regular file)\n"
-    )
+    return 2, f"vllm-patchset: refusing {site / RECORD}: it is a FIFO, not a regular file\n"
 
 
 FETCH_TARGET = (
@@ -425,7 +421,7 @@ def record_fifo(target: Path, overlay: Overlay) -> tuple[int, str, str]:
 def metadata_fifo(target: Path, overlay: Overlay) -> tuple[int, str, str]:
     meta = target / "vllm-0.24.0.dist-info" / "METADATA"
     fifo(meta)
-    why = f"cannot read the vllm dist-info in {target}: refusing {meta}: it is a FIFO, not a regular file"
+    why = f"refusing {meta}: it is a FIFO, not a regular file"
     return (
         2,
         f"vllm-patchset: {why}\n",

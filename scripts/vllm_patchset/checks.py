@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock
-from vllm_patchset.overlay import Walk, compare_locks, lock_for, pin_base, walk
+from vllm_patchset.overlay import Walk, compare_locks, lock_for, walk
 from vllm_patchset.series import Series, load_series, read_series_entries
 from vllm_patchset.states import State
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.upstream import Mirror, pin_base
 
 
 def project_series(project: Project) -> Series:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
-import importlib
-import importlib.util
 import io
 import json
 import os
@@ -19,7 +17,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_patchset import fsio
+from vllm_patchset import bundle, deploy, fsio, kit, rebase, validate
 from vllm_patchset.checks import lock_freshness, problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
@@ -27,15 +25,21 @@ from vllm_patchset.overlay import (
     build_overlay,
     export_tree,
     patches_for,
-    pin_base,
-    resolve_base,
     walk,
 )
 from vllm_patchset.queue import export_queue, import_queue
 from vllm_patchset.reports import matrix_json, matrix_table, state_cell
 from vllm_patchset.series import read_series_entries
 from vllm_patchset.states import Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream, check_version, parse_version, sort_versions
+from vllm_patchset.upstream import (
+    Upstream,
+    check_version,
+    mirror_for,
+    parse_version,
+    pin_base,
+    resolve_base,
+    sort_versions,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -49,15 +53,11 @@ def _reads_only() -> None:
     fsio.interrupt_leaves("nothing in the checkout was changed")
 
 
-def _mirror(project: Project) -> Mirror:
-    return Mirror(project.cache_dir, project.package, project.index_url)
-
-
 # -- status / check / matrix / releases --------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     _reads_only()
     project = _project(args)
-    mirror = _mirror(project)
+    mirror = mirror_for(project)
     series = project_series(project)
     result = walk(mirror, pin_base(project, mirror), series.all)
     # Parked patches are not applied: each is classified on the patched pin, for the record.
@@ -99,7 +99,7 @@ def _parked(project: Project) -> list[tuple[str, str]]:
 def cmd_check(args: argparse.Namespace) -> int:
     _reads_only()
     project = _project(args)
-    series, found = problems(project, _mirror(project))
+    series, found = problems(project, mirror_for(project))
     for problem in found:
         print(problem, file=sys.stderr)
     n = len(series.active) + len(series.upstreamed) + len(series.parked)
@@ -110,7 +110,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_matrix(args: argparse.Namespace) -> int:
     _reads_only()
     project = _project(args)
-    mirror = _mirror(project)
+    mirror = mirror_for(project)
     patches = patches_for(project)
     started = time.perf_counter()
     if bool(args.git) != bool(args.ref):
@@ -135,7 +135,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 def cmd_releases(args: argparse.Namespace) -> int:
     project = _project(args)
-    releases = _mirror(project).available_versions(pre=args.pre)
+    releases = mirror_for(project).available_versions(pre=args.pre)
     if args.newer_than_pin:
         pin = parse_version(project.pin)
         if pin is None:
@@ -153,7 +153,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     _reads_only()
     project = _project(args)
-    mirror = _mirror(project)
+    mirror = mirror_for(project)
     if args.installed or args.python or args.target:
         upstream = mirror.installed(args.python, args.target)
     else:
@@ -162,11 +162,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _base(project: Project, args: argparse.Namespace) -> Upstream | None:
-    """The upstream named by --base/--pin, --git and --ref; None for the pin."""
-    if args.base or args.git or args.ref:
-        return resolve_base(project, _mirror(project), args.base, args.git, args.ref)
-    return None
+def _base(project: Project, args: argparse.Namespace) -> Upstream:
+    """The upstream named by --base/--pin, --git and --ref, else the pin."""
+    return resolve_base(project, mirror_for(project), args.base, args.git, args.ref)
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
@@ -257,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", action="append", default=[], metavar="PATCH", help="leave it out")
     _add_base_options(p, "--pin")
     p.set_defaults(func=cmd_overlay_build)
-    _register_deploy(osub)
+    deploy.register_cli(osub)
 
     p = sub.add_parser("tree", help="write a full pristine or patched vllm/ tree")
     p.add_argument("dest", type=Path)
@@ -274,21 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop", action="store_true", help="remove the worktree afterwards")
     p.set_defaults(func=cmd_queue_export)
 
-    _register_more(sub)
+    # Commands of their own modules, wired here by import: a renamed module fails loudly.
+    for module in (rebase, validate, bundle, kit):
+        module.register_cli(sub)
     return parser
-
-
-def _register_deploy(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`overlay apply|verify|revert|status` (deploy.py)."""
-    if importlib.util.find_spec("vllm_patchset.deploy") is not None:
-        importlib.import_module("vllm_patchset.deploy").register_cli(osub)
-
-
-def _register_more(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands of their own modules: rebase, validate, bundle, bench, kit."""
-    for name in ("rebase", "validate", "bundle", "bench", "kit"):
-        if importlib.util.find_spec(f"vllm_patchset.{name}") is not None:
-            importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
 
 
 def _writes_project(args: argparse.Namespace) -> bool:

@@ -44,9 +44,9 @@ from vllm_patchset.installed import (
     STATE_DIR,
     installed_version,
     path_parts,
+    probe,
 )
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
-from vllm_patchset.upstream import probe
 
 if TYPE_CHECKING:
     import argparse

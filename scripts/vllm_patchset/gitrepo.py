@@ -19,7 +19,7 @@ from pathlib import Path
 import git
 
 from vllm_patchset.errors import GitError
-from vllm_patchset.fsio import die_with_parent
+from vllm_patchset.fsio import child
 
 BOT_NAME = "vllm-patchset"
 BOT_EMAIL = "vllm-patchset@users.noreply.github.com"
@@ -65,13 +65,17 @@ class Repo:
                 stdin_file.write(stdin)
                 stdin_file.seek(0)
             try:
+                # A killed run leaves no git running (fsio.child).
+                argv, preexec = child(
+                    ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args]
+                )
                 out = cmd.execute(
-                    ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args],
+                    argv,
                     istream=stdin_file if stdin is not None else None,
                     env=full_env,
                     stdout_as_string=False,
                     strip_newline_in_stdout=False,
-                    preexec_fn=die_with_parent(),  # a killed run leaves no git running
+                    preexec_fn=preexec,
                 )
             except git.exc.GitCommandError as exc:
                 stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
@@ -106,8 +110,10 @@ class Repo:
         line fragment `text` (fixed string; one git call for the whole tree)."""
         args = ["grep", "-l", "-z", "-F", "-e", text, rev, "--", pathspec]
         cmd = git.Git(str(self.path))
+        argv, preexec = child(["git", "-c", "core.quotepath=off", *args])
         status, out, err = cmd.execute(
-            ["git", "-c", "core.quotepath=off", *args],
+            argv,
+            preexec_fn=preexec,
             with_extended_output=True,
             with_exceptions=False,
             stdout_as_string=False,

@@ -18,7 +18,7 @@ from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
 from vllm_patchset.series import Patch, load_series
 from vllm_patchset.states import Reason, State, Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream, git_source_commit
+from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, resolve_base
 
 TREE_INFO = "vllm-patchset-tree.json"
 
@@ -84,41 +84,6 @@ def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
     )
 
 
-def pin_base(project: Project, mirror: Mirror) -> Upstream:
-    """The pin's upstream tree: a PyPI release, or a git commit (`pin-commit`, found in the
-    mirror, else fetched from `pin-git` at `pin-ref`), or a git ref (`pin-git` + `pin-ref`)."""
-    if project.pin_commit:
-        found = mirror.git_commit(project.pin_commit)
-        if found is not None:
-            return found
-        if not project.pin_git:
-            raise BadInput(
-                f"the pin is commit {project.pin_commit[:12]} ({project.pin_ref}) of a local git"
-                f" repository, which is not in the mirror: `vllm-patchset fetch --git PATH --ref"
-                f" {project.pin_ref}` first"
-            )
-        fetched = mirror.git_ref(project.pin_git, project.pin_ref or project.pin_commit)
-        if git_source_commit(fetched) != project.pin_commit:
-            raise BadInput(
-                f"{project.pin_ref} of {project.pin_git} is now {git_source_commit(fetched)},"
-                f" not the pinned commit {project.pin_commit}"
-            )
-        return fetched
-    if project.pin_git and project.pin_ref:
-        return mirror.git_ref(project.pin_git, project.pin_ref)
-    return mirror.release(project.pin)
-
-
-def resolve_base(
-    project: Project, mirror: Mirror, version: str | None, git_url: str | None, ref: str | None
-) -> Upstream:
-    if git_url or ref:
-        if not (git_url and ref):
-            raise BadInput("--git and --ref go together")
-        return mirror.git_ref(git_url, ref)
-    return mirror.release(version) if version else pin_base(project, mirror)
-
-
 def patches_for(project: Project) -> tuple[Patch, ...]:
     """The upstreamed archive first (older fixes), then the series."""
     series = load_series(project.series_file, project.upstreamed_file)
@@ -178,15 +143,15 @@ def build_overlay(
     to `out_dir`; the committed lock is not touched. `skip` leaves patches (by file name or
     path under patches/) out of the walk, e.g. one that conflicts with an older base.
     """
-    mirror = Mirror(project.cache_dir, project.package, project.index_url)
-    upstream = base or pin_base(project, mirror)
-    is_pin = base is None or (upstream.version == project.pin and upstream.tag == f"v{project.pin}")
+    mirror = mirror_for(project)
+    upstream = base or resolve_base(project, mirror)
+    pinned = is_pin(project, upstream)
     result = walk(mirror, upstream, without(patches_for(project), skip))
     require_no_conflict(result)
     lock = lock_for(mirror, result, project.package)
     target = out_dir or (
         project.overlay_dir
-        if is_pin
+        if pinned
         else project.root / "build" / f"overlay-{upstream.tag.replace('/', '-')}"
     )
     # The project's overlay dir is the tool's by configuration (overlay/vllm is generated);
@@ -195,7 +160,7 @@ def build_overlay(
     lock_path = project.lock_path if owned else target / "overlay.lock.json"
     if not owned:
         fsio.claim_dir(target, "the output dir", mark=False)
-    if is_pin and owned and not update_lock:
+    if pinned and owned and not update_lock:
         committed = Lock.load(project.lock_path)
         difference = compare_locks(lock, committed)
         if difference:
@@ -223,8 +188,8 @@ def build_overlay(
 
 def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine: bool) -> Path:
     """Write a full `vllm/` tree (pristine, or with every applicable patch) under `dest`."""
-    mirror = Mirror(project.cache_dir, project.package, project.index_url)
-    upstream = base or pin_base(project, mirror)
+    mirror = mirror_for(project)
+    upstream = base or resolve_base(project, mirror)
     if pristine:
         tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
     else:

@@ -14,9 +14,8 @@ from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding
 from vllm_patchset.gitrepo import Repo
 from vllm_patchset.lock import sha256_bytes
-from vllm_patchset.overlay import pin_base
 from vllm_patchset.series import load_series, parse_patch, read_series_file, series_bytes
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.upstream import mirror_for, pin_base
 
 QUEUE_DIR = ".queue"
 BASE_REF = "refs/vllm-patchset/base"  # in the queue repo: the upstream commit it sits on
@@ -63,7 +62,7 @@ def import_queue(project: Project, *, force: bool = False) -> QueueInfo:
     objects: deleting the folder removes it whole, whatever state it is in. It is built in a
     staging dir and renamed in, so an interrupted import leaves no half-made queue."""
     series = load_series(project.series_file, project.upstreamed_file)
-    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    mirror = mirror_for(project)
     upstream = pin_base(project, mirror)
     path = queue_path(project)
     if os.path.lexists(path):

@@ -33,7 +33,7 @@ from vllm_patchset.config import Project
 from vllm_patchset.edits import rewrite_paths
 from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.gitrepo import Repo
-from vllm_patchset.overlay import pin_base, walk
+from vllm_patchset.overlay import walk
 from vllm_patchset.rebase_report import Outcome, render_json, render_text, short_id, today
 from vllm_patchset.rebase_state import (
     Choice,
@@ -61,7 +61,15 @@ from vllm_patchset.swap import (
     stage_project,
     swap_in,
 )
-from vllm_patchset.upstream import Mirror, Upstream, check_version, parse_version, sort_versions
+from vllm_patchset.upstream import (
+    Mirror,
+    Upstream,
+    check_version,
+    mirror_for,
+    parse_version,
+    pin_base,
+    sort_versions,
+)
 
 
 # -- the rules -----------------------------------------------------------------------------------
@@ -404,10 +412,6 @@ def _context(project: Project, mirror: Mirror, state: RebaseState) -> Context:
     )
 
 
-def _mirror(project: Project) -> Mirror:
-    return Mirror(project.cache_dir, project.package, project.index_url)
-
-
 def _renames(mirror: Mirror, old: Upstream, onto: Upstream, series: Series) -> dict[str, str]:
     """git's renames between the two bases, for the files the patches touch that are gone."""
     paths = {path for _, p in _ordered(series) for path in p.paths}
@@ -439,7 +443,7 @@ def start(
             raise BadInput("rebase needs the series, the archive and parked/ under one patches/")
     series = project_series(project)  # well-formed before anything
     decisions = resolve_names(series, choices, release)
-    mirror = _mirror(project)
+    mirror = mirror_for(project)
     old = pin_base(project, mirror)
     onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
     if onto.commit == old.commit:
@@ -493,7 +497,7 @@ def resume(
     project: Project, *, choices: Sequence[tuple[Choice, str]] = (), release: str | None = None
 ) -> Outcome:
     state = load(project)
-    mirror = _mirror(project)
+    mirror = mirror_for(project)
     if state.phase in ("swap", "done"):
         if choices:
             raise BadInput("the rebase is being finished: no decisions now (`rebase --continue`)")

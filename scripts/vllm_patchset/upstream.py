@@ -9,12 +9,9 @@ source agree where their files agree.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
-import io
 import json
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -26,9 +23,11 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_patchset.errors import BadInput, DownloadFailed, PatchsetError, UnknownVersion
-from vllm_patchset.fsio import die_with_parent, no_symlink_below, plain_parts, read_regular
+from vllm_patchset.config import Project
+from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
+from vllm_patchset.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.gitrepo import Repo, init_bare
+from vllm_patchset.installed import installed_record, installed_version, parse_record, probe
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
 # A git source that another machine can fetch too (a local path or file:// URL is not one).
@@ -325,23 +324,9 @@ def _extract_package(sdist: Path, dest: Path, package: str) -> None:
 
 
 def _read_installed(site: Path, package: str) -> tuple[Path, str, dict[str, str]]:
-    infos = sorted(site.glob(f"{package}-*.dist-info"))
-    if len(infos) != 1 or not (site / package / "__init__.py").is_file():
-        raise BadInput(f"{site} holds no single installed {package} (package + dist-info)")
-    try:
-        metadata = (read_regular(infos[0] / "METADATA") or b"").decode("utf-8", "replace")
-        record_text = (read_regular(infos[0] / "RECORD") or b"").decode("utf-8")
-    except (PatchsetError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{infos[0]}: unreadable ({exc})") from None
-    headers = (line.split(":", 1) for line in metadata.splitlines() if ":" in line)
-    version = next((value.strip() for key, value in headers if key == "Version"), None)
-    if version is None:
-        raise BadInput(f"{infos[0] / 'METADATA'}: no Version")
-    return site, version, _parse_record(record_text)
-
-
-def _parse_record(text: str) -> dict[str, str]:
-    return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row and len(row) >= 2}
+    if not (site / package / "__init__.py").is_file():
+        raise BadInput(f"{site} holds no {package} package ({package}/__init__.py is missing)")
+    return site, installed_version(site, package), installed_record(site, package)
 
 
 def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, str]]:
@@ -351,61 +336,60 @@ def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, s
     if not found.record:
         raise BadInput(f"{package} for {python} has no RECORD: its files cannot be checked")
     site = Path(found.origin).parent.parent
-    return site, found.version, _parse_record(found.record)
+    return site, found.version, parse_record(found.record)
 
 
-# -- another interpreter's vllm ------------------------------------------------------------------
-@dataclass(frozen=True)
-class Probe:
-    origin: str | None  # the package's __init__.py, as find_spec sees it (not imported)
-    version: str | None  # its distribution's version
-    record: str | None  # its distribution's RECORD
-    site_dirs: tuple[str, ...]  # where the interpreter installs packages
+# -- the project's mirror and bases ---------------------------------------------------------------
+def mirror_for(project: Project) -> Mirror:
+    """The project's upstream mirror (its cache dir, package and index)."""
+    return Mirror(project.cache_dir, project.package, project.index_url)
 
 
-# Run by the interpreter of `--python` (or this one): finds the package without importing it,
-# so neither vllm nor torch is loaded. `-c` puts the caller's cwd first on sys.path: drop it.
-_PROBE = """\
-import importlib.metadata as md, importlib.util, json, site, sys, sysconfig
-if sys.path and sys.path[0] in ("", "."):
-    del sys.path[0]
-spec = importlib.util.find_spec(sys.argv[1])
-try:
-    dist = md.distribution(sys.argv[1])
-    version, record = dist.version, dist.read_text("RECORD")
-except md.PackageNotFoundError:
-    version = record = None
-dirs = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)()]
-answer = {"origin": spec and spec.origin, "version": version, "record": record, "dirs": dirs}
-print("vllm-patchset-probe", json.dumps(answer))
-"""
+def pin_base(project: Project, mirror: Mirror) -> Upstream:
+    """The pin's upstream tree: a PyPI release, or a git commit (`pin-commit`, found in the
+    mirror, else fetched from `pin-git` at `pin-ref`), or a git ref (`pin-git` + `pin-ref`)."""
+    if project.pin_commit:
+        found = mirror.git_commit(project.pin_commit)
+        if found is not None:
+            return found
+        if not project.pin_git:
+            raise BadInput(
+                f"the pin is commit {project.pin_commit[:12]} ({project.pin_ref}) of a local git"
+                f" repository, which is not in the mirror: `vllm-patchset fetch --git PATH --ref"
+                f" {project.pin_ref}` first"
+            )
+        fetched = mirror.git_ref(project.pin_git, project.pin_ref or project.pin_commit)
+        if git_source_commit(fetched) != project.pin_commit:
+            raise BadInput(
+                f"{project.pin_ref} of {project.pin_git} is now {git_source_commit(fetched)},"
+                f" not the pinned commit {project.pin_commit}"
+            )
+        return fetched
+    if project.pin_git and project.pin_ref:
+        return mirror.git_ref(project.pin_git, project.pin_ref)
+    return mirror.release(project.pin)
 
 
-def probe(python: str, package: str) -> Probe:
-    """Ask `python` where its `package` is; "cannot run --python …" when it gives no answer."""
-    try:
-        done = subprocess.run(
-            [python, "-c", _PROBE, package],
-            capture_output=True,
-            timeout=120,
-            preexec_fn=die_with_parent(),
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BadInput(f"cannot run --python {python}: {why}") from None
-    out = done.stdout.decode("utf-8", "replace").splitlines()
-    answer = next((line for line in reversed(out) if line.startswith("vllm-patchset-probe ")), "")
-    try:
-        doc = json.loads(answer.partition(" ")[2]) if done.returncode == 0 else {}
-        found: Probe | None = Probe(
-            doc["origin"], doc["version"], doc["record"], tuple(str(d) for d in doc["dirs"])
-        )
-    except (ValueError, TypeError, KeyError):
-        found = None
-    if found is None or not all(
-        isinstance(v, str | None) for v in (found.origin, found.version, found.record)
-    ):
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        why = f"exit {done.returncode}: {err[-1]}" if done.returncode and err else "no answer"
-        raise BadInput(f"cannot run --python {python}: {why} (is it a Python interpreter?)")
-    return found
+def resolve_base(
+    project: Project,
+    mirror: Mirror,
+    version: str | None = None,
+    git_url: str | None = None,
+    ref: str | None = None,
+) -> Upstream:
+    """The one place that says which upstream a command works on: a release (`version`), a
+    git ref (`git_url` + `ref`), else the pin."""
+    if git_url or ref:
+        if not (git_url and ref):
+            raise BadInput("--git and --ref go together")
+        return mirror.git_ref(git_url, ref)
+    return mirror.release(version) if version else pin_base(project, mirror)
+
+
+def is_pin(project: Project, upstream: Upstream) -> bool:
+    """Whether `upstream` is the pin's own tree (the committed lock is for it)."""
+    if project.pin_commit:
+        return git_source_commit(upstream) == project.pin_commit
+    if project.pin_git and project.pin_ref:
+        return upstream.label == f"git:{project.pin_ref}"
+    return upstream.tag == f"v{project.pin}"

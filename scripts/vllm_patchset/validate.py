@@ -29,10 +29,10 @@ import tomllib
 from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding, by_exit_code
-from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, pin_base, walk
+from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
-from vllm_patchset.upstream import Mirror, Upstream, is_version
+from vllm_patchset.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
 
 TESTS = "tests/gpu"
 
@@ -77,7 +77,7 @@ def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: dict[str, objec
 
 def build_trees(project: Project, root: Path) -> BuiltTrees:
     """Write every tree under `root`/trees, tests/gpu beside them, and the manifest."""
-    mirror = Mirror(project.cache_dir, project.package, project.index_url)
+    mirror = mirror_for(project)
     pin = pin_base(project, mirror)
     patches = patches_for(project)
     if root.exists():
