@@ -18,6 +18,7 @@ from support import (
     ORACLE,
     PROJECT_FILES,
     REPO,
+    export_committed,
     git,
     make_upstream_repo,
 )
@@ -87,25 +88,30 @@ def mirror(cache_dir: Path) -> Mirror:
     return mirror
 
 
-@pytest.fixture
-def project(
-    tmp_path: Path, cache_dir: Path, mirror: Mirror, monkeypatch: pytest.MonkeyPatch
-) -> Project:
-    """A copy of this project's patch set in a fresh git repo, using the session's mirror
-    (also for the CLI, through VLLM_PATCHSET_CACHE)."""
-    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(cache_dir))
-    root = tmp_path / "project"
-    for name in PROJECT_FILES:
-        src = REPO / name
-        dest = root / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dest)
-        elif src.exists():
-            shutil.copy2(src, dest)
-    git(root, "init", "-q", "-b", "main")
+@pytest.fixture(scope="session")
+def project_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project's patch set as committed (HEAD, not the working tree), in a git repo."""
+    root = tmp_path_factory.mktemp("project-template") / "project"
+    export_committed(PROJECT_FILES, root)
+    git(root, "init", "-q", "--template=", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "project")
+    return root
+
+
+@pytest.fixture
+def project(
+    tmp_path: Path,
+    cache_dir: Path,
+    mirror: Mirror,
+    project_template: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """A copy of this project's committed patch set in a fresh git repo, using the session's
+    mirror (also for the CLI, through VLLM_PATCHSET_CACHE)."""
+    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(cache_dir))
+    root = tmp_path / "project"
+    shutil.copytree(project_template, root, symlinks=True)
     return Project.load(root, cache_dir)
 
 

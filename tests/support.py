@@ -3,10 +3,14 @@ own, since tests/ and tests/gpu/ each have a conftest.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import os
 import stat
 import subprocess
+import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from vllm_patchset.upstream import Mirror
@@ -36,6 +40,34 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
     ).stdout
+
+
+@functools.cache
+def committed(path: str, repo: Path = REPO) -> bytes:
+    """The bytes of `path` at HEAD of `repo`. Tests read the committed tree, never the working
+    tree: the suite gives the same results while uncommitted edits (a rebase under review) sit
+    in the checkout."""
+    return _git_bytes(repo, "show", f"HEAD:{path}")
+
+
+def export_committed(paths: Iterable[str], dest: Path, repo: Path = REPO) -> None:
+    """The files and folders `paths` as committed at HEAD of `repo`, written under `dest`
+    (those HEAD does not have are left out)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(_archive(repo, tuple(paths)))) as archive:
+        archive.extractall(dest, filter="data")
+
+
+@functools.cache
+def _archive(repo: Path, paths: tuple[str, ...]) -> bytes:
+    """A tar of `paths` at HEAD (once per session: HEAD does not move while the tests run)."""
+    present = _git_bytes(repo, "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *paths)
+    files = [name for name in present.decode().split("\0") if name]
+    return _git_bytes(repo, "archive", "--format=tar", "HEAD", "--", *files)
+
+
+def _git_bytes(cwd: Path, *args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True).stdout
 
 
 def make_upstream_repo(mirror: Mirror, version: str, path: Path) -> Path:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import ORACLE
+from support import ORACLE, committed
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock, sha256_file
@@ -64,8 +64,7 @@ def test_lock_mismatch_names_the_file_and_changes_nothing(
     assert project.lock_path.read_text() == tampered
     # --update-lock rewrites it to the committed bytes.
     assert main(["--project", str(project.root), "overlay", "build", "--update-lock"]) == 0
-    committed = (Path(__file__).parent.parent / "overlay" / "overlay.lock.json").read_text()
-    assert project.lock_path.read_text() == committed
+    assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
 
 
 def test_status_reports_stale_lock(project: Project, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import REPO, git
+from support import committed, git
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock
@@ -138,7 +138,7 @@ def _fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def pinned(project: Project) -> Project:
     """The project as it is (pin 0.24.0), with its .gitignore and no CHANGELOG yet."""
-    (project.root / ".gitignore").write_bytes((REPO / ".gitignore").read_bytes())
+    (project.root / ".gitignore").write_bytes(committed(".gitignore"))
     (project.root / "CHANGELOG.md").unlink(missing_ok=True)
     commit_all(project.root, "gitignore, no changelog")
     return project
@@ -176,8 +176,8 @@ def test_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     rule: str,
 ) -> None:
     root = pinned.root
-    real = {name: (REPO / "patches" / name).read_bytes() for name in (FIX2, NVFP4)}
-    real_fix1 = (REPO / "patches/upstreamed" / FIX1).read_bytes()
+    real = {name: committed(f"patches/{name}") for name in (FIX2, NVFP4)}
+    real_fix1 = committed(f"patches/upstreamed/{FIX1}")
     real_pyproject = (root / "pyproject.toml").read_bytes()
     real_ci = {
         path: (root / path).read_text()
@@ -234,11 +234,13 @@ def test_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     # The edit loop: fix 2, then the NVFP4 kernel on top of it, join as commits in the queue,
     # exported to patches/: the project as it is.
     assert cli(capsys, root, "queue", "import")[0] == 0
-    git(root / ".queue", "am", "-q", str(REPO / "patches" / FIX2), str(REPO / "patches" / NVFP4))
+    for name in (FIX2, NVFP4):
+        (root.parent / name).write_bytes(committed(f"patches/{name}"))
+    git(root / ".queue", "am", "-q", str(root.parent / FIX2), str(root.parent / NVFP4))
     assert cli(capsys, root, "queue", "export", "--drop")[0] == 0
     assert cli(capsys, root, "overlay", "build", "--update-lock")[0] == 0
     assert {n: (patches / n).read_bytes() for n in real} == real
-    assert pinned.lock_path.read_bytes() == (REPO / "overlay/overlay.lock.json").read_bytes()
+    assert pinned.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
     check(capsys, root, 3)
     commit_all(root, "fix 2, NVFP4 kernel")
 
@@ -479,8 +481,8 @@ def expect_rebased_onto_0_25_0(root: Path) -> None:
     patches = root / "patches"
     assert (patches / "series").read_text() == ""
     assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"
-    assert (patches / "upstreamed" / FIX2).read_bytes() == (REPO / "patches" / FIX2).read_bytes()
-    assert (patches / "parked" / NVFP4).read_bytes() == (REPO / "patches" / NVFP4).read_bytes()
+    assert (patches / "upstreamed" / FIX2).read_bytes() == committed(f"patches/{FIX2}")
+    assert (patches / "parked" / NVFP4).read_bytes() == committed(f"patches/{NVFP4}")
     assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.25.0", "0.24.0", "--keep")
     lock = Lock.load(root / "overlay/overlay.lock.json")
     assert (lock.version, lock.patches) == ("0.25.0", ())

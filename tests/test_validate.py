@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import lzma
-import shutil
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
-from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, REPO
+from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, export_committed
 from vllm_patchset import gpurun
 from vllm_patchset.bundle import NAME, _pinned, make_bundle
 from vllm_patchset.config import Project
@@ -26,7 +25,7 @@ FIX1_PATCH = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13
 
 
 def _with_gpu_tests(project: Project) -> Project:
-    shutil.copytree(REPO / "tests" / "gpu", project.root / "tests" / "gpu")
+    export_committed(["tests/gpu"], project.root)
     return project
 
 

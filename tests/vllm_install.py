@@ -25,19 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import committed, export_committed
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock
 from vllm_patchset.overlay import build_overlay
 
-REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.24.0"
 # vllm ships Linux wheels only; their Python files are the same for every platform.
 PLATFORM = "manylinux_2_28_x86_64"
 TRITON_MOE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 NVFP4_EMU = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+LOCK_PATH = "overlay/overlay.lock.json"
 # What the tests expect of the mechanics comes from the committed lock, so that a patch added
 # to the series (or another file it touches) changes the expectations with it.
-LOCK = Lock.load(REPO / "overlay" / "overlay.lock.json")
+LOCK = Lock.from_json(committed(LOCK_PATH).decode(), f"HEAD:{LOCK_PATH}")
 PATCHES = LOCK.patches  # the series, in order: every report and guard line names them all
 OVERLAID = tuple(e.path for e in LOCK.entries)  # the lock's order (sorted), that of the reports
 # Write points of an apply (see deploy._kill_point: two per file written): journal, then one
@@ -116,13 +117,7 @@ def record_mismatches(root: Path, record: dict[str, str]) -> list[str]:
 
 @functools.cache
 def build_session_overlay(root: Path, cache_dir: Path) -> Overlay:
-    for name in ("pyproject.toml", "patches", "overlay/overlay.lock.json"):
-        src, dest = REPO / name, root / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dest)
-        else:
-            shutil.copy2(src, dest)
+    export_committed(("pyproject.toml", "patches", LOCK_PATH), root)
     project = Project.load(root, cache_dir)
     build_overlay(project, update_lock=True)
     return Overlay(project, Lock.load(project.lock_path))
