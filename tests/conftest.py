@@ -22,6 +22,7 @@ from support import (
     git,
     make_upstream_repo,
 )
+from synthetic import Story, make_story
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
 
@@ -125,6 +126,25 @@ def synthetic_cache(
     path.mkdir(exist_ok=True)
     monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
+    """The synthetic story most tests of the mechanics share (tests/synthetic.py): built once,
+    its index served for the whole session."""
+    built = make_story(tmp_path_factory.mktemp("story"))
+    with built.index:
+        yield built
+
+
+@pytest.fixture
+def tiny(story: Story, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """A copy of the story's committed project (pin 1.0; patches 0001 and 0002 in the series,
+    upstreamed/0001 archived), using the story's mirror (also for the CLI)."""
+    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(story.cache))
+    root = tmp_path / "project"
+    shutil.copytree(story.project, root, symlinks=True)
+    return Project.load(root, story.cache)
 
 
 @pytest.fixture(scope="session")

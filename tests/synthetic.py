@@ -10,12 +10,24 @@ included), all written by the test. No network, no real vLLM: a test states the 
 
 `make_project` writes `patches/` (`git format-patch` files, built with git on the pin),
 pyproject.toml with a git pin (`pin-ref` + `pin-commit`: the mirror finds it again without a
-path), CHANGELOG.md, the lock (`overlay build --update-lock`), and commits it all.
+path) or, with `index_url`, a release pin served by a `LocalIndex`, CHANGELOG.md, the lock
+(`overlay build --update-lock`), and commits it all.
+
+`make_story` builds the one story most tests of the mechanics share (`tests/conftest.py`'s
+`tiny` fixture copies it): four releases served as sdists by a local package index, a project
+pinned to release 1.0 with two patches in its series and one archived (see STORY_STATES).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import http.server
+import io
+import json
 import shutil
+import tarfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,9 +240,11 @@ def make_project(
     series: list[PatchSpec] = (),  # type: ignore[assignment]
     upstreamed: list[PatchSpec] = (),  # type: ignore[assignment]
     extra_pyproject: str = "",
+    index_url: str | None = None,
 ) -> Project:
     """A committed project pinned to the synthetic release `pin`, with its series, archive,
-    CHANGELOG.md and a fresh lock."""
+    CHANGELOG.md and a fresh lock. The pin is the git tag v<pin> of `upstream`, or with
+    `index_url` the release `pin` from that package index (a `LocalIndex` serving it)."""
     patches = root / "patches"
     (patches / "upstreamed").mkdir(parents=True)
     scratch = root.parent / f"{root.name}-scratch"
@@ -239,7 +253,11 @@ def make_project(
     archived = write_patches(upstream, pin, list(upstreamed), patches / "upstreamed", scratch)
     (patches / "series").write_text("".join(f"{n}\n" for n in names))
     (patches / "upstreamed" / "series").write_text("".join(f"{n}\n" for n in archived))
-    pinned = Mirror(cache).git_ref(str(upstream.path), f"v{pin}")
+    if index_url is None:
+        pinned = Mirror(cache).git_ref(str(upstream.path), f"v{pin}")
+        source = f'pin-ref = "v{pin}"\npin-commit = "{git_source_commit(pinned)}"\n'
+    else:
+        source = f'index-url = "{index_url}"\n'
     (root / "pyproject.toml").write_text(
         "[project]\n"
         'name = "synthetic-patchset"\n'
@@ -248,8 +266,7 @@ def make_project(
         f'gpu = ["vllm=={pin}"]\n\n'
         "[tool.vllm-patchset]\n"
         f'pin = "{pin}"\n'
-        f'pin-ref = "v{pin}"\n'
-        f'pin-commit = "{git_source_commit(pinned)}"\n'
+        f"{source}"
         f"{extra_pyproject}"
     )
     (root / "CHANGELOG.md").write_text(CHANGELOG)
@@ -260,3 +277,195 @@ def make_project(
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "project")
     return project
+
+
+# -- releases on a package index -----------------------------------------------------------------
+def sdist_bytes(version: str, files: dict[str, str]) -> bytes:
+    """An sdist (`vllm-<version>/<path>`, as PyPI's) of the package files, byte-reproducible."""
+    out = io.BytesIO()
+    with (
+        gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for path, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{path}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class LocalIndex:
+    """A package index (PEP 691 JSON, as pypi.org/simple answers) on 127.0.0.1, serving the
+    files published to it from `root`. Close it (or use it in a `with`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "files").mkdir(parents=True)
+        (root / "simple" / "vllm").mkdir(parents=True)
+        handler = lambda *a, **k: _Quiet(*a, directory=str(root), **k)  # noqa: E731
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.base = f"http://127.0.0.1:{self.server.server_port}"
+        self.url = f"{self.base}/simple"
+        self.entries: list[dict[str, object]] = []
+        self._write()
+        kwargs = {"poll_interval": 0.01}  # a quick shutdown (the default polls every 0.5 s)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs=kwargs)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def publish(self, name: str, data: bytes, *, sha256: str | None = None) -> None:
+        """Serve `data` as the file `name`, listed with its sha256 (or the one given)."""
+        (self.root / "files" / name).write_bytes(data)
+        self.entries = [e for e in self.entries if e["filename"] != name]
+        digest = sha256 or hashlib.sha256(data).hexdigest()
+        url = f"{self.base}/files/{name}"
+        self.entries.append({"filename": name, "url": url, "hashes": {"sha256": digest}})
+        self._write()
+
+    def publish_release(self, upstream: SyntheticUpstream, version: str) -> None:
+        self.publish(f"vllm-{version}.tar.gz", sdist_bytes(version, upstream.files(version)))
+
+    def list_only(self, entry: dict[str, object]) -> None:
+        """List an entry with no file behind it (a wheel, a yanked sdist)."""
+        self.entries.append(entry)
+        self._write()
+
+    def _write(self) -> None:
+        doc = json.dumps({"files": self.entries})
+        (self.root / "simple" / "vllm" / "index.html").write_text(doc)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+    def __enter__(self) -> LocalIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the shared story ----------------------------------------------------------------------------
+# 0.9 predates the code the MoE fix changes (an older `apply`) and has a clamp bug that 1.0
+# fixed (the archived patch); 1.0 is the pin; 1.1 has the MoE fix (without
+# the patch's comment line) and renamed the label the local patch changes (a conflict); 1.2
+# rewrote `apply`, the function the MoE fix changes. The git tag `nightly` is 1.2 again, under a
+# name that says no version. 1.0.1 is 1.0 with an import more: both patches apply there, one
+# line down.
+IMPORTS = "import math\n"
+OLD_APPLY = (
+    "    def apply(self, hidden):\n"
+    "        return quantize(hidden, self.a1_gscale, self.a1_gscale)\n"
+)
+CLAMP_FIXED = "    if value > high:\n"
+CLAMP_BUG = "    if value >= high:\n"
+COMMENT = "        # bool(tensor) syncs the device: never `or` on a tensor\n"
+NAME_OLD = '        label = "experts"\n'
+NAME_NEW = '        label = "fused experts"\n'
+NAME_UPSTREAM = '        label = "moe experts"\n'
+REWRITTEN_APPLY = (
+    "    def apply(self, hidden):\n"
+    "        return fused_apply(hidden, self.a1_scale, self.a1_gscale)\n"
+)
+
+
+def rewritten(text: str, apply: str = REWRITTEN_APPLY) -> str:
+    """`text` with Experts.apply replaced by `apply` (the code a fix of it changes is gone)."""
+    start = text.index("    def apply(self, hidden):\n")
+    end = text.index("    def name(self):\n")
+    return text[:start] + apply + "\n" + text[end:]
+
+
+STORY_FIX = PatchSpec(
+    "0001-moe-no-tensor-truthiness.patch",
+    {MOE: (BUGGY, COMMENT + FIXED)},
+    subject="moe: no tensor truthiness",
+    upstream_pr="https://github.com/vllm-project/vllm/pull/2",
+)
+STORY_LOCAL = PatchSpec(
+    "0002-moe-say-fused.patch",
+    {MOE: (NAME_OLD, NAME_NEW)},
+    subject="moe: say fused",
+    upstream_pr="none (local)",
+    introduced_by="none",
+    introduced_in="0.9",
+    regression_test="tests/gpu/test_synthetic.py::test_name",
+)
+STORY_ARCHIVED = PatchSpec(
+    "0001-utils-clamp-to-high.patch",
+    {UTILS: (CLAMP_BUG, CLAMP_FIXED)},
+    subject="utils: clamp to high",
+    upstream_pr="https://github.com/vllm-project/vllm/pull/3",
+    introduced_in="0.9",
+    applied_upstream="1.0",
+    regression_test="tests/gpu/test_synthetic.py::test_clamp",
+    base="0.9",
+)
+# What `validate` copies into its pytest.ini.
+PYTEST_SETTINGS = """
+[tool.pytest.ini_options]
+markers = ["gpu: needs a CUDA or ROCm GPU (tests/gpu); skipped with a reason elsewhere"]
+filterwarnings = ["error"]
+"""
+STORY_RELEASES = ("0.9", "1.0", "1.0.1", "1.1", "1.2")
+
+
+@dataclass(frozen=True)
+class Story:
+    upstream: SyntheticUpstream
+    index: LocalIndex
+    cache: Path  # the mirror the story's releases are in (the tests' VLLM_PATCHSET_CACHE)
+    project: Path  # the committed project, to copy (never changed itself)
+
+
+def make_story(folder: Path) -> Story:
+    upstream = SyntheticUpstream(folder / "upstream")
+    moe_10 = MOE_TEXT
+    moe_11 = moe_10.replace(BUGGY, FIXED).replace(NAME_OLD, NAME_UPSTREAM)
+    version = "vllm/__init__.py"
+    upstream.release(
+        "0.9",
+        {
+            **BASE,
+            version: '__version__ = "0.9"\n',
+            MOE: rewritten(moe_10, OLD_APPLY),
+            UTILS: UTILS_TEXT.replace(CLAMP_FIXED, CLAMP_BUG),
+        },
+    )
+    upstream.release("1.0", {version: '__version__ = "1.0"\n', MOE: moe_10, UTILS: UTILS_TEXT})
+    upstream.release("1.1", {version: '__version__ = "1.1"\n', MOE: moe_11})
+    upstream.release("1.2", {version: '__version__ = "1.2"\n', MOE: rewritten(moe_11)})
+    git(upstream.path, "tag", "nightly", "v1.2")  # a ref that names no release
+    upstream.release(
+        "1.0.1",
+        {
+            version: '__version__ = "1.0.1"\n',
+            MOE: moe_10.replace(IMPORTS, "import functools\n" + IMPORTS),
+        },
+        base="1.0",
+    )
+    index = LocalIndex(folder / "index")
+    for release in STORY_RELEASES:
+        index.publish_release(upstream, release)
+    cache = folder / "cache"
+    make_project(
+        folder / "project",
+        cache,
+        upstream,
+        "1.0",
+        series=[STORY_FIX, STORY_LOCAL],
+        upstreamed=[STORY_ARCHIVED],
+        index_url=index.url,
+        extra_pyproject=PYTEST_SETTINGS,
+    )
+    shutil.rmtree(folder / "project" / "overlay" / "vllm")  # generated, as in a fresh clone
+    for release in STORY_RELEASES:  # in the mirror: no test waits for the index
+        Mirror(cache, index_url=index.url).release(release)
+    return Story(upstream, index, cache, folder / "project")

@@ -1,4 +1,5 @@
-"""Overlay build and its lock: byte-identical rebuilds, lock round trip, other bases."""
+"""Overlay build and its lock on the synthetic story: byte-identical rebuilds, a lock that does
+not match, a stale lock, other bases, tree export. (The real lock: test_real_series.py.)"""
 
 from __future__ import annotations
 
@@ -6,16 +7,28 @@ import json
 from pathlib import Path
 
 import pytest
-from support import ORACLE, committed
+from support import git
+from synthetic import (
+    BUGGY,
+    CLAMP_BUG,
+    CLAMP_FIXED,
+    COMMENT,
+    FIXED,
+    MOE,
+    NAME_NEW,
+    NAME_OLD,
+    STORY_ARCHIVED,
+    STORY_FIX,
+    STORY_LOCAL,
+    UTILS,
+    Story,
+)
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock, sha256_file
 
-TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
-EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
-FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
-FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
-TOUCHED_BY = {EMULATION: (FIX2, FUSED), TRITON: (FIX2,)}
+FIX = STORY_FIX.name
+LOCAL = STORY_LOCAL.name
 
 
 def overlay_files(root: Path) -> dict[str, bytes]:
@@ -27,100 +40,107 @@ def overlay_files(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_build_matches_committed_lock(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--project", str(project.root), "overlay", "build"]) == 0
-    files = overlay_files(project.root)
-    assert sorted(files) == [EMULATION, TRITON]
-    lock = Lock.load(project.lock_path)
-    assert lock.version == "0.24.0"
-    assert lock.patches == (FIX2, FUSED)
-    for entry in lock.entries:
-        assert sha256_file(project.overlay_dir / entry.path) == entry.patched_sha256
-        assert entry.patches == TOUCHED_BY[entry.path]
-    text = files[TRITON].decode()
-    assert "                self.a1_scale,\n" in text
-    assert "self.a1_scale or self.a1_gscale" not in text
-    assert "    def a1_scale(self) -> torch.Tensor:\n" in files[EMULATION].decode()
+def test_build_matches_the_committed_lock(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = Lock.load(tiny.lock_path)
+    assert main(["--project", str(tiny.root), "overlay", "build"]) == 0
+    assert capsys.readouterr().out == (
+        f"overlay for vllm 1.0: 1 file(s) in {tiny.overlay_dir}\n"
+        f"  {MOE} {lock.entries[0].patched_sha256[:12]} <- {FIX}, {LOCAL}\n"
+    )
+    files = overlay_files(tiny.root)
+    pristine = story.upstream.files("1.0")[MOE]
+    assert files == {
+        MOE: pristine.replace(BUGGY, COMMENT + FIXED).replace(NAME_OLD, NAME_NEW).encode()
+    }
+    assert (lock.version, lock.patches) == ("1.0", (FIX, LOCAL))
+    assert [(e.path, e.patches) for e in lock.entries] == [(MOE, (FIX, LOCAL))]
+    assert lock.entries[0].patched_sha256 == sha256_file(tiny.overlay_dir / MOE)
     # Rebuilding gives byte-identical files.
-    assert main(["--project", str(project.root), "overlay", "build"]) == 0
-    assert overlay_files(project.root) == files
+    assert main(["--project", str(tiny.root), "overlay", "build"]) == 0
+    assert overlay_files(tiny.root) == files
     capsys.readouterr()
 
 
 def test_lock_mismatch_names_the_file_and_changes_nothing(
-    project: Project, capsys: pytest.CaptureFixture[str]
+    tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = json.loads(project.lock_path.read_text())
-    doc["files"][TRITON]["patched_sha256"] = "0" * 64
+    doc = json.loads(tiny.lock_path.read_text())
+    doc["files"][MOE]["patched_sha256"] = "0" * 64
     tampered = json.dumps(doc, indent=2) + "\n"
-    project.lock_path.write_text(tampered)
-    assert main(["--project", str(project.root), "overlay", "build"]) == 1
-    err = capsys.readouterr().err
-    assert err == (
+    tiny.lock_path.write_text(tampered)
+    assert main(["--project", str(tiny.root), "overlay", "build"]) == 1
+    assert capsys.readouterr().err == (
         "vllm-patchset: overlay does not match overlay.lock.json: "
-        f"{TRITON}: patched sha256 differs (rebuild with --update-lock if the change is intended)\n"
+        f"{MOE}: patched sha256 differs (rebuild with --update-lock if the change is intended)\n"
     )
-    assert not (project.overlay_dir / "vllm").exists()
-    assert project.lock_path.read_text() == tampered
+    assert not (tiny.overlay_dir / "vllm").exists()
+    assert tiny.lock_path.read_text() == tampered
     # --update-lock rewrites it to the committed bytes.
-    assert main(["--project", str(project.root), "overlay", "build", "--update-lock"]) == 0
-    assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
+    assert main(["--project", str(tiny.root), "overlay", "build", "--update-lock"]) == 0
+    assert tiny.lock_path.read_text() == git(tiny.root, "show", "HEAD:overlay/overlay.lock.json")
 
 
-def test_status_reports_stale_lock(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = json.loads(project.lock_path.read_text())
-    doc["files"][EMULATION]["pristine_sha256"] = "1" * 64
-    project.lock_path.write_text(json.dumps(doc))
-    assert main(["--project", str(project.root), "status", "--json"]) == 1
+def test_status_and_check_report_a_stale_lock(
+    tiny: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = json.loads(tiny.lock_path.read_text())
+    doc["files"][MOE]["pristine_sha256"] = "1" * 64
+    tiny.lock_path.write_text(json.dumps(doc))
+    assert main(["--project", str(tiny.root), "status", "--json"]) == 1
     status = json.loads(capsys.readouterr().out)
-    assert status["lock"] == f"stale ({EMULATION}: pristine sha256 differs)"
-    assert main(["--project", str(project.root), "check"]) == 1
+    assert status["lock"] == f"stale ({MOE}: pristine sha256 differs)"
+    assert main(["--project", str(tiny.root), "check"]) == 1
     assert capsys.readouterr().err == (
-        f"lock overlay.lock.json: stale ({EMULATION}: pristine sha256 differs)\n"
+        f"lock overlay.lock.json: stale ({MOE}: pristine sha256 differs)\n"
     )
 
 
-def test_overlay_for_nightly_like_base(
-    project: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
+def test_overlay_for_another_base_needs_a_skip_for_what_conflicts(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = project.root / "nightly-overlay"
-    argv = ["--project", str(project.root), "overlay", "build", "--out", str(out)]
-    # The fused kernel (0002) is written for 0.24.0 and conflicts with this older base.
-    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 1
+    """On 0.9 (a git ref) the archived fix applies again (0.9 has the bug), the MoE fix is not
+    needed (0.9 predates its code) and the local patch conflicts: refused until it is skipped,
+    then an overlay of the archived fix alone, out of the project's own overlay."""
+    out = tiny.root / "old-overlay"
+    argv = ["--project", str(tiny.root), "overlay", "build", "--out", str(out)]
+    base = ("--git", str(story.upstream.path), "--ref", "v0.9")
+    assert main([*argv, *base]) == 1
     assert capsys.readouterr().err == (
-        f"vllm-patchset: {FUSED} does not apply to git:nightly: hunk 2 "
-        "(vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py @@ -21 +46 @@) "
-        f"differs at line 21 (leave it out with --skip {FUSED})\n"
+        f"vllm-patchset: {LOCAL} does not apply to git:v0.9: hunk 1 ({MOE} @@ -24 +24 @@)"
+        f" differs at line 20 (leave it out with --skip {LOCAL})\n"
     )
     assert not out.exists()
-    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly", "--skip", FUSED]) == 0
+    assert main([*argv, *base, "--skip", LOCAL]) == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == [".vllm-patchset-owned", "overlay.lock.json", ORACLE]
-    text = (out / ORACLE).read_text()
-    assert "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)" in text
-    assert "layer.weight.device" not in text
-    lock = Lock.load(out / "overlay.lock.json")
-    assert lock.patches == (
-        "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch",
+    assert files == [".vllm-patchset-owned", "overlay.lock.json", UTILS]
+    assert (out / UTILS).read_text() == story.upstream.files("0.9")[UTILS].replace(
+        CLAMP_BUG, CLAMP_FIXED
     )
-    assert lock.version == "git:nightly"
-    # The committed lock of the pin is untouched.
-    assert not (project.overlay_dir / "vllm").exists()
+    lock = Lock.load(out / "overlay.lock.json")
+    assert (lock.version, lock.patches) == ("0.9", (f"upstreamed/{STORY_ARCHIVED.name}",))
+    assert not (tiny.overlay_dir / "vllm").exists()  # the pin's overlay: untouched
+    assert tiny.lock_path.read_text() == git(tiny.root, "show", "HEAD:overlay/overlay.lock.json")
     capsys.readouterr()
 
 
 def test_tree_export_pristine_and_patched(
-    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Project, story: Story, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pristine, patched = tmp_path / "pristine", tmp_path / "patched"
-    assert main(["--project", str(project.root), "tree", str(pristine), "--pristine"]) == 0
-    assert main(["--project", str(project.root), "tree", str(patched)]) == 0
-    lock = Lock.load(project.lock_path)
-    for entry in lock.entries:
-        assert sha256_file(pristine / entry.path) == entry.pristine_sha256
-        assert sha256_file(patched / entry.path) == entry.patched_sha256
+    assert main(["--project", str(tiny.root), "tree", str(pristine), "--pristine"]) == 0
+    assert main(["--project", str(tiny.root), "tree", str(patched)]) == 0
+    files = story.upstream.files("1.0")
+    listed = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+    assert listed == sorted([*files, "vllm-patchset-tree.json"])
+    assert {f: (pristine / f).read_text() for f in files} == files
+    lock = Lock.load(tiny.lock_path)
+    assert {f: (patched / f).read_text() for f in files if f != MOE} == {
+        f: t for f, t in files.items() if f != MOE
+    }
+    assert sha256_file(patched / MOE) == lock.entries[0].patched_sha256
     info = json.loads((patched / "vllm-patchset-tree.json").read_text())
-    assert (info["version"], info["kind"], info["patches"]) == ("0.24.0", "overlay", [FIX2, FUSED])
+    assert (info["version"], info["kind"], info["patches"]) == ("1.0", "overlay", [FIX, LOCAL])
     assert json.loads((pristine / "vllm-patchset-tree.json").read_text())["kind"] == "pristine"
-    assert (pristine / "vllm" / "__init__.py").is_file()
     capsys.readouterr()

@@ -12,7 +12,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,16 +27,26 @@ from synthetic import (
     FIXED,
     MOE,
     MOE_TEXT,
+    NAME_NEW,
+    NAME_OLD,
+    STORY_ARCHIVED,
+    STORY_FIX,
+    STORY_LOCAL,
     UTILS,
     UTILS_TEXT,
     PatchSpec,
+    Story,
     SyntheticUpstream,
     make_project,
+    rewritten,
     write_patches,
 )
 from vllm_patchset import rebase
 from vllm_patchset.cli import main
+from vllm_patchset.config import Project
+from vllm_patchset.fsio import KILL_ENV
 from vllm_patchset.lock import Lock
+from vllm_patchset.upstream import Mirror
 
 EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
 FIX = PatchSpec(
@@ -41,8 +54,6 @@ FIX = PatchSpec(
     {MOE: (BUGGY, FIXED)},
     subject="moe: no tensor truthiness",
 )
-NAME_OLD = '        label = "experts"\n'
-NAME_NEW = '        label = "fused experts"\n'
 LOCAL = PatchSpec(
     "0002-moe-fused-name.patch",
     {MOE: (NAME_OLD, NAME_NEW)},
@@ -56,10 +67,6 @@ NEW_MODULE_HEAD = (
     '"""The experts, moved out of moe.py."""\n\nfrom vllm.layers.moe import quantize\n\n\n'
 )
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
-REWRITTEN_APPLY = (
-    "    def apply(self, hidden):\n"
-    "        return fused_apply(hidden, self.a1_scale, self.a1_gscale)\n"
-)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -507,12 +514,6 @@ def test_upstream_reverted_an_archived_fix(
 
 
 # -- rewritten upstream: park or drop ------------------------------------------------------------
-def rewritten(text: str) -> str:
-    start = text.index("    def apply(self, hidden):\n")
-    end = text.index("    def name(self):\n")
-    return text[:start] + REWRITTEN_APPLY + "\n" + text[end:]
-
-
 @pytest.mark.parametrize("decision", ["--keep", "--drop"])
 def test_rewritten_code_stops_then_park_or_drop(
     upstream: SyntheticUpstream,
@@ -787,3 +788,248 @@ def test_check_and_status_know_parked_patches(
         "check: 1 patches, 1 problem(s)\n",
         f"{series}: {FIX.name} has no reason (a `# why it is parked` comment on its line)\n",
     )
+
+
+# -- the story: refusals -------------------------------------------------------------------------
+DIRTY = [
+    (f"patches/{STORY_FIX.name}", f"M patches/{STORY_FIX.name}"),
+    ("patches/0003-stray.patch", "?? patches/0003-stray.patch"),
+    ("README.md", "M README.md"),
+]
+
+
+@pytest.mark.parametrize(("path", "status"), DIRTY)
+def test_dirty_checkout_is_refused(
+    tiny: Project, capsys: pytest.CaptureFixture[str], path: str, status: str
+) -> None:
+    root = tiny.root
+    (root / "README.md").write_text("readme\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "readme")
+    target = root / path
+    target.write_bytes((target.read_bytes() if target.exists() else b"") + b"\n")
+    before = sha256s(root)
+    code, out, err = cli(capsys, root, "rebase", "--onto", "1.2", "--keep", "0001")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"vllm-patchset: the checkout {root} has uncommitted changes ({status}):"
+        " commit or stash them before a rebase\n"
+    )
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
+
+
+BAD_USAGE = [
+    (("--onto", "1.0"), "the pin 1.0 is 1.0 already: nothing to rebase"),
+    (("--onto", "latest"), "not a vLLM version: 'latest' (expected e.g. 0.24.0)"),
+    (("--onto", "1.1", "--ref", "v1.1"), "--ref goes with --onto-git"),
+    (("--onto-git", "/nonexistent"), "--onto-git needs --ref REF"),
+    (("--continue",), "no rebase in progress (start one with `rebase --onto VERSION`)"),
+    (("--abort",), "no rebase in progress (start one with `rebase --onto VERSION`)"),
+    (("--abort", "--keep", "0002"), "--abort takes no decisions (it puts everything back)"),
+    (
+        ("--onto", "1.1", "--keep", "0001"),
+        f"--keep {STORY_FIX.name}: it needs no decision (upstream on 1.1)",
+    ),
+    (
+        ("--onto", "1.1", "--keep", "upstreamed/0001"),
+        f"--keep upstreamed/{STORY_ARCHIVED.name}: it needs no decision (upstream on 1.1)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_USAGE)
+def test_bad_usage_changes_nothing(
+    tiny: Project, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    before = sha256s(tiny.root)
+    assert cli(capsys, tiny.root, "rebase", *args) == (2, "", f"vllm-patchset: {message}\n")
+    assert sha256s(tiny.root) == before
+    assert not (tiny.root / ".rebase").exists()
+
+
+def test_git_pin_is_found_again_by_its_commit(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rebase onto a local git ref writes `pin-ref` and `pin-commit`, never the local path:
+    the next `check` finds the tree in the mirror by its commit."""
+    root = tiny.root
+    doc = rebase_json(capsys, root, *onto(story.upstream, "1.0.1"))
+    assert doc["status"] == "done"
+    commit = git(story.upstream.path, "rev-parse", "v1.0.1^{commit}").strip()
+    pyproject = (root / "pyproject.toml").read_text()
+    assert f'pin = "1.0.1"\npin-ref = "v1.0.1"\npin-commit = "{commit}"\n' in pyproject
+    assert '"vllm==1.0"' in pyproject  # a git pin leaves the PyPI requirement alone
+    for written in ("pyproject.toml", "overlay/overlay.lock.json", "CHANGELOG.md"):
+        assert str(story.upstream.path) not in (root / written).read_text()
+    assert_checks(capsys, root, 3)
+    assert Mirror(story.cache).git_commit(commit) is not None
+
+
+# -- the story: killed, or running beside another writer -------------------------------------------
+# `rebase --onto 1.0.1` of the story: both series patches refreshed one line down, the archived
+# one stays; 18 write points (each write has two, see fsio._test_hook): the journal (phase
+# "running") at 1-6, staging from 7, the journal's phase "swap" at 16, "done" at 18.
+KILL_POINTS = {"journal": 1, "running": 2, "staging": 7, "staged": 15, "swap": 16, "done": 18}
+
+
+def run_rebase(root: Path, cache: Path, *args: str, env: dict[str, str]) -> int:
+    """`vllm-patchset rebase ARGS` in a process of its own (to be killed); its exit status."""
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_patchset", "--project", str(root), "rebase", *args],
+        env={**os.environ, "VLLM_PATCHSET_CACHE": str(cache), "SOURCE_DATE_EPOCH": EPOCH, **env},
+        capture_output=True,
+        timeout=120,
+    ).returncode
+
+
+def phase(root: Path) -> str | None:
+    try:
+        return str(json.loads((root / ".rebase" / "state.json").read_text())["phase"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def expect_rebased_onto_1_0_1(capsys: pytest.CaptureFixture[str], root: Path, story: Story) -> None:
+    """The story's project rebased onto 1.0.1: both patches refreshed, `check` passes."""
+    text = (root / "pyproject.toml").read_text()
+    assert 'pin = "1.0.1"\n' in text
+    assert (root / "patches" / "series").read_text() == f"{STORY_FIX.name}\n{STORY_LOCAL.name}\n"
+    lock = Lock.load(root / "overlay" / "overlay.lock.json")
+    assert (lock.version, lock.patches) == ("1.0.1", (STORY_FIX.name, STORY_LOCAL.name))
+    refreshed = (root / "patches" / STORY_FIX.name).read_text()
+    assert "@@ -19,7 +19,8 @@" in refreshed  # one line down from the pin's patch
+    assert_checks(capsys, root, 3)
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS.values()), ids=list(KILL_POINTS))
+def test_killed_rebase_is_undone_or_finished(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str], point: int
+) -> None:
+    """SIGKILL (which no process can defer) at a write point: before the swap, the checkout is
+    as it was, `--continue` refuses and `--abort` cleans up; from the swap on, `--abort` puts
+    everything back byte for byte and `--continue` finishes (each tried on a copy)."""
+    root = tiny.root
+    before = sha256s(root)
+    killed = run_rebase(root, story.cache, "--onto", "1.0.1", env={KILL_ENV: str(point)})
+    assert killed == -signal.SIGKILL
+    if phase(root) in ("swap", "done"):
+        copy = root.parent / "copy"
+        shutil.copytree(root, copy, symlinks=True)
+        assert cli(capsys, copy, "rebase", "--continue")[0] == 0
+        expect_rebased_onto_1_0_1(capsys, copy, story)
+        assert cli(capsys, root, "rebase", "--abort") == (
+            0,
+            "rebase onto 1.0.1 aborted: everything is as it was\n",
+            "",
+        )
+        assert sha256s(root) == before
+        assert not (root / ".rebase").exists()
+        return
+    assert sha256s(root) == before
+    assert git(root, "status", "--porcelain") == ""
+    code, _, err = cli(capsys, root, "rebase", "--onto", "1.0.1")
+    assert (code, "a rebase is in progress" in err) == (2, True)
+    assert cli(capsys, root, "rebase", "--continue") == (
+        2,
+        "",
+        "vllm-patchset: the rebase was interrupted before it finished: `rebase --abort`,"
+        " then start again\n",
+    )
+    assert cli(capsys, root, "rebase", "--abort") == (
+        0,
+        "rebase onto 1.0.1 aborted: everything is as it was\n",
+        "",
+    )
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
+    assert cli(capsys, root, "rebase", "--onto", "1.0.1")[0] == 0
+    expect_rebased_onto_1_0_1(capsys, root, story)
+
+
+KILLED_MID_SWAP = """\
+import os, signal, sys
+from vllm_patchset import cli, rebase
+real_swap_in = rebase.swap_in
+def swap_in_killed(folder, at, paths):
+    real_swap_in(folder, at, paths[:1])  # patches/ moved in, and then the end
+    os.kill(os.getpid(), signal.SIGKILL)
+rebase.swap_in = swap_in_killed
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["--abort", "--continue"])
+def test_rebase_killed_in_the_middle_of_the_swap(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str], then: str
+) -> None:
+    """SIGKILL between two moves of the swap (patches/ in, the rest not): `--abort` puts
+    everything back byte for byte, `--continue` finishes."""
+    root = tiny.root
+    before = sha256s(root)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILLED_MID_SWAP,
+            "--project",
+            str(root),
+            "rebase",
+            "--onto",
+            "1.0.1",
+        ],
+        env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH},
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert phase(root) == "swap"
+    assert sha256s(root) != before  # half swapped
+    assert cli(capsys, root, "rebase", then)[0] == 0
+    assert not (root / ".rebase").exists()
+    if then == "--abort":
+        assert sha256s(root) == before
+    else:
+        expect_rebased_onto_1_0_1(capsys, root, story)
+
+
+def test_a_second_writer_is_refused_while_a_rebase_runs(
+    tiny: Project, story: Story, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two rebases at once, an `--abort` under a running rebase, or a `queue export` during
+    one: the second is refused, and the first finishes as if alone. (Before: `--abort` removed
+    `.rebase/` under the running rebase.) The first stops itself (SIGSTOP) at its second write
+    point, the journal written, while the others try."""
+    root = tiny.root
+    assert cli(capsys, root, "queue", "import")[0] == 0
+    env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH, KILL_ENV: "2:STOP"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm_patchset",
+            "--project",
+            str(root),
+            "rebase",
+            "--onto",
+            "1.0.1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _, status = os.waitpid(process.pid, os.WUNTRACED)  # until it has stopped itself
+        assert os.WIFSTOPPED(status)
+        assert phase(root) == "running"
+        monkeypatch.setenv("VLLM_PATCHSET_LOCK_TIMEOUT", "0")  # refused at once, not after 60 s
+        refused = (
+            "vllm-patchset: another vllm-patchset rebase, queue or overlay build is running in"
+            f" {root} (waited 0 s): nothing was changed\n"
+        )
+        for args in (("rebase", "--onto", "1.2"), ("rebase", "--abort"), ("queue", "export")):
+            assert cli(capsys, root, *args) == (1, "", refused)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    assert process.wait(timeout=120) == 0
+    expect_rebased_onto_1_0_1(capsys, root, story)

@@ -1,6 +1,6 @@
-"""validate / gpurun / bundle on the CPU: the trees and expectations they build from the real
-patches and vLLM releases, the outcome rules, and the offline bundle. The GPU run itself is
-tests/gpu (see issue 5's notes for the H200 table)."""
+"""validate / gpurun / bundle on the CPU: the trees and expectations they build (on the
+synthetic story; the real series' in test_real_series.py), the outcome rules, and the offline
+bundle. The GPU run itself is tests/gpu."""
 
 from __future__ import annotations
 
@@ -11,79 +11,60 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, export_committed
+from support import export_committed
+from synthetic import CLAMP_BUG, STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, UTILS, Story
 from vllm_patchset import gpurun
 from vllm_patchset.bundle import NAME, _pinned, make_bundle
 from vllm_patchset.config import Project
-from vllm_patchset.overlay import patches_for
-from vllm_patchset.upstream import Mirror
 from vllm_patchset.validate import build_trees
 
-FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
-FIX2 = "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
-FIX1_PATCH = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
+ARCHIVED = f"upstreamed/{STORY_ARCHIVED.name}"
+TREES = ["pristine-1.0", "overlay-1.0", "buggy-0001-1.0", "fixed-0001-1.0"]
 
 
 def _with_gpu_tests(project: Project) -> Project:
+    """The project with this project's committed tests/gpu (what validate ships and runs)."""
     export_committed(["tests/gpu"], project.root)
     return project
 
 
-def test_reversed_fix1_on_0_21_0_is_the_nightly_bug(mirror: Mirror, project: Project) -> None:
-    (fix1,) = (p for p in patches_for(project) if p.key == FIX1_PATCH)
-    release = mirror.release("0.21.0")
-    pristine = mirror.repo.tree_of(release.commit)
-    buggy = mirror.repo.apply_to_tree(pristine, fix1.raw, reverse=True)
-    text = mirror.repo.read_blob(buggy, ORACLE)
-    assert text is not None
-    assert text.decode().count(NIGHTLY_LINE_BUGGY) == 1
-    assert NIGHTLY_LINE_FIXED not in text.decode()
-    # Re-applying the fix gives back v0.21.0 exactly.
-    assert mirror.repo.apply_to_tree(buggy, fix1.raw) == pristine
-
-
-def test_build_trees_and_expectations(project: Project, tmp_path: Path) -> None:
-    built = build_trees(_with_gpu_tests(project), tmp_path / "gpu")
+def test_build_trees_and_expectations(tiny: Project, story: Story, tmp_path: Path) -> None:
+    """On the story: the pin's pristine tree, where each series patch's regression test is red
+    and the archived patch's green (upstream there); the overlaid tree, all green; the
+    archived patch reversed on the release that merged it (red), and applied again (green)."""
+    built = build_trees(_with_gpu_tests(tiny), tmp_path / "gpu")
     specs = {s.name: s for s in built.specs}
-    assert list(specs) == [
-        "pristine-0.24.0",
-        "overlay-0.24.0",
-        "buggy-0001-0.21.0",
-        "fixed-0001-0.21.0",
-    ]
+    assert list(specs) == TREES
     expect = {name: {e.test: e.expect for e in s.expectations} for name, s in specs.items()}
-    assert expect["pristine-0.24.0"][FIX1] == "green"  # upstream since 0.21.0
-    assert expect["pristine-0.24.0"][FIX2] == "red"
-    assert expect["buggy-0001-0.21.0"] == {FIX1: "red"}
-    assert expect["fixed-0001-0.21.0"] == {FIX1: "green"}
-    # Every series patch: red on the pristine pin, green on the overlay.
-    for patch in patches_for(project):
-        for test in patch.trailers.regression_tests:
-            assert expect["overlay-0.24.0"][test] == "green"
-            if not patch.key.startswith("upstreamed/"):
-                assert expect["pristine-0.24.0"][test] == "red"
-    assert specs["pristine-0.24.0"].select == ("tests/gpu",)
-    assert specs["buggy-0001-0.21.0"].select == (FIX1,)
+    fix, local, archived = (s.regression_test for s in (STORY_FIX, STORY_LOCAL, STORY_ARCHIVED))
+    assert expect == {
+        "pristine-1.0": {archived: "green", fix: "red", local: "red"},
+        "overlay-1.0": {archived: "green", fix: "green", local: "green"},
+        "buggy-0001-1.0": {archived: "red"},
+        "fixed-0001-1.0": {archived: "green"},
+    }
+    assert specs["pristine-1.0"].select == ("tests/gpu",)
+    assert specs["buggy-0001-1.0"].select == (archived,)
     # Only the pin's trees take a native-ops kit's compiled extensions.
     assert {name: s.native for name, s in specs.items()} == {
-        "pristine-0.24.0": True,
-        "overlay-0.24.0": True,
-        "buggy-0001-0.21.0": False,
-        "fixed-0001-0.21.0": False,
+        "pristine-1.0": True,
+        "overlay-1.0": True,
+        "buggy-0001-1.0": False,
+        "fixed-0001-1.0": False,
     }
 
     root = built.root
     assert gpurun.load_manifest(root) == list(built.specs)
-    for name, version in (("pristine-0.24.0", "0.24.0"), ("buggy-0001-0.21.0", "0.21.0")):
-        metadata = root / "trees" / name / f"vllm-{version}.dist-info" / "METADATA"
-        assert metadata.read_text() == f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
-    oracle = {name: (root / "trees" / name / ORACLE).read_text() for name in specs}
-    assert NIGHTLY_LINE_BUGGY in oracle["buggy-0001-0.21.0"]
-    assert NIGHTLY_LINE_FIXED in oracle["fixed-0001-0.21.0"]
-    info = json.loads((root / "trees" / "overlay-0.24.0" / "vllm-patchset-tree.json").read_text())
-    assert info["kind"] == "overlay"
-    assert info["patches"] == [p.key for p in patches_for(project) if p.key != FIX1_PATCH]
-    assert (root / "tests" / "gpu" / "standins.py").is_file()
+    metadata = root / "trees" / "pristine-1.0" / "vllm-1.0.dist-info" / "METADATA"
+    assert metadata.read_text() == "Metadata-Version: 2.1\nName: vllm\nVersion: 1.0\n"
+    utils = {name: (root / "trees" / name / UTILS).read_text() for name in specs}
+    assert CLAMP_BUG in utils["buggy-0001-1.0"]
+    assert utils["fixed-0001-1.0"] == utils["pristine-1.0"] == story.upstream.files("1.0")[UTILS]
+    info = json.loads((root / "trees" / "overlay-1.0" / "vllm-patchset-tree.json").read_text())
+    assert (info["kind"], info["patches"]) == ("overlay", [STORY_FIX.name, STORY_LOCAL.name])
+    info = json.loads((root / "trees" / "buggy-0001-1.0" / "vllm-patchset-tree.json").read_text())
+    assert (info["kind"], info["label"]) == ("nightly-like", f"1.0 with {ARCHIVED} reversed")
+    assert (root / "tests" / "gpu" / "conftest.py").is_file()
     ini = (root / "pytest.ini").read_text()
     assert "    gpu: needs a CUDA or ROCm GPU" in ini
     assert "filterwarnings =\n    error\n" in ini
@@ -177,8 +158,8 @@ def test_gpurun_native_without_vllm_is_bad_usage(tmp_path: Path) -> None:
 
 
 # xz level 0 in the tests: the archive's size is not under test, and level 9 takes minutes.
-def test_bundle_without_wheels(project: Project, tmp_path: Path) -> None:
-    archive = make_bundle(_with_gpu_tests(project), tmp_path / "b.tar.xz", wheels=False, level=0)
+def test_bundle_without_wheels(tiny: Project, tmp_path: Path) -> None:
+    archive = make_bundle(_with_gpu_tests(tiny), tmp_path / "b.tar.xz", wheels=False, level=0)
     assert archive.stat().st_size < 64 * 1024 * 1024
     with lzma.open(archive) as xz, tarfile.open(fileobj=xz) as tar:
         names = set(tar.getnames())
@@ -193,18 +174,18 @@ def test_bundle_without_wheels(project: Project, tmp_path: Path) -> None:
     names_needed = ("gpurun.py", "kitparts.py", "manifest.json", "pytest.ini", "README.txt")
     for name in (*names_needed, "tests/gpu/conftest.py"):
         assert f"{NAME}/{name}" in names
-    assert f"{NAME}/trees/buggy-0001-0.21.0/{ORACLE}" in names
+    assert f"{NAME}/trees/buggy-0001-1.0/{UTILS}" in names
     assert not any(n.startswith(f"{NAME}/wheels") for n in names)
     assert native == {
-        "pristine-0.24.0": True,
-        "overlay-0.24.0": True,
-        "buggy-0001-0.21.0": False,
-        "fixed-0001-0.21.0": False,
+        "pristine-1.0": True,
+        "overlay-1.0": True,
+        "buggy-0001-1.0": False,
+        "fixed-0001-1.0": False,
     }
     assert not (tmp_path / "vllm-patchset-kit").exists()
 
 
-def test_bundle_with_kit(project: Project, tmp_path: Path) -> None:
+def test_bundle_with_kit(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.kit import write_kit
 
@@ -212,7 +193,7 @@ def test_bundle_with_kit(project: Project, tmp_path: Path) -> None:
     kit = tmp_path / "kit"
     write_kit(wheel, "ab" * 32, "0.24.0", kit, level=0, part_limit=4096)
     out = tmp_path / "out" / "b.tar.xz"
-    make_bundle(_with_gpu_tests(project), out, wheels=False, level=0, kit=kit)
+    make_bundle(_with_gpu_tests(tiny), out, wheels=False, level=0, kit=kit)
     copied = out.parent / "vllm-patchset-kit"
     assert sorted(p.name for p in out.parent.iterdir()) == ["b.tar.xz", "vllm-patchset-kit"]
     assert {p.name: p.read_bytes() for p in copied.iterdir()} == {
@@ -220,7 +201,7 @@ def test_bundle_with_kit(project: Project, tmp_path: Path) -> None:
     }
 
 
-def test_bundle_with_a_broken_kit_writes_nothing(project: Project, tmp_path: Path) -> None:
+def test_bundle_with_a_broken_kit_writes_nothing(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.errors import Finding
     from vllm_patchset.kit import write_kit
@@ -231,7 +212,7 @@ def test_bundle_with_a_broken_kit_writes_nothing(project: Project, tmp_path: Pat
     (kit / "kit.tar.xz.01").unlink()
     out = tmp_path / "out" / "b.tar.xz"
     with pytest.raises(Finding, match=r"^kit part kit.tar.xz.01 is missing from "):
-        make_bundle(_with_gpu_tests(project), out, wheels=False, level=0, kit=kit)
+        make_bundle(_with_gpu_tests(tiny), out, wheels=False, level=0, kit=kit)
     assert not out.parent.exists()
 
 
@@ -243,7 +224,7 @@ VALIDATE_KIT_CASES = [
 
 @pytest.mark.parametrize(("remove", "code", "stderr_end"), VALIDATE_KIT_CASES)
 def test_validate_with_a_kit(
-    project: Project,
+    tiny: Project,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     remove: str | None,
@@ -262,7 +243,7 @@ def test_validate_with_a_kit(
     if remove:
         (kit / remove).unlink()
     work = tmp_path / "work"
-    args = ["--project", str(_with_gpu_tests(project).root), "validate", "--work", str(work)]
+    args = ["--project", str(_with_gpu_tests(tiny).root), "validate", "--work", str(work)]
     assert main([*args, "--build-only", "--kit", str(kit)]) == code
     err = capsys.readouterr().err
     assert err.endswith(stderr_end.format(kit=kit))

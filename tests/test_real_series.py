@@ -1,38 +1,231 @@
-"""`vllm-patchset rebase` on real vLLM releases, with this project's own series (copied into a
-fresh git repo in tmp). The mechanics (moved code, conflicts, decisions, a damaged journal,
-signals) are tested on synthetic upstreams in test_rebase_synthetic.py; here, what the real
-series meets.
+"""Today's real series on real vLLM releases from PyPI: every fact here changes when the series
+changes (a patch added, refreshed, archived or parked), and this is the one module to update
+then. The mechanics behind these facts are tested on synthetic upstreams elsewhere.
 
-The series: fix 1 (archived: upstream since 0.21.0), fix 2 (triton_moe, upstream in 0.25.0)
-and the fused NVFP4 emulation kernel (0002, local, written for 0.24.0). 0.25.0 rewrote the
-function 0002 replaces (a fused kernel of its own): from the pin, every rebase onto 0.25.0 or
-later stops for a decision on 0002 before it writes anything, and finishes with `--keep 0002`
-(parked) or `--drop 0002`; `check` passes after each.
+The series: fix 1 (archived in patches/upstreamed/: vLLM PR #41630, upstream since 0.21.0; it
+lived on nightlies only, after PR #40033), fix 2 (0001, a backport of PR #46735: 0.24.0 shipped
+the bug of PR #46254, 0.25.0 has the fix; 0.23.0 does not have the line at all) and the fused
+NVFP4 emulation kernel (0002, local, written for 0.24.0: releases from 0.20.0 have the
+emulation it replaces in other text, a conflict; 0.25.0 rewrote that code with a kernel of its
+own, a conflict whose verdict is "rewritten"). From the pin, every rebase onto 0.25.0 or later
+stops for a decision on 0002 before it writes anything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import committed, git
+from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, committed, export_committed, git
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
-from vllm_patchset.lock import Lock
-from vllm_patchset.overlay import build_overlay
+from vllm_patchset.lock import Lock, sha256_file
+from vllm_patchset.overlay import build_overlay, patches_for
 from vllm_patchset.upstream import Mirror
+from vllm_patchset.validate import build_trees
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
 NVFP4 = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
+ARCHIVED_FIX1 = f"upstreamed/{FIX1}"
+TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
+EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+TOUCHED_BY = {EMULATION: (FIX2, NVFP4), TRITON: (FIX2,)}
+GPU_FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
+GPU_FIX2 = (
+    "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
+)
+
+# (state, verdict) per patch (fix 1, fix 2, 0002) on each release:
+RELEASE_STATES = [
+    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.21.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.23.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
+    ("0.24.0", ("upstream", "upstream"), ("applies", "applies"), ("applies", "applies")),
+    ("0.25.0", ("upstream", "upstream"), ("upstream", "upstream"), ("conflict", "rewritten")),
+    ("0.33.0", ("upstream", "upstream"), ("upstream", "upstream"), ("conflict", "rewritten")),
+]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(list(argv)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+# -- states ----------------------------------------------------------------------------------------
+def test_states_on_the_releases(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    versions = [v for v, *_ in RELEASE_STATES]
+    doc = run_json(capsys, "--project", str(project.root), "matrix", *versions, "--json")
+    assert doc["versions"] == {
+        v: {ARCHIVED_FIX1: s1[0], FIX2: s2[0], NVFP4: s3[0]} for v, s1, s2, s3 in RELEASE_STATES
+    }
+    details = doc["details"]
+    assert isinstance(details, dict)
+    patches = (ARCHIVED_FIX1, FIX2, NVFP4)
+    assert {v: tuple(details[v][p]["verdict"] for p in patches) for v in versions} == {
+        v: (s1[1], s2[1], s3[1]) for v, s1, s2, s3 in RELEASE_STATES
+    }
+    # Where the text and the trailers disagree, both are reported: a decision-changing warning.
+    assert details["0.23.0"][NVFP4]["warnings"] == []
+    assert details["0.33.0"][NVFP4]["warnings"] == [
+        "text says absent, trailers say applies: the code it changes is gone (rewritten or"
+        " removed upstream)"
+    ]
+    on_025 = details["0.25.0"][FIX2]
+    assert (on_025["text_state"], on_025["trailer_state"]) == ("upstream", "upstream")
+    # The backport's comments are its own: the code is upstream's, the comments differ.
+    assert on_025["disagreements"] == [
+        f"hunk 1 ({EMULATION}): code present, surrounding text differs",
+        f"hunk 3 ({TRITON}): code matches upstream, comment lines differ",
+    ]
+    on_024 = details["0.24.0"][FIX2]
+    assert on_024["disagreements"] == []
+    assert [h["offset"] for h in on_024["hunks"]] == [0, 0, 0]
+    assert {h["offset"] for h in details["0.24.0"][NVFP4]["hunks"]} == {0}
+
+
+def test_states_on_a_nightly_like_base(
+    project: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = run_json(
+        capsys,
+        *("--project", str(project.root), "matrix", "--json"),
+        *("--git", str(nightly_repo), "--ref", "nightly", "--ref", "v0.21.0"),
+    )
+    assert doc["versions"] == {
+        "git:nightly": {ARCHIVED_FIX1: "applies", FIX2: "absent", NVFP4: "conflict"},
+        "git:v0.21.0": {ARCHIVED_FIX1: "upstream", FIX2: "absent", NVFP4: "conflict"},
+    }
+
+
+def test_status_and_check_on_the_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = run_json(capsys, "--project", str(project.root), "status", "--json")
+    assert doc == {
+        "pin": "0.24.0",
+        "patches": {ARCHIVED_FIX1: "upstream", FIX2: "applies", NVFP4: "applies"},
+        "disagreements": {ARCHIVED_FIX1: [], FIX2: [], NVFP4: []},
+        "parked": {},
+        "lock": "fresh",
+    }
+    assert main(["--project", str(project.root), "check"]) == 0
+    assert capsys.readouterr().out == "check: 3 patches, 0 problem(s)\n"
+
+
+# -- the overlay and its lock ----------------------------------------------------------------------
+def overlay_files(root: Path) -> dict[str, bytes]:
+    base = root / "overlay"
+    return {
+        str(p.relative_to(base)): p.read_bytes()
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and p.name != "overlay.lock.json"
+    }
+
+
+def test_overlay_matches_the_committed_lock(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--project", str(project.root), "overlay", "build"]) == 0
+    files = overlay_files(project.root)
+    assert sorted(files) == [EMULATION, TRITON]
+    lock = Lock.load(project.lock_path)
+    assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
+    assert (lock.version, lock.patches) == ("0.24.0", (FIX2, NVFP4))
+    for entry in lock.entries:
+        assert sha256_file(project.overlay_dir / entry.path) == entry.patched_sha256
+        assert entry.patches == TOUCHED_BY[entry.path]
+    text = files[TRITON].decode()
+    assert "                self.a1_scale,\n" in text
+    assert "self.a1_scale or self.a1_gscale" not in text
+    assert "    def a1_scale(self) -> torch.Tensor:\n" in files[EMULATION].decode()
+    # Rebuilding gives byte-identical files.
+    assert main(["--project", str(project.root), "overlay", "build"]) == 0
+    assert overlay_files(project.root) == files
+    capsys.readouterr()
+
+
+def test_overlay_for_a_nightly_like_base(
+    project: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = project.root / "nightly-overlay"
+    argv = ["--project", str(project.root), "overlay", "build", "--out", str(out)]
+    # The fused kernel (0002) is written for 0.24.0 and conflicts with this older base.
+    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 1
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {NVFP4} does not apply to git:nightly: hunk 2 ({EMULATION} @@ -21 +46 @@)"
+        f" differs at line 21 (leave it out with --skip {NVFP4})\n"
+    )
+    assert not out.exists()
+    assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly", "--skip", NVFP4]) == 0
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == [".vllm-patchset-owned", "overlay.lock.json", ORACLE]
+    text = (out / ORACLE).read_text()
+    assert NIGHTLY_LINE_FIXED in text
+    assert "layer.weight.device" not in text
+    lock = Lock.load(out / "overlay.lock.json")
+    assert (lock.version, lock.patches) == ("git:nightly", (ARCHIVED_FIX1,))
+    assert not (project.overlay_dir / "vllm").exists()  # the pin's overlay: untouched
+    capsys.readouterr()
+
+
+def test_queue_round_trip_of_the_real_series(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {p: p.read_bytes() for p in sorted(project.patches_dir.rglob("*")) if p.is_file()}
+    root = str(project.root)
+    assert main(["--project", root, "queue", "import"]) == 0
+    log = git(project.root / ".queue", "log", "--format=%s", "refs/vllm-patchset/base..HEAD")
+    assert log == (
+        "nvfp4_emulation_moe: fused NVFP4 GEMMs over the routed experts only\n"
+        "triton_moe: no tensor truthiness when quantizing deferred inputs\n"
+    )
+    assert main(["--project", root, "queue", "export", "--drop"]) == 0
+    after = {p: p.read_bytes() for p in sorted(project.patches_dir.rglob("*")) if p.is_file()}
+    assert after == before
+    capsys.readouterr()
+
+
+# -- GPU validation's trees ------------------------------------------------------------------------
+def test_reversed_fix1_on_0_21_0_is_the_nightly_bug(mirror: Mirror, project: Project) -> None:
+    (fix1,) = (p for p in patches_for(project) if p.key == ARCHIVED_FIX1)
+    release = mirror.release("0.21.0")
+    pristine = mirror.repo.tree_of(release.commit)
+    buggy = mirror.repo.apply_to_tree(pristine, fix1.raw, reverse=True)
+    text = mirror.repo.read_blob(buggy, ORACLE)
+    assert text is not None
+    assert text.decode().count(NIGHTLY_LINE_BUGGY) == 1
+    assert NIGHTLY_LINE_FIXED not in text.decode()
+    # Re-applying the fix gives back v0.21.0 exactly.
+    assert mirror.repo.apply_to_tree(buggy, fix1.raw) == pristine
+
+
+def test_validation_trees_and_expectations(project: Project, tmp_path: Path) -> None:
+    export_committed(["tests/gpu"], project.root)
+    built = build_trees(project, tmp_path / "gpu")
+    specs = {s.name: s for s in built.specs}
+    assert list(specs) == [
+        "pristine-0.24.0",
+        "overlay-0.24.0",
+        "buggy-0001-0.21.0",
+        "fixed-0001-0.21.0",
+    ]
+    expect = {name: {e.test: e.expect for e in s.expectations} for name, s in specs.items()}
+    assert expect["pristine-0.24.0"][GPU_FIX1] == "green"  # upstream since 0.21.0
+    assert expect["pristine-0.24.0"][GPU_FIX2] == "red"
+    assert expect["overlay-0.24.0"][GPU_FIX2] == "green"
+    assert expect["buggy-0001-0.21.0"] == {GPU_FIX1: "red"}
+    assert expect["fixed-0001-0.21.0"] == {GPU_FIX1: "green"}
+    oracle = {name: (built.root / "trees" / name / ORACLE).read_text() for name in specs}
+    assert NIGHTLY_LINE_BUGGY in oracle["buggy-0001-0.21.0"]
+    assert NIGHTLY_LINE_FIXED in oracle["fixed-0001-0.21.0"]
+    info = json.loads((built.root / "trees/overlay-0.24.0/vllm-patchset-tree.json").read_text())
+    assert info["patches"] == [FIX2, NVFP4]
+
+
+# -- the rebase --------------------------------------------------------------------------------------
 EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
 DATE = "2026-06-27"
 PR_41630 = "[#41630](https://github.com/vllm-project/vllm/pull/41630)"
@@ -167,14 +360,13 @@ def expect_decision_on_0002(capsys: pytest.CaptureFixture[str], root: Path, vers
     assert not (root / ".rebase").exists()
 
 
-# -- the chain of real releases ------------------------------------------------------------------
-@pytest.mark.parametrize("rule", ["--keep", "--drop"])
-def test_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
-    pinned: Project,
-    nightly_repo: Path,
-    capsys: pytest.CaptureFixture[str],
-    rule: str,
+def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
+    pinned: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The series as it grew: fix 1 on a nightly pin, archived on 0.24.0; fix 2 and 0002
+    joined there; 0.25.0 merged fix 2 and rewrote what 0002 replaces (parked, `--keep`);
+    0.33.0 needs no decision. (`--drop` on the real series: test_rebase_pin_to_0_33_0.)"""
+    rule = "--keep"
     root = pinned.root
     real = {name: committed(f"patches/{name}") for name in (FIX2, NVFP4)}
     real_fix1 = committed(f"patches/upstreamed/{FIX1}")
@@ -354,12 +546,10 @@ def test_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     check(capsys, root, 3 if kept else 2)
 
 
-@pytest.mark.parametrize("rule", ["--keep", "--drop"])
-def test_pin_to_0_33_0_directly(
-    pinned: Project, capsys: pytest.CaptureFixture[str], rule: str
-) -> None:
-    """The daily sync's next run. Before: it exited 0 with "done", CHANGELOG.md said 0002 was
+def test_rebase_pin_to_0_33_0(pinned: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daily sync's next run, `--drop` (`--keep`: the chain above). Before: it exited 0 with "done", CHANGELOG.md said 0002 was
     "still carried", the rebuilt lock was empty and `check` failed."""
+    rule = "--drop"
     root = pinned.root
     before = sha256s(root)
     code, out, err = cli(capsys, root, "rebase", "--onto", "0.33.0")
@@ -396,220 +586,3 @@ def test_pin_to_0_33_0_directly(
     assert doc["changelog"] == entry("0.33.0", "0.24.0", rule)
     assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.33.0", "0.24.0", rule)
     check(capsys, root, 3 if rule == "--keep" else 2)
-
-
-# -- refusals ------------------------------------------------------------------------------------
-DIRTY = [
-    ("patches/" + FIX2, "M patches/" + FIX2),
-    ("patches/0003-stray.patch", "?? patches/0003-stray.patch"),
-    ("README.md", "M README.md"),
-]
-
-
-@pytest.mark.parametrize(("path", "status"), DIRTY)
-def test_dirty_checkout_is_refused(
-    pinned: Project, capsys: pytest.CaptureFixture[str], path: str, status: str
-) -> None:
-    root = pinned.root
-    (root / "README.md").write_text("readme\n")
-    commit_all(root, "readme")
-    target = root / path
-    target.write_bytes((target.read_bytes() if target.exists() else b"") + b"\n")
-    before = sha256s(root)
-    code, out, err = cli(capsys, root, "rebase", "--onto", "0.25.0", "--keep", "0002")
-    assert (code, out) == (2, "")
-    assert err == (
-        f"vllm-patchset: the checkout {root} has uncommitted changes ({status}):"
-        " commit or stash them before a rebase\n"
-    )
-    assert sha256s(root) == before
-    assert not (root / ".rebase").exists()
-
-
-BAD_USAGE = [
-    (("--onto", "0.24.0"), "the pin 0.24.0 is 0.24.0 already: nothing to rebase"),
-    (("--onto", "latest"), "not a vLLM version: 'latest' (expected e.g. 0.24.0)"),
-    (("--onto", "0.25.0", "--ref", "v0.25.0"), "--ref goes with --onto-git"),
-    (("--onto-git", "/nonexistent"), "--onto-git needs --ref REF"),
-    (("--continue",), "no rebase in progress (start one with `rebase --onto VERSION`)"),
-    (("--abort",), "no rebase in progress (start one with `rebase --onto VERSION`)"),
-    (("--abort", "--keep", "0002"), "--abort takes no decisions (it puts everything back)"),
-    (
-        ("--onto", "0.25.0", "--keep", "0001"),
-        f"--keep {FIX2}: it needs no decision (upstream on 0.25.0)",
-    ),
-    (
-        ("--onto", "0.25.0", "--keep", "upstreamed/0001"),
-        f"--keep upstreamed/{FIX1}: it needs no decision (upstream on 0.25.0)",
-    ),
-]
-
-
-@pytest.mark.parametrize(("args", "message"), BAD_USAGE)
-def test_bad_usage_changes_nothing(
-    pinned: Project, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
-) -> None:
-    before = sha256s(pinned.root)
-    assert cli(capsys, pinned.root, "rebase", *args) == (2, "", f"vllm-patchset: {message}\n")
-    assert sha256s(pinned.root) == before
-    assert not (pinned.root / ".rebase").exists()
-
-
-# -- other processes: killed, or running at the same time ----------------------------------------
-def spawn_rebase(root: Path, cache: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "VLLM_PATCHSET_CACHE": str(cache), "SOURCE_DATE_EPOCH": EPOCH}
-    return subprocess.Popen(
-        [sys.executable, "-m", "vllm_patchset", "--project", str(root), "rebase", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: a kill takes its git children too
-    )
-
-
-def wait_for(process: subprocess.Popen[bytes], ready: Callable[[], bool]) -> None:
-    """Poll (every half millisecond) until `ready()` holds, the process still running."""
-    deadline = time.monotonic() + 120
-    while not ready():
-        assert process.poll() is None, "the rebase ended before the point to stop it"
-        assert time.monotonic() < deadline
-        time.sleep(0.0005)
-
-
-def expect_rebased_onto_0_25_0(root: Path) -> None:
-    """The project rebased onto 0.25.0 with `--keep 0002`."""
-    patches = root / "patches"
-    assert (patches / "series").read_text() == ""
-    assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"
-    assert (patches / "upstreamed" / FIX2).read_bytes() == committed(f"patches/{FIX2}")
-    assert (patches / "parked" / NVFP4).read_bytes() == committed(f"patches/{NVFP4}")
-    assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.25.0", "0.24.0", "--keep")
-    lock = Lock.load(root / "overlay/overlay.lock.json")
-    assert (lock.version, lock.patches) == ("0.25.0", ())
-
-
-def phase(root: Path) -> str | None:
-    try:
-        return str(json.loads((root / ".rebase" / "state.json").read_text())["phase"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-KILL_POINTS = [
-    ("taking the patches", lambda root: (root / ".rebase" / "worktree").exists()),
-    ("staging", lambda root: (root / ".rebase" / "stage").exists()),
-]
-
-
-@pytest.mark.parametrize(("name", "point"), KILL_POINTS)
-def test_killed_rebase_leaves_the_checkout_as_it_was(
-    pinned: Project,
-    capsys: pytest.CaptureFixture[str],
-    name: str,
-    point: Callable[[Path], bool],
-) -> None:
-    root = pinned.root
-    before = sha256s(root)
-    process = spawn_rebase(root, pinned.cache_dir, "--onto", "0.25.0", "--keep", "0002")
-    wait_for(process, lambda: point(root))
-    os.killpg(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
-    assert sha256s(root) == before
-    assert git(root, "status", "--porcelain") == ""
-    code, _, err = cli(capsys, root, "rebase", "--onto", "0.25.0")
-    assert code == 2
-    assert "a rebase is in progress" in err
-    assert cli(capsys, root, "rebase", "--continue") == (
-        2,
-        "",
-        "vllm-patchset: the rebase was interrupted before it finished: `rebase --abort`,"
-        " then start again\n",
-    )
-    assert cli(capsys, root, "rebase", "--abort") == (
-        0,
-        "rebase onto 0.25.0 aborted: everything is as it was\n",
-        "",
-    )
-    assert sha256s(root) == before
-    assert not (root / ".rebase").exists()
-    assert cli(capsys, root, "rebase", "--onto", "0.25.0", "--keep", "0002")[0] == 0
-    expect_rebased_onto_0_25_0(root)
-    check(capsys, root, 3)
-
-
-@pytest.mark.parametrize("then", ["--abort", "--continue"])
-def test_rebase_killed_while_swapping_is_undone_or_finished(
-    pinned: Project, capsys: pytest.CaptureFixture[str], then: str
-) -> None:
-    """SIGKILL (which no process can defer) while the staged files move in, or just after:
-    `--abort` puts everything back byte for byte, `--continue` finishes."""
-    root = pinned.root
-    before = sha256s(root)
-    process = spawn_rebase(root, pinned.cache_dir, "--onto", "0.25.0", "--keep", "0002")
-    wait_for(process, lambda: phase(root) in ("swap", "done"))
-    os.killpg(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
-    assert phase(root) in ("swap", "done")
-    assert cli(capsys, root, "rebase", then)[0] == 0
-    assert not (root / ".rebase").exists()
-    if then == "--abort":
-        assert sha256s(root) == before
-    else:
-        expect_rebased_onto_0_25_0(root)
-        check(capsys, root, 3)
-
-
-def test_a_second_writer_is_refused_while_a_rebase_runs(
-    pinned: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two rebases at once, an `--abort` under a running rebase, or a `queue export` during
-    one: the second is refused, and the first finishes as if alone. (Before: `--abort` removed
-    `.rebase/` under the running rebase.) The first is held still with SIGSTOP while the others
-    try."""
-    root = pinned.root
-    assert cli(capsys, root, "queue", "import")[0] == 0
-    process = spawn_rebase(root, pinned.cache_dir, "--onto", "0.25.0", "--keep", "0002")
-    wait_for(process, lambda: (root / ".rebase" / "worktree").exists())
-    os.killpg(process.pid, signal.SIGSTOP)
-    try:
-        assert process.poll() is None
-        monkeypatch.setenv("VLLM_PATCHSET_LOCK_TIMEOUT", "0")  # refused at once, not after 60 s
-        refused = (
-            "vllm-patchset: another vllm-patchset rebase, queue or overlay build is running in"
-            f" {root} (waited 0 s): nothing was changed\n"
-        )
-        for args in (("rebase", "--onto", "0.33.0"), ("rebase", "--abort"), ("queue", "export")):
-            assert cli(capsys, root, *args) == (1, "", refused)
-    finally:
-        os.killpg(process.pid, signal.SIGCONT)
-    assert process.wait() == 0
-    expect_rebased_onto_0_25_0(root)
-
-
-def test_git_pin_is_found_again_by_its_commit(
-    pinned: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A rebase onto a local git ref writes `pin-ref` and `pin-commit`, never the local path:
-    the next `check` finds the tree in the mirror by its commit."""
-    root = pinned.root
-    doc = rebase_json(
-        capsys,
-        root,
-        "--onto-git",
-        str(nightly_repo),
-        "--ref",
-        "v0.21.0",
-        "--drop",
-        "0001",
-        "--drop",
-        "0002",
-    )
-    assert doc["status"] == "done"
-    commit = git(nightly_repo, "rev-parse", "v0.21.0^{commit}").strip()
-    pyproject = (root / "pyproject.toml").read_text()
-    assert f'pin = "0.21.0"\npin-ref = "v0.21.0"\npin-commit = "{commit}"\n' in pyproject
-    assert '"vllm==0.24.0"' in pyproject  # a git pin leaves the PyPI requirement alone
-    for written in ("pyproject.toml", "overlay/overlay.lock.json", "CHANGELOG.md"):
-        assert str(nightly_repo) not in (root / written).read_text()
-    check(capsys, root, 1)
-    assert Mirror(pinned.cache_dir).git_commit(commit) is not None
