@@ -4,13 +4,12 @@ against a local package index."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from synthetic import LocalIndex
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.edits import (
@@ -458,73 +457,56 @@ def test_short_ids(key: str, keys: tuple[str, ...], short: str) -> None:
 
 
 # -- releases on the index -----------------------------------------------------------------------
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def index_url(tmp_path: Path) -> Iterator[str]:
-    """A local package index (PEP 691 JSON) listing sdists (and a wheel, and a yanked one)."""
-    names = [
-        "0.24.0",
-        "0.25.0",
-        "0.22.1",
-        "0.25.1",
-        "0.26.0rc1",
-        "0.23.0",
-        "0.25.0.post1",
-        "0.27.1",
-    ]
-    files = [{"filename": f"vllm-{v}.tar.gz", "url": "x", "hashes": {}} for v in names]
-    files += [
-        {"filename": "vllm-0.28.0-cp38-abi3-manylinux_2_28_x86_64.whl", "url": "x", "hashes": {}},
-        {"filename": "vllm-0.27.0.tar.gz", "url": "x", "hashes": {}, "yanked": True},
-    ]
-    (tmp_path / "index" / "simple" / "vllm").mkdir(parents=True)
-    (tmp_path / "index" / "simple" / "vllm" / "index.html").write_text(json.dumps({"files": files}))
-    handler = lambda *a, **k: _Quiet(*a, directory=str(tmp_path / "index"), **k)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/simple"
-    server.shutdown()
-    server.server_close()
+    """A local package index listing sdists (and a wheel, and a yanked sdist)."""
+    with LocalIndex(tmp_path / "index") as index:
+        for v in ("1.0", "1.1", "0.9.1", "1.1.1", "1.2rc1", "0.9", "1.1.post1", "1.3.1"):
+            index.list_only({"filename": f"vllm-{v}.tar.gz", "url": "x", "hashes": {}})
+        wheel = "vllm-1.4-cp38-abi3-manylinux_2_28_x86_64.whl"
+        index.list_only({"filename": wheel, "url": "x", "hashes": {}})
+        index.list_only({"filename": "vllm-1.3.tar.gz", "url": "x", "hashes": {}, "yanked": True})
+        yield index.url
 
 
 RELEASES = [
-    ((), ["0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.0.post1", "0.25.1", "0.27.1"]),
-    (("--newer-than-pin",), ["0.25.0", "0.25.0.post1", "0.25.1", "0.27.1"]),
-    (("--newer-than-pin", "--pre"), ["0.25.0", "0.25.0.post1", "0.25.1", "0.26.0rc1", "0.27.1"]),
+    ((), ["0.9", "0.9.1", "1.0", "1.1", "1.1.post1", "1.1.1", "1.3.1"]),
+    (("--newer-than-pin",), ["1.1", "1.1.post1", "1.1.1", "1.3.1"]),
+    (("--newer-than-pin", "--pre"), ["1.1", "1.1.post1", "1.1.1", "1.2rc1", "1.3.1"]),
 ]
+
+
+def use_index(project: Project, url: str) -> None:
+    text = project.pyproject.read_text()
+    project.pyproject.write_text(text.replace(project.index_url, url))
 
 
 @pytest.mark.parametrize(("args", "releases"), RELEASES)
 def test_releases(
-    project: Project,
+    tiny: Project,
     index_url: str,
     capsys: pytest.CaptureFixture[str],
     args: tuple[str, ...],
     releases: list[str],
 ) -> None:
-    text = project.pyproject.read_text().replace("https://pypi.org/simple", index_url)
-    project.pyproject.write_text(text)
-    assert main(["--project", str(project.root), "releases", *args, "--json"]) == 0
+    use_index(tiny, index_url)
+    assert main(["--project", str(tiny.root), "releases", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
-        "pin": "0.24.0",
+        "pin": "1.0",
         "releases": releases,
         "newest": releases[-1],
     }
-    assert main(["--project", str(project.root), "releases", *args]) == 0
+    assert main(["--project", str(tiny.root), "releases", *args]) == 0
     assert capsys.readouterr().out == "".join(f"{v}\n" for v in releases)
 
 
 def test_releases_newer_than_a_git_pin_is_refused(
-    project: Project, capsys: pytest.CaptureFixture[str], index_url: str
+    tiny: Project, capsys: pytest.CaptureFixture[str], index_url: str
 ) -> None:
-    text = project.pyproject.read_text().replace("https://pypi.org/simple", index_url)
-    project.pyproject.write_text(text.replace('pin = "0.24.0"', 'pin = "git:nightly"'))
-    assert main(["--project", str(project.root), "releases", "--newer-than-pin"]) == 2
+    use_index(tiny, index_url)
+    text = tiny.pyproject.read_text()
+    tiny.pyproject.write_text(text.replace('pin = "1.0"', 'pin = "git:nightly"'))
+    assert main(["--project", str(tiny.root), "releases", "--newer-than-pin"]) == 2
     assert (
         capsys.readouterr().err == "vllm-patchset: the pin git:nightly is not a release version\n"
     )
