@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from support import REPO, git, snapshot
+from synthetic import MOE, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import (
-    LOCK,
     OVERLAID,
     PATCHES,
     TRITON_MOE,
@@ -38,12 +38,12 @@ from vllm_install import (
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.fsio import KILL_ENV, LOCK_TIMEOUT_ENV
+from vllm_patchset.lock import Lock
 from vllm_patchset.upstream import Mirror
 
 __all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
-FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
-FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
+FIX = STORY_FIX.name  # a patch of the synthetic story's series (the `tiny` project)
 STATE = ".vllm-patchset"
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 N = len(OVERLAID)
@@ -143,28 +143,28 @@ BUILD_OUT = (user_files, git_clone_under_it, site_packages, a_file, a_symlink)
 
 @pytest.mark.parametrize("make", BUILD_OUT)
 def test_build_out_refuses_what_it_does_not_own(
-    run: Run, project: Project, target: Path, tmp_path: Path, make: Callable[..., tuple[Path, str]]
+    run: Run, tiny: Project, target: Path, tmp_path: Path, make: Callable[..., tuple[Path, str]]
 ) -> None:
     dest, message = make(tmp_path, target)
     before = snapshot(tmp_path)
-    assert run("--project", project.root, "overlay", "build", "--out", dest) == (2, "", message)
+    assert run("--project", tiny.root, "overlay", "build", "--out", dest) == (2, "", message)
     assert snapshot(tmp_path) == before
 
 
-def test_build_out_rewrites_what_it_made(run: Run, project: Project, tmp_path: Path) -> None:
+def test_build_out_rewrites_what_it_made(run: Run, tiny: Project, tmp_path: Path) -> None:
     dest = tmp_path / "out"
     for _ in range(2):  # a new dir, then the same dir again: it carries the marker
-        code, out, err = run("--project", project.root, "overlay", "build", "--out", dest)
+        code, out, err = run("--project", tiny.root, "overlay", "build", "--out", dest)
         assert (code, err) == (0, "")
-        assert out.splitlines()[0] == f"overlay for vllm 0.24.0: {N} file(s) in {dest}"
+        assert out.splitlines()[0] == f"overlay for vllm 1.0: 1 file(s) in {dest}"
     # What a killed build left (a staging dir of a process that is gone) is swept; the same
     # name of a live process (this one) is left alone.
     dead = _dead_pid()
     (dest / f".vllm-patchset-staging-{dead}-overlay-x").mkdir()
     (dest / f".vllm-patchset-staging-{os.getpid()}-overlay-y").mkdir()
-    assert run("--project", project.root, "overlay", "build", "--out", dest)[0] == 0
+    assert run("--project", tiny.root, "overlay", "build", "--out", dest)[0] == 0
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir())
-    assert files == [".vllm-patchset-owned", "overlay.lock.json", *OVERLAID]
+    assert files == [".vllm-patchset-owned", "overlay.lock.json", MOE]
     assert sorted(p.name for p in dest.iterdir() if p.name.startswith(".vllm-patchset-s")) == [
         f".vllm-patchset-staging-{os.getpid()}-overlay-y"
     ]
@@ -197,12 +197,12 @@ TREE_DEST = {
 
 
 @pytest.mark.parametrize("case", TREE_DEST)
-def test_tree_writes_only_new_files(run: Run, project: Project, tmp_path: Path, case: str) -> None:
+def test_tree_writes_only_new_files(run: Run, tiny: Project, tmp_path: Path, case: str) -> None:
     make, message = TREE_DEST[case]
     dest = tmp_path / "dest"
     make(dest)
     before = snapshot(tmp_path, skip_git=True)
-    assert run("--project", project.root, "tree", dest) == (2, "", message.format(d=dest))
+    assert run("--project", tiny.root, "tree", dest) == (2, "", message.format(d=dest))
     assert snapshot(tmp_path, skip_git=True) == before
 
 
@@ -275,13 +275,13 @@ FETCH_TARGET = (
 
 @pytest.mark.parametrize("make", FETCH_TARGET)
 def test_fetch_target_checks_every_path_of_the_record(
-    project: Project, target: Path, tmp_path: Path, make: Callable[..., tuple[int, str]]
+    tiny: Project, target: Path, tmp_path: Path, make: Callable[..., tuple[int, str]]
 ) -> None:
     code, message = make(target, tmp_path)
     temp = tmp_path / "tmp"  # where the files are gathered: a `..` would lead out of it
     temp.mkdir()
     before = snapshot(tmp_path, skip_git=True)
-    done = cli("--project", project.root, "fetch", "--target", target, env={"TMPDIR": str(temp)})
+    done = cli("--project", tiny.root, "fetch", "--target", target, env={"TMPDIR": str(temp)})
     assert (done.returncode, done.stdout, done.stderr) == (code, "", message)
     assert snapshot(tmp_path, skip_git=True) == before
 
@@ -289,8 +289,8 @@ def test_fetch_target_checks_every_path_of_the_record(
 # -- 3. paths from data: the series and its patches ---------------------------------------------
 def series_latin1(project: Project) -> str:
     series = project.series_file
-    series.write_bytes(f"{FIX2}\n# caf".encode() + b"\xe9\n" + f"{FUSED}\n".encode())
-    offset = len(f"{FIX2}\n# caf")
+    series.write_bytes(f"{FIX}\n# caf".encode() + b"\xe9\n" + f"{STORY_LOCAL.name}\n".encode())
+    offset = len(f"{FIX}\n# caf")
     return f"vllm-patchset: {series}: not UTF-8 text (byte 0xe9 at offset {offset})\n"
 
 
@@ -300,19 +300,19 @@ def series_is_fifo(project: Project) -> str:
 
 
 def patch_is_fifo(project: Project) -> str:
-    fifo(project.patches_dir / FIX2)
-    return f"vllm-patchset: {project.series_file}: entry {FIX2} is a FIFO, not a regular file\n"
+    fifo(project.patches_dir / FIX)
+    return f"vllm-patchset: {project.series_file}: entry {FIX} is a FIFO, not a regular file\n"
 
 
 def patch_is_symlink(project: Project) -> str:
     outside = project.root.parent / "outside.patch"
-    (project.patches_dir / FIX2).rename(outside)
-    (project.patches_dir / FIX2).symlink_to(outside)
-    return f"vllm-patchset: {project.series_file}: entry {FIX2} is a symlink, not a regular file\n"
+    (project.patches_dir / FIX).rename(outside)
+    (project.patches_dir / FIX).symlink_to(outside)
+    return f"vllm-patchset: {project.series_file}: entry {FIX} is a symlink, not a regular file\n"
 
 
 def patch_crlf(project: Project) -> str:
-    path = project.patches_dir / FIX2
+    path = project.patches_dir / FIX
     path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
     return (
         f"vllm-patchset: malformed patch {path}: CRLF line endings (git format-patch writes LF:"
@@ -321,12 +321,9 @@ def patch_crlf(project: Project) -> str:
 
 
 def patch_dot_path(project: Project) -> str:
-    path = project.patches_dir / FIX2
-    text = path.read_text()
-    path.write_text(
-        text.replace(f"b/{TRITON_MOE}", f"b/{TRITON_MOE.replace('/experts/', '/./experts/')}", 1)
-    )
-    dotted = TRITON_MOE.replace("/experts/", "/./experts/")
+    path = project.patches_dir / FIX
+    dotted = MOE.replace("/layers/", "/./layers/")
+    path.write_text(path.read_text().replace(f"b/{MOE}", f"b/{dotted}", 1))
     return (
         f"vllm-patchset: malformed patch {path}: touches {dotted!r}, not a plain path inside"
         " vllm/\n"
@@ -341,18 +338,18 @@ SERIES_DATA = (
     patch_crlf,
     patch_dot_path,
 )
-READERS = (["status"], ["check"], ["overlay", "build"], ["matrix", "0.24.0"])
+READERS = (["status"], ["check"], ["overlay", "build"], ["matrix", "1.0"])
 
 
 @pytest.mark.parametrize("make", SERIES_DATA)
 def test_series_and_patches_are_checked_before_use(
-    run: Run, project: Project, make: Callable[[Project], str]
+    run: Run, tiny: Project, make: Callable[[Project], str]
 ) -> None:
-    message = make(project)
-    before = snapshot(project.root.parent, skip_git=True)
+    message = make(tiny)
+    before = snapshot(tiny.root.parent, skip_git=True)
     for argv in READERS:
-        assert run("--project", project.root, *argv) == (2, "", message)
-    assert snapshot(project.root.parent, skip_git=True) == before
+        assert run("--project", tiny.root, *argv) == (2, "", message)
+    assert snapshot(tiny.root.parent, skip_git=True) == before
 
 
 # -- 4. special files in a target: refused, never opened -------------------------------------------
@@ -493,21 +490,21 @@ def test_a_journal_path_that_leads_out_is_refused(
 
 
 # -- 5. no command destroys what it did not create ----------------------------------------------
-def test_queue_export_refuses_to_overwrite_an_edit_in_patches(run: Run, project: Project) -> None:
-    root = project.root
+def test_queue_export_refuses_to_overwrite_an_edit_in_patches(run: Run, tiny: Project) -> None:
+    root = tiny.root
     assert run("--project", root, "queue", "import")[0] == 0
-    edited = project.patches_dir / FIX2
+    edited = tiny.patches_dir / FIX
     edited.write_bytes(edited.read_bytes() + b"# edited in patches/, not in the queue\n")
     queue = root / ".queue"
-    (queue / "vllm" / "envs.py").write_text("# an edit made in the queue\n")
+    (queue / "vllm" / "utils.py").write_text("# an edit made in the queue\n")
     git(
         queue,
         "commit",
         "-q",
         "-am",
-        "x: an edit in the queue\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 0.24.0\nApplied-upstream:\nRegression-test: tests/x.py",
+        "x: an edit in the queue\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/x.py",
     )
-    before = snapshot(project.patches_dir)
+    before = snapshot(tiny.patches_dir)
     assert run("--project", root, "queue", "export") == (
         1,
         "",
@@ -515,36 +512,36 @@ def test_queue_export_refuses_to_overwrite_an_edit_in_patches(run: Run, project:
         " export would overwrite it; nothing was written. Take the change into the queue (or"
         " move it away), then export again\n",
     )
-    assert snapshot(project.patches_dir) == before
+    assert snapshot(tiny.patches_dir) == before
     # Moved away, the export goes through; a second export (more queue work) needs no import.
-    edited.write_bytes(git(root, "show", f"HEAD:patches/{FIX2}").encode())
+    edited.write_bytes(git(root, "show", f"HEAD:patches/{FIX}").encode())
     assert run("--project", root, "queue", "export")[0] == 0
-    assert (project.patches_dir / "0003-x-an-edit-in-the-queue.patch").is_file()
+    assert (tiny.patches_dir / "0003-x-an-edit-in-the-queue.patch").is_file()
     git(
         queue,
         "commit",
         "-q",
         "--amend",
         "-m",
-        "x: renamed\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 0.24.0\nApplied-upstream:\nRegression-test: tests/x.py",
+        "x: renamed\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/x.py",
     )
     assert run("--project", root, "queue", "export")[0] == 0
-    assert (project.patches_dir / "0003-x-renamed.patch").is_file()
-    assert not (project.patches_dir / "0003-x-an-edit-in-the-queue.patch").exists()
+    assert (tiny.patches_dir / "0003-x-renamed.patch").is_file()
+    assert not (tiny.patches_dir / "0003-x-an-edit-in-the-queue.patch").exists()
 
 
-def test_queue_import_force_replaces_only_a_queue(run: Run, project: Project) -> None:
-    mine = project.root / ".queue"
+def test_queue_import_force_replaces_only_a_queue(run: Run, tiny: Project) -> None:
+    mine = tiny.root / ".queue"
     mine.mkdir()
     (mine / "notes.txt").write_text("not a queue\n")
-    before = snapshot(project.root, skip_git=True)
-    assert run("--project", project.root, "queue", "import", "--force") == (
+    before = snapshot(tiny.root, skip_git=True)
+    assert run("--project", tiny.root, "queue", "import", "--force") == (
         2,
         "",
         f"vllm-patchset: {mine} was not made by `vllm-patchset queue import` (no"
         " refs/vllm-patchset/base in it): move it away; nothing was changed\n",
     )
-    assert snapshot(project.root, skip_git=True) == before
+    assert snapshot(tiny.root, skip_git=True) == before
 
 
 def test_force_apply_over_an_edited_overlay_keeps_the_pristine_original(
@@ -850,7 +847,10 @@ def test_revert_interrupted_at_each_write_is_finished_and_says_so(
     assert snapshot(target) == (applied if point == 1 else before)
 
 
-def test_build_interrupted_leaves_the_overlay_as_it_was_or_whole(project: Project) -> None:
+def test_build_interrupted_leaves_the_overlay_as_it_was_or_whole(tiny: Project) -> None:
+    project = tiny
+    lock = Lock.load(project.lock_path)
+    files = len(lock.entries)
     args = ("--project", project.root, "overlay", "build", "--update-lock")
     lock_before = project.lock_path.read_bytes()
     before = snapshot(project.root, skip_git=True)
@@ -861,7 +861,7 @@ def test_build_interrupted_leaves_the_overlay_as_it_was_or_whole(project: Projec
         "vllm-patchset: interrupted (SIGTERM); nothing was changed (what was staged is removed)\n",
     )
     assert snapshot(project.root, skip_git=True) == before
-    done = cli(*args, env={KILL_ENV: f"{2 * N + 1}:TERM"})  # the lock: held back, then whole
+    done = cli(*args, env={KILL_ENV: f"{2 * files + 1}:TERM"})  # the lock: held back, then whole
     assert (done.returncode, done.stderr) == (
         143,
         f"vllm-patchset: interrupted (SIGTERM); the overlay in {project.overlay_dir} had been"
@@ -869,18 +869,18 @@ def test_build_interrupted_leaves_the_overlay_as_it_was_or_whole(project: Projec
     )
     assert project.lock_path.read_bytes() == lock_before
     assert sorted(p.name for p in project.overlay_dir.iterdir()) == ["overlay.lock.json", "vllm"]
-    for entry in LOCK.entries:
+    for entry in lock.entries:
         data = (project.overlay_dir / entry.path).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry.patched_sha256
 
 
-def test_git_dies_with_a_killed_run(project: Project, tmp_path: Path) -> None:
+def test_git_dies_with_a_killed_run(tiny: Project, tmp_path: Path) -> None:
     # git fetch over "ssh" that hangs: the ssh command is a script that waits.
     ssh = tmp_path / "ssh"
     ssh.write_text("#!/bin/sh\nsleep 30\n")
     ssh.chmod(0o755)
     run = subprocess.Popen(
-        [sys.executable, "-m", "vllm_patchset", "--project", str(project.root), "fetch",
+        [sys.executable, "-m", "vllm_patchset", "--project", str(tiny.root), "fetch",
          "--git", "ssh://example.invalid/vllm.git", "--ref", "main"],
         env={**os.environ, "GIT_SSH_COMMAND": str(ssh)},
         stdout=subprocess.DEVNULL,
@@ -919,14 +919,15 @@ WRITERS = (
     ["queue", "import"],
     ["queue", "export"],
     ["overlay", "build"],
-    ["rebase", "--onto", "0.25.0"],
+    ["rebase", "--onto", "1.1"],
 )
 
 
 @pytest.mark.parametrize("argv", WRITERS, ids=" ".join)
 def test_one_writer_at_a_time_in_a_checkout(
-    run: Run, project: Project, argv: list[str], monkeypatch: pytest.MonkeyPatch
+    run: Run, tiny: Project, argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    project = tiny
     monkeypatch.setenv(LOCK_TIMEOUT_ENV, "0.2")
     before = snapshot(project.root, skip_git=True)
     fd = os.open(project.root, os.O_RDONLY | os.O_DIRECTORY)
@@ -945,10 +946,10 @@ def test_one_writer_at_a_time_in_a_checkout(
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
 def test_bad_lock_timeout_is_one_line(
-    run: Run, project: Project, value: str, monkeypatch: pytest.MonkeyPatch
+    run: Run, tiny: Project, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(LOCK_TIMEOUT_ENV, value)
-    assert run("--project", project.root, "overlay", "build") == (
+    assert run("--project", tiny.root, "overlay", "build") == (
         2,
         "",
         f"vllm-patchset: VLLM_PATCHSET_LOCK_TIMEOUT={value!r}: expected a number of seconds,"
@@ -1002,14 +1003,15 @@ def test_output_the_terminal_cannot_encode(
 
 
 @pytest.mark.parametrize(
-    "argv", [["matrix", "--json", "0.24.0", "0.25.0"], ["overlay", "verify"]], ids=" ".join
+    "argv", [["matrix", "--json", "1.0", "1.1"], ["overlay", "verify"]], ids=" ".join
 )
 def test_a_closed_pipe_ends_quietly(
-    overlay: Overlay, target: Path, mirror: Mirror, argv: list[str]
+    overlay: Overlay, target: Path, tiny: Project, argv: list[str]
 ) -> None:
+    project = tiny
     if argv[0] == "overlay":
         argv = [*argv, "--target", str(target)]
-    project = overlay.project
+        project = overlay.project
     read, write = os.pipe()
     child = subprocess.Popen(
         [sys.executable, "-m", "vllm_patchset", "--project", str(project.root), "--cache-dir",
@@ -1057,7 +1059,7 @@ def test_a_fake_python_cannot_run(
 
 
 USAGE = [
-    (["matrix", "--ref", "v0.24.0"], "--ref REF goes with --git URL|PATH"),
+    (["matrix", "--ref", "v1.0"], "--ref REF goes with --git URL|PATH"),
     (["matrix", "--git", "/nowhere"], "--git needs --ref REF"),
 ]
 
@@ -1066,9 +1068,9 @@ USAGE = [
     ("argv", "message"), USAGE, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
 )
 def test_usage_mistakes_are_one_line(
-    run: Run, project: Project, argv: list[str], message: str
+    run: Run, tiny: Project, argv: list[str], message: str
 ) -> None:
-    assert run("--project", project.root, *argv) == (2, "", f"vllm-patchset: {message}\n")
+    assert run("--project", tiny.root, *argv) == (2, "", f"vllm-patchset: {message}\n")
 
 
 DISK_FULL = """\
@@ -1135,61 +1137,34 @@ def test_disk_full_names_the_file_and_changes_nothing(
 
 @pytest.fixture(scope="module")
 def fresh_cache(
-    tmp_path_factory: pytest.TempPathFactory, mirror: Mirror
+    tmp_path_factory: pytest.TempPathFactory, story: Story
 ) -> Iterator[tuple[Path, str]]:
-    """A cache of its own, and a local package index serving the cached 0.24.0 sdist: a tag can
-    be damaged and fetched again without touching the session's mirror or the network."""
-    import http.server
-    import threading
-
-    tmp_path = tmp_path_factory.mktemp("fresh-cache")
-    root = tmp_path / "index"
-    files = root / "files"
-    files.mkdir(parents=True)
-    sdist = mirror.sdists / "vllm-0.24.0.tar.gz"
-    shutil.copy(sdist, files / sdist.name)
-    (root / "simple" / "vllm").mkdir(parents=True)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *a, **k: Quiet(*a, directory=str(root), **k)
-    )
-    url = f"http://127.0.0.1:{server.server_port}"
-    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    doc = {
-        "files": [
-            {"filename": sdist.name, "url": f"{url}/files/{sdist.name}", "hashes": {"sha256": sha}}
-        ]
-    }
-    (root / "simple" / "vllm" / "index.html").write_text(json.dumps(doc))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield tmp_path / "cache", f"{url}/simple"
-    server.shutdown()
-    server.server_close()
+    """A cache of its own, and a local package index serving the story's pin: a tag can be
+    damaged and fetched again without touching the story's mirror."""
+    folder = tmp_path_factory.mktemp("fresh-cache")
+    with LocalIndex(folder / "index") as index:
+        index.publish("vllm-1.0.tar.gz", sdist_bytes("1.0", story.upstream.files("1.0")))
+        yield folder / "cache", index.url
 
 
 @pytest.mark.parametrize("argv", READERS, ids=" ".join)
 def test_a_mirror_tag_it_did_not_make_is_fetched_again(
-    run: Run, project: Project, fresh_cache: tuple[Path, str], argv: list[str]
+    run: Run, tiny: Project, fresh_cache: tuple[Path, str], argv: list[str]
 ) -> None:
     cache, index = fresh_cache
-    pyproject = project.pyproject
-    pyproject.write_text(pyproject.read_text().replace("https://pypi.org/simple", index))
-    args = ("--project", project.root, "--cache-dir", cache)
-    assert run(*args, "fetch", "0.24.0")[0] == 0  # the first test downloads it
+    pyproject = tiny.pyproject
+    pyproject.write_text(pyproject.read_text().replace(tiny.index_url, index))
+    args = ("--project", tiny.root, "--cache-dir", cache)
+    assert run(*args, "fetch", "1.0")[0] == 0  # the first test downloads it
     expected = run(*args, *argv)  # with the tag as the tool made it
     mirror = cache / "mirror.git"
-    good = git(mirror, "rev-parse", "v0.24.0^{commit}").strip()
-    junk = git(mirror, "commit-tree", f"{good}^{{tree}}", "-m", "vllm 0.24.0\n\nnot json")
-    git(mirror, "tag", "-f", "v0.24.0", junk.strip())
+    good = git(mirror, "rev-parse", "v1.0^{commit}").strip()
+    junk = git(mirror, "commit-tree", f"{good}^{{tree}}", "-m", "vllm 1.0\n\nnot json")
+    git(mirror, "tag", "-f", "v1.0", junk.strip())
     code, out, err = run(*args, *argv)
     assert (code, out) == expected[:2]
     note = (
-        "vllm-patchset: the mirror's tag v0.24.0 was not made by vllm-patchset (its message is"
+        "vllm-patchset: the mirror's tag v1.0 was not made by vllm-patchset (its message is"
         " not the expected JSON): fetching it again\n"
     )
 
@@ -1197,4 +1172,4 @@ def test_a_mirror_tag_it_did_not_make_is_fetched_again(
         return re.sub(r" in \d+\.\d s$", " in N s", text, flags=re.M)
 
     assert timeless(err) == note + timeless(expected[2])
-    assert git(mirror, "rev-parse", "v0.24.0^{commit}").strip() == good
+    assert git(mirror, "rev-parse", "v1.0^{commit}").strip() == good
