@@ -23,8 +23,12 @@ from support import (
     make_upstream_repo,
 )
 from synthetic import Story, make_story
+from vllm_install import full_pristine, overlay, pristine, target
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
+
+# The real vLLM wheel's fixtures, for every test module.
+__all__ = ["full_pristine", "overlay", "pristine", "target"]
 
 _REAL_HOME = Path(os.path.expanduser("~")).resolve()
 _PROTECTED = tuple(

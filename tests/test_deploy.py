@@ -33,21 +33,16 @@ from vllm_install import (
     Pristine,
     cli_command,
     journal_path,
-    overlay,
-    pristine,
     read_only,
     record_doc,
     record_mismatches,
     replace_file,
     run_cli,
-    target,
     tree_state,
 )
 from vllm_patchset.cli import main
 from vllm_patchset.deploy import KILL_ENV, LOCK_TIMEOUT_ENV
 from vllm_patchset.lock import Lock, LockEntry
-
-__all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
 N = len(OVERLAID)
 STATE = ".vllm-patchset"

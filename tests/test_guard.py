@@ -20,15 +20,10 @@ from vllm_install import (
     TRITON_MOE,
     Overlay,
     Pristine,
-    overlay,
-    pristine,
     replace_file,
     run_cli,
-    target,
 )
 from vllm_patchset import guard
-
-__all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
 STARTUP = """\
 import logging, sys

@@ -29,19 +29,14 @@ from vllm_install import (
     TRITON_MOE,
     Overlay,
     Pristine,
-    overlay,
-    pristine,
     record_mismatches,
     replace_file,
-    target,
 )
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.fsio import KILL_ENV, LOCK_TIMEOUT_ENV
 from vllm_patchset.lock import Lock
 from vllm_patchset.upstream import Mirror
-
-__all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
 FIX = STORY_FIX.name  # a patch of the synthetic story's series (the `tiny` project)
 STATE = ".vllm-patchset"
@@ -602,13 +597,11 @@ def test_pip_force_reinstall_under_an_applied_overlay(
     overlay: Overlay,
     venv: tuple[Path, Path],
     pristine: Pristine,
-    cache_dir: Path,
     then: str,
 ) -> None:
     python, site = venv
     assert run(*deploy_args(overlay, "apply", "--python", python))[0] == 0
-    wheel = next((cache_dir / "wheels").glob("vllm-0.24.0-*.whl"))
-    pip(python, "install", "--no-deps", "--no-compile", "--force-reinstall", str(wheel))
+    pip(python, "install", "--no-deps", "--no-compile", "--force-reinstall", str(pristine.wheel))
     assert record_mismatches(site, pristine.record) == []  # pip put the wheel's files back
     code, out, err = run(*deploy_args(overlay, "status", "--python", python))
     assert (code, err) == (1, "")

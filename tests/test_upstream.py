@@ -6,14 +6,12 @@ from pathlib import Path
 
 import pytest
 from support import make_upstream_repo
-from vllm_install import Pristine, pristine, replace_file, target
+from vllm_install import OVERLAID, Pristine, replace_file
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.upstream import Mirror
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
-TRITON = f"{FUSED_MOE}/experts/triton_moe.py"
-__all__ = ["pristine", "target"]  # fixtures from vllm_install
 
 
 def tree_id(mirror: Mirror, commit: str, path: str) -> str:
@@ -37,9 +35,9 @@ def test_sdist_and_git_clone_give_the_same_tree(mirror: Mirror, tmp_path: Path) 
 
 
 def test_installed_wheel_agrees_with_sdist(
-    mirror: Mirror, pristine: Pristine, project: Project, capsys: pytest.CaptureFixture[str]
+    mirror: Mirror, full_pristine: Pristine, project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--project", str(project.root), "fetch", "--target", str(pristine.root)]) == 0
+    assert main(["--project", str(project.root), "fetch", "--target", str(full_pristine.root)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("0.24.0: installed/0.24.0 ")
     installed = mirror.get("installed/0.24.0")
@@ -55,7 +53,7 @@ def test_installed_wheel_agrees_with_sdist(
 def test_modified_install_is_refused(
     mirror: Mirror, target: Path, project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = target / TRITON
+    path = target / OVERLAID[0]
     replace_file(path, path.read_bytes() + b"# local edit\n")
     before = mirror.repo.tags("*")
     assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 2

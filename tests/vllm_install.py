@@ -1,9 +1,17 @@
 """A real vllm 0.24.0 wheel from PyPI, installed with `pip install --no-deps --target` once per
 cache (env VLLM_PATCHSET_TEST_CACHE, else the session's tmp dir), every file checked against the
-wheel's RECORD; tests get a copy of it (hard links: the tool only ever replaces files, and any
-write in place would show as a RECORD mismatch in `record_mismatches`).
+wheel's RECORD.
 
-Imported by test_deploy.py and test_guard.py (fixtures defined here are used by name there).
+The deploy tests work on the part of that install the tool reads and writes (`pristine`: the
+package's `__init__.py` and `envs.py`, every file of each folder that holds an overlaid file,
+the dist-info with its RECORD cut to those files) and on a wheel of that part (the wheel's own
+files and hashes, for pip): the same bytes in 60 files instead of 5,000, so that a copy per test
+and a walk over it before and after cost little. `full_pristine` is the whole install. Tests get
+a copy (hard links: the tool only ever replaces files, and any write in place would show as a
+RECORD mismatch in `record_mismatches`).
+
+Imported by test_deploy.py, test_guard.py, test_hostile.py and test_upstream.py (fixtures
+defined here are used by name there).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from support import committed, export_committed
@@ -47,10 +55,15 @@ OVERLAID = tuple(e.path for e in LOCK.entries)  # the lock's order (sorted), tha
 KILLED_MID_APPLY = 2 + 2 * len(OVERLAID) + 2
 
 
+# Besides the overlaid files' folders, the files of the package the tests damage.
+SLIM_EXTRA = ("vllm/__init__.py", "vllm/envs.py")
+
+
 @dataclass(frozen=True)
 class Pristine:
     root: Path  # the pip --target dir
     record: dict[str, str]  # the wheel's RECORD: path -> sha256 hex (files with a hash)
+    wheel: Path  # the wheel it was installed from
 
 
 @dataclass(frozen=True)
@@ -92,15 +105,59 @@ def install_pristine(cache_dir: Path) -> Pristine:
              "--platform", PLATFORM, "-d", str(wheels), home=home)  # fmt: skip
     wheel = next(wheels.glob(f"vllm-{VERSION}-*.whl"))
     root = cache_dir / "installed" / f"vllm-{VERSION}"
+    record = wheel_record(wheel)
     if not root.exists():
         staging = root.with_name(f"{root.name}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         _pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(wheel),
              home=home)  # fmt: skip
+        assert record_mismatches(staging, record) == []
         os.replace(staging, root)
-    record = wheel_record(wheel)
-    assert record_mismatches(root, record) == []
-    return Pristine(root, record)
+    return Pristine(root, record, wheel)
+
+
+def slim_install(full: Pristine, folder: Path) -> Pristine:
+    """The part of `full` the deploy tests touch, in `folder`/site (hard links, and a RECORD
+    of its own), and a wheel of it in `folder` (the original wheel's members and RECORD rows);
+    every file checked against the wheel's RECORD (an earlier run that wrote in place into the
+    cached install would show here)."""
+    dirs = {str(PurePosixPath(p).parent) for p in OVERLAID}
+    info = f"vllm-{VERSION}.dist-info"
+    kept = {
+        p
+        for p in full.record
+        if p in SLIM_EXTRA or str(PurePosixPath(p).parent) in dirs or p.startswith(f"{info}/")
+    }
+    record = {p: full.record[p] for p in sorted(kept)}
+    site = folder / "site"
+    for rel in (*record, *(f"{info}/{n}" for n in ("INSTALLER", "REQUESTED"))):
+        if (full.root / rel).exists():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(full.root / rel, site / rel)
+    installed = (full.root / info / "RECORD").read_text()
+    (site / info / "RECORD").write_text(_record_rows(installed, (site / info).name, site))
+    wheel = folder / full.wheel.name
+    with zipfile.ZipFile(full.wheel) as src, zipfile.ZipFile(wheel, "w") as out:
+        for name in sorted(kept):
+            out.writestr(src.getinfo(name), src.read(name))
+        out.writestr(
+            f"{info}/RECORD", _record_rows(src.read(f"{info}/RECORD").decode(), info, None, kept)
+        )
+    slim = Pristine(site, record, wheel)
+    assert record_mismatches(site, record) == []
+    return slim
+
+
+def _record_rows(text: str, info: str, site: Path | None, kept: set[str] | None = None) -> str:
+    """The rows of a RECORD for the files kept (those in `site`, or in `kept`), itself last."""
+    rows = []
+    for row in csv.reader(io.StringIO(text)):
+        path = row[0]
+        if path == f"{info}/RECORD":
+            continue
+        if (kept is not None and path in kept) or (site is not None and (site / path).is_file()):
+            rows.append(",".join(row))
+    return "\n".join([*rows, f"{info}/RECORD,,"]) + "\n"
 
 
 def record_mismatches(root: Path, record: dict[str, str]) -> list[str]:
@@ -124,8 +181,15 @@ def build_session_overlay(root: Path, cache_dir: Path) -> Overlay:
 
 
 @pytest.fixture(scope="session")
-def pristine(cache_dir: Path) -> Pristine:
+def full_pristine(cache_dir: Path) -> Pristine:
+    """The whole installed wheel (read it; never give its files to the tool)."""
     return install_pristine(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def pristine(full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory) -> Pristine:
+    """The part of the installed wheel the deploy tests touch, and a wheel of it."""
+    return slim_install(full_pristine, tmp_path_factory.mktemp("slim-vllm"))
 
 
 @pytest.fixture(scope="session")
