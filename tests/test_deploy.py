@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 from vllm_install import (
+    EDITED,
+    EDITED_DIR,
+    EDITED_MODULE,
+    FIRST,
     KILLED_MID_APPLY,
     LOCK,
-    NVFP4_EMU,
     OVERLAID,
     PATCHES,
-    TRITON_MOE,
     Overlay,
     Pristine,
     cli_command,
@@ -187,15 +189,15 @@ def test_apply_refuses_another_vllm_version(cli: Cli, target: Path) -> None:
 def test_revert_refuses_after_vllm_was_upgraded(cli: Cli, target: Path, overlay: Overlay) -> None:
     assert cli("apply", "--target", str(target))[0] == 0
     set_version(target, "0.25.0")  # as `pip install -U vllm` would, replacing the files too
-    upgraded = b"# vllm 0.25.0's triton_moe.py\n"
-    replace_file(target / TRITON_MOE, upgraded)
+    upgraded = f"# vllm 0.25.0's {EDITED_MODULE}.py\n".encode()
+    replace_file(target / EDITED, upgraded)
     before = tree_state(target)
     # One overlaid file replaced, the other still patched: the hash guard refuses (revert does
     # not check the version: it restores only files that hold the recorded patched bytes) ...
     assert cli("revert", "--target", str(target)) == (
         1,
         "",
-        f"vllm-patchset: refusing to revert, nothing changed: {TRITON_MOE} (modified, sha256"
+        f"vllm-patchset: refusing to revert, nothing changed: {EDITED} (modified, sha256"
         f" {sha(upgraded)[:12]})"
         " changed since apply. --force restores the saved originals over them (the hash guard"
         " only)\n",
@@ -218,13 +220,10 @@ def test_revert_refuses_after_vllm_was_upgraded(cli: Cli, target: Path, overlay:
 def test_hand_edited_file_refused_then_forced_and_reverted_to_the_edit(
     cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
 ) -> None:
-    edited = (pristine.root / TRITON_MOE).read_bytes() + b"# local hotfix\n"
-    replace_file(target / TRITON_MOE, edited)
+    edited = (pristine.root / EDITED).read_bytes() + b"# local hotfix\n"
+    replace_file(target / EDITED, edited)
     before = tree_state(target)
-    why = (
-        f"{TRITON_MOE} (sha256 {sha(edited)[:12]}: neither the pristine nor the patched"
-        " vllm 0.24.0)"
-    )
+    why = f"{EDITED} (sha256 {sha(edited)[:12]}: neither the pristine nor the patched vllm 0.24.0)"
     assert cli("apply", "--target", str(target)) == (
         1,
         "",
@@ -236,27 +235,27 @@ def test_hand_edited_file_refused_then_forced_and_reverted_to_the_edit(
     code, out, err = cli("apply", "--target", str(target), "--force")
     assert (code, err) == (0, "")
     assert out.splitlines()[-1] == (
-        f"  note: --force: overwrote {TRITON_MOE} (sha256 {sha(edited)[:12]}, neither the"
+        f"  note: --force: overwrote {EDITED} (sha256 {sha(edited)[:12]}, neither the"
         " pristine nor the patched vllm 0.24.0); its bytes are kept for revert"
     )
     assert_patched(target, overlay)
-    assert (target / STATE / "originals" / TRITON_MOE).read_bytes() == edited
+    assert (target / STATE / "originals" / EDITED).read_bytes() == edited
     assert cli("verify", "--target", str(target))[0] == 0
 
     assert cli("revert", "--target", str(target))[0] == 0
-    assert (target / TRITON_MOE).read_bytes() == edited  # the user's edit is back, byte for byte
+    assert (target / EDITED).read_bytes() == edited  # the user's edit is back, byte for byte
     for rel in OVERLAID:
-        if rel != TRITON_MOE:
+        if rel != EDITED:
             assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes(), rel
 
 
 def test_missing_file_refused(cli: Cli, target: Path) -> None:
-    (target / NVFP4_EMU).unlink()
+    (target / FIRST).unlink()
     before = tree_state(target)
     assert cli("apply", "--target", str(target), "--force") == (
         1,
         "",
-        f"vllm-patchset: {target / NVFP4_EMU} is missing: not a complete vllm\n",
+        f"vllm-patchset: {target / FIRST} is missing: not a complete vllm\n",
     )
     assert tree_state(target) == before
 
@@ -265,13 +264,13 @@ def test_revert_refuses_a_file_edited_after_apply_unless_forced(
     cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
 ) -> None:
     assert cli("apply", "--target", str(target))[0] == 0
-    edited = overlay.patched(TRITON_MOE) + b"# edited after apply\n"
-    replace_file(target / TRITON_MOE, edited)
+    edited = overlay.patched(EDITED) + b"# edited after apply\n"
+    replace_file(target / EDITED, edited)
     before = tree_state(target)
     assert cli("revert", "--target", str(target)) == (
         1,
         "",
-        f"vllm-patchset: refusing to revert, nothing changed: {TRITON_MOE} (modified, sha256"
+        f"vllm-patchset: refusing to revert, nothing changed: {EDITED} (modified, sha256"
         f" {sha(edited)[:12]}) changed since apply. --force restores the saved originals over"
         " them (the hash guard only)\n",
     )
@@ -279,8 +278,7 @@ def test_revert_refuses_a_file_edited_after_apply_unless_forced(
     code, out, _ = cli("revert", "--target", str(target), "--force")
     assert code == 0
     assert (
-        out.splitlines()[-1]
-        == f"  note: --force: restored the original over {TRITON_MOE} (modified)"
+        out.splitlines()[-1] == f"  note: --force: restored the original over {EDITED} (modified)"
     )
     assert_pristine(target, pristine)
     assert not (target / STATE).exists()
@@ -301,14 +299,14 @@ def test_revert_without_saved_originals_refused(cli: Cli, target: Path, overlay:
 
 def test_revert_refuses_a_corrupt_saved_original(cli: Cli, target: Path, overlay: Overlay) -> None:
     assert cli("apply", "--target", str(target))[0] == 0
-    saved = target / STATE / "originals" / TRITON_MOE
+    saved = target / STATE / "originals" / EDITED
     replace_file(saved, b"not the original\n")
     before = tree_state(target)
     assert cli("revert", "--target", str(target)) == (
         1,
         "",
         f"vllm-patchset: the saved original {saved} is corrupt (its sha256 differs from the"
-        f" record): cannot restore {TRITON_MOE}; reinstall vllm==0.24.0\n",
+        f" record): cannot restore {EDITED}; reinstall vllm==0.24.0\n",
     )
     assert tree_state(target) == before
     assert_patched(target, overlay)
@@ -331,16 +329,16 @@ def test_apply_refuses_while_another_overlay_is_applied(
     cli: Cli, target: Path, overlay: Overlay, tmp_path: Path, pristine: Pristine
 ) -> None:
     # Another build of the overlay (say an older patch set): other patched bytes, other lock.
-    other_bytes = overlay.patched(TRITON_MOE) + b"# older patch set\n"
+    other_bytes = overlay.patched(EDITED) + b"# older patch set\n"
     entries = tuple(
         LockEntry(e.path, e.pristine_sha256, sha(other_bytes), ("0001-older.patch",))
-        if e.path == TRITON_MOE
+        if e.path == EDITED
         else e
         for e in overlay.lock.entries
     )
     older = dataclasses.replace(overlay.lock, patches=("0001-older.patch",), entries=entries)
     older_project = project_with_lock(tmp_path, overlay, older)
-    replace_file(older_project / "overlay" / TRITON_MOE, other_bytes)
+    replace_file(older_project / "overlay" / EDITED, other_bytes)
     assert cli("apply", "--target", str(target), project=older_project)[0] == 0
 
     before = tree_state(target)
@@ -390,9 +388,9 @@ def test_lock_paths_outside_the_package_refused(
 
 SYMLINKS = {
     # what becomes a symlink -> where it leads (outside the target)
-    "package dir": "vllm/model_executor/layers/fused_moe/experts",
-    "file": TRITON_MOE,
-    "bytecode dir": "vllm/model_executor/layers/fused_moe/experts/__pycache__",
+    "package dir": EDITED_DIR,
+    "file": EDITED,
+    "bytecode dir": f"{EDITED_DIR}/__pycache__",
     "state dir": STATE,
 }
 
@@ -410,7 +408,7 @@ def test_symlinks_leading_out_refused(cli: Cli, target: Path, tmp_path: Path, wh
         link.unlink()
     else:
         outside.mkdir()
-        (outside / "triton_moe.cpython-311.pyc").write_bytes(b"pyc outside")
+        (outside / f"{EDITED_MODULE}.cpython-311.pyc").write_bytes(b"pyc outside")
     link.symlink_to(outside)
     before, outside_before = tree_state(target), tree_state(outside.parent)
     code, out, err = cli("apply", "--target", str(target))
@@ -475,7 +473,7 @@ def test_overlay_missing_or_stale_in_the_project(
     cli: Cli, target: Path, overlay: Overlay, tmp_path: Path
 ) -> None:
     project = project_with_lock(tmp_path, overlay, overlay.lock)
-    source = project / "overlay" / TRITON_MOE
+    source = project / "overlay" / EDITED
     before = tree_state(target)
     source.unlink()
     assert cli("apply", "--target", str(target), project=project) == (
@@ -730,9 +728,9 @@ def compile_unchecked(source: Path, optimization: int | str = "") -> Path:
 def test_unchecked_hash_pyc_present_before_apply_is_removed(
     cli: Cli, target: Path, overlay: Overlay
 ) -> None:
-    source = target / TRITON_MOE
+    source = target / EDITED
     stale = [compile_unchecked(source), compile_unchecked(source, 1)]
-    stale.append(stale[0].with_name("triton_moe.cpython-312.pyc"))  # another interpreter's
+    stale.append(stale[0].with_name(f"{EDITED_MODULE}.cpython-312.pyc"))  # another interpreter's
     shutil.copy(stale[0], stale[2])
     beside = sorted(source.parent.glob("*.py"))
     untouched = [p for p in beside if str(p.relative_to(target)) not in OVERLAID]
@@ -743,22 +741,20 @@ def test_unchecked_hash_pyc_present_before_apply_is_removed(
     assert [p.exists() for p in stale] == [False, False, False]
     assert unrelated.read_bytes() == kept
     # What Python now runs for the module is the patched source, not the old bytecode.
-    code = SourceFileLoader("triton_moe", str(source)).get_code("triton_moe")
-    assert code == compile(overlay.patched(TRITON_MOE), str(source), "exec", dont_inherit=True)
+    code = SourceFileLoader(EDITED_MODULE, str(source)).get_code(EDITED_MODULE)
+    assert code == compile(overlay.patched(EDITED), str(source), "exec", dont_inherit=True)
     assert cli("verify", "--target", str(target))[0] == 0
 
 
 def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
     cli: Cli, target: Path, overlay: Overlay
 ) -> None:
-    pyc = compile_unchecked(target / TRITON_MOE)
+    pyc = compile_unchecked(target / EDITED)
     for rel in OVERLAID:  # an overlay copied in by hand, leaving the old bytecode in place
         replace_file(target / rel, overlay.patched(rel))
     # the hazard: Python keeps running the pristine bytecode
-    code = SourceFileLoader("triton_moe", str(target / TRITON_MOE)).get_code("triton_moe")
-    assert code != compile(
-        overlay.patched(TRITON_MOE), str(target / TRITON_MOE), "exec", dont_inherit=True
-    )
+    code = SourceFileLoader(EDITED_MODULE, str(target / EDITED)).get_code(EDITED_MODULE)
+    assert code != compile(overlay.patched(EDITED), str(target / EDITED), "exec", dont_inherit=True)
     code_, out, _ = cli("verify", "--target", str(target))
     assert code_ == 1
     assert out.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 from vllm_install import (
+    EDITED,
+    EDITED_MODULE,
     KILLED_MID_APPLY,
     OVERLAID,
     PATCHES,
-    TRITON_MOE,
     Overlay,
     Pristine,
     replace_file,
@@ -94,12 +95,10 @@ def missing(target: Path, overlay: Overlay | None = None) -> str:
 
 def partial(target: Path, overlay: Overlay) -> str:
     applied(overlay, target)
-    replace_file(
-        target / TRITON_MOE, (target / ".vllm-patchset/originals" / TRITON_MOE).read_bytes()
-    )
+    replace_file(target / EDITED, (target / ".vllm-patchset/originals" / EDITED).read_bytes())
     return (
         f"vllm-patchset: the overlay on vllm 0.24.0 at {target / 'vllm'} is PARTIAL: 1 of"
-        f" {len(OVERLAID)} files are not patched (triton_moe.py): its fixes are NOT active (run"
+        f" {len(OVERLAID)} files are not patched ({EDITED_MODULE}.py): its fixes are NOT active (run"
         " `vllm-patchset overlay status`, then apply)"
     )
 

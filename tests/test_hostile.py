@@ -24,9 +24,11 @@ import pytest
 from support import REPO, git, snapshot
 from synthetic import MOE, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import (
+    EDITED,
+    EDITED_DIR,
+    EDITED_MODULE,
     OVERLAID,
     PATCHES,
-    TRITON_MOE,
     Overlay,
     Pristine,
     record_mismatches,
@@ -370,29 +372,27 @@ def start_guard(target: Path) -> tuple[int, list[str], str]:
 
 
 def overlaid_fifo(target: Path, overlay: Overlay) -> tuple[int, str, str]:
-    fifo(target / TRITON_MOE)
-    message = f"vllm-patchset: refusing {target / TRITON_MOE}: it is a FIFO, not a regular file\n"
+    fifo(target / EDITED)
+    message = f"vllm-patchset: refusing {target / EDITED}: it is a FIFO, not a regular file\n"
     guard = f"vllm-patchset: NO overlay applied to vllm 0.24.0 at {target / 'vllm'}: its fixes are NOT active (run `vllm-patchset overlay apply`)"
     return 1, message, guard
 
 
 def overlaid_dir(target: Path, overlay: Overlay) -> tuple[int, str, str]:
-    (target / TRITON_MOE).unlink()
-    (target / TRITON_MOE).mkdir()
-    message = (
-        f"vllm-patchset: refusing {target / TRITON_MOE}: it is a directory, not a regular file\n"
-    )
+    (target / EDITED).unlink()
+    (target / EDITED).mkdir()
+    message = f"vllm-patchset: refusing {target / EDITED}: it is a directory, not a regular file\n"
     guard = f"vllm-patchset: NO overlay applied to vllm 0.24.0 at {target / 'vllm'}: its fixes are NOT active (run `vllm-patchset overlay apply`)"
     return 1, message, guard
 
 
 def applied_then_fifo(target: Path, overlay: Overlay) -> tuple[int, str, str]:
     assert cli(*deploy_args(overlay, "apply", "--target", target)).returncode == 0
-    fifo(target / TRITON_MOE)
-    message = f"vllm-patchset: refusing {target / TRITON_MOE}: it is a FIFO, not a regular file\n"
+    fifo(target / EDITED)
+    message = f"vllm-patchset: refusing {target / EDITED}: it is a FIFO, not a regular file\n"
     guard = (
         f"vllm-patchset: the overlay on vllm 0.24.0 at {target / 'vllm'} is PARTIAL: 1 of {N}"
-        " files are not patched (triton_moe.py): its fixes are NOT active (run `vllm-patchset"
+        f" files are not patched ({EDITED_MODULE}.py): its fixes are NOT active (run `vllm-patchset"
         " overlay status`, then apply)"
     )
     return 1, message, guard
@@ -439,7 +439,7 @@ def test_special_files_in_a_target_are_refused_never_opened(
 
 def test_a_fifo_for_a_pyc_is_reported_not_read(overlay: Overlay, target: Path) -> None:
     assert cli(*deploy_args(overlay, "apply", "--target", target)).returncode == 0
-    pyc = target / TRITON_MOE.replace("triton_moe.py", "__pycache__/triton_moe.cpython-311.pyc")
+    pyc = target / EDITED_DIR / "__pycache__" / f"{EDITED_MODULE}.cpython-311.pyc"
     pyc.parent.mkdir(exist_ok=True)
     os.mkfifo(pyc)
     done = cli(*deploy_args(overlay, "verify", "--target", target), timeout=60)
@@ -543,12 +543,12 @@ def test_force_apply_over_an_edited_overlay_keeps_the_pristine_original(
     run: Run, overlay: Overlay, target: Path, pristine: Pristine
 ) -> None:
     assert run(*deploy_args(overlay, "apply", "--target", target))[0] == 0
-    edited = overlay.patched(TRITON_MOE) + b"# a local hotfix on top of the overlay\n"
-    replace_file(target / TRITON_MOE, edited)
+    edited = overlay.patched(EDITED) + b"# a local hotfix on top of the overlay\n"
+    replace_file(target / EDITED, edited)
     code, out, err = run(*deploy_args(overlay, "apply", "--target", target, "--force"))
     assert (code, err) == (0, "")
     assert out.splitlines()[-1] == (
-        f"  note: --force: overwrote {TRITON_MOE} (sha256"
+        f"  note: --force: overwrote {EDITED} (sha256"
         f" {hashlib.sha256(edited).hexdigest()[:12]}, neither the pristine nor the patched vllm"
         " 0.24.0); the original saved when the overlay was first applied is kept for revert"
         " (the overwritten bytes are not)"
@@ -656,22 +656,22 @@ def test_pip_uninstall_leaves_no_silent_orphan(
 
 
 def rebased_onto_0_25_0(run: Run, overlay: Overlay, tmp_path: Path) -> Path:
-    """A copy of the project whose pin moved to 0.25.0 (where the series has nothing to apply)."""
+    """A copy of the project whose pin moved to 0.25.0 with nothing to apply there: every
+    series patch parked (kept, not applied), as `rebase --keep` leaves a patch whose code was
+    rewritten upstream."""
     root = tmp_path / "rebased"
     shutil.copytree(overlay.project.root, root, ignore=shutil.ignore_patterns(".git", "vllm"))
     pyproject = root / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('pin = "0.24.0"', 'pin = "0.25.0"'))
-    # As `rebase --onto 0.25.0 --keep 0002` leaves it: 0.25.0 rewrote the code the fused
-    # kernel (0002) replaces, so it is parked (kept, not applied).
     patches = root / "patches"
-    (fused,) = (
-        name for name in (patches / "series").read_text().split() if name.startswith("0002-")
-    )
+    names = (patches / "series").read_text().split()
     (patches / "parked").mkdir()
-    (patches / fused).rename(patches / "parked" / fused)
-    (patches / "parked" / "series").write_text(f"{fused}  # kept on 0.25.0: rewritten upstream\n")
-    series = (patches / "series").read_text().replace(f"{fused}\n", "")
-    (patches / "series").write_text(series)
+    for name in names:
+        (patches / name).rename(patches / "parked" / name)
+    (patches / "parked" / "series").write_text(
+        "".join(f"{name}  # kept on 0.25.0: rewritten upstream\n" for name in names)
+    )
+    (patches / "series").write_text("")
     args = ("--project", root, "--cache-dir", overlay.project.cache_dir)
     assert run(*args, "overlay", "build", "--update-lock")[0] == 0
     return root
@@ -762,11 +762,11 @@ def test_revert_json_reports_the_files_as_left_and_a_refused_apply_prints_json(
         {"path": rel, "state": "pristine", "sha256": pristine.record[rel], "action": "restore"}
         for rel in OVERLAID
     ]
-    edited = (pristine.root / TRITON_MOE).read_bytes() + b"# local\n"
-    replace_file(target / TRITON_MOE, edited)
+    edited = (pristine.root / EDITED).read_bytes() + b"# local\n"
+    replace_file(target / EDITED, edited)
     code, out, err = run(*deploy_args(overlay, "apply", "--target", target, "--json"))
     error = (
-        f"refusing to apply, nothing changed: {TRITON_MOE} (sha256"
+        f"refusing to apply, nothing changed: {EDITED} (sha256"
         f" {hashlib.sha256(edited).hexdigest()[:12]}: neither the pristine nor the patched vllm"
         " 0.24.0). --force overwrites such files (the hash guard only), keeping their bytes for"
         " revert"

@@ -41,14 +41,18 @@ from vllm_patchset.overlay import build_overlay
 VERSION = "0.24.0"
 # vllm ships Linux wheels only; their Python files are the same for every platform.
 PLATFORM = "manylinux_2_28_x86_64"
-TRITON_MOE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
-NVFP4_EMU = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
 LOCK_PATH = "overlay/overlay.lock.json"
 # What the tests expect of the mechanics comes from the committed lock, so that a patch added
 # to the series (or another file it touches) changes the expectations with it.
 LOCK = Lock.from_json(committed(LOCK_PATH).decode(), f"HEAD:{LOCK_PATH}")
 PATCHES = LOCK.patches  # the series, in order: every report and guard line names them all
 OVERLAID = tuple(e.path for e in LOCK.entries)  # the lock's order (sorted), that of the reports
+# The overlaid file the tests edit, damage or replace (the last in the lock's order), its
+# module name, its folder; and the first one.
+EDITED = OVERLAID[-1]
+EDITED_MODULE = PurePosixPath(EDITED).stem
+EDITED_DIR = str(PurePosixPath(EDITED).parent)
+FIRST = OVERLAID[0]
 # Write points of an apply (see deploy._kill_point: two per file written): journal, then one
 # original per file, then the files. Killed here, the first overlaid file has just been
 # replaced and the others not: a journal is pending, nothing is committed.
