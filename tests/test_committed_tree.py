@@ -4,9 +4,12 @@ copy or expect."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from support import committed, export_committed, git
+from support import REPO, committed, export_committed, git
 
 
 def test_committed_files_are_heads_not_the_working_trees(tmp_path: Path) -> None:
@@ -33,3 +36,35 @@ def test_committed_files_are_heads_not_the_working_trees(tmp_path: Path) -> None
         "patches/0001-a.patch": "committed\n",
     }
     assert committed("pyproject.toml", repo) == b'pin = "1.0"\n'
+
+
+def test_the_suite_runs_during_the_review_of_an_uncommitted_rebase(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A checkout of this project with what `rebase --onto 0.25.0` leaves for review (the pin
+    moved, the series emptied, the lock rewritten, none of it committed): tests that copy the
+    project and expect its lock still pass there."""
+    checkout = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", "--shared", str(REPO), str(checkout))
+    pyproject = checkout / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('pin = "0.24.0"', 'pin = "0.25.0"'))
+    for patch in (checkout / "patches").glob("*.patch"):
+        patch.rename(checkout / "patches" / "upstreamed" / patch.name)
+    (checkout / "patches" / "series").write_text("")
+    (checkout / "overlay" / "overlay.lock.json").write_text('{"version": "0.25.0"}\n')
+    assert git(checkout, "status", "--porcelain") != ""
+    tests = [
+        "tests/test_real_series.py::test_status_and_check_on_the_pin",
+        "tests/test_deploy.py::test_apply_verify_reapply_revert_round_trip",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+         "--basetemp", str(tmp_path / "basetemp")],
+        cwd=checkout,
+        env={**os.environ, "VLLM_PATCHSET_TEST_CACHE": str(cache_dir)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.stdout.splitlines()[-1].startswith("2 passed in ")
