@@ -389,22 +389,17 @@ DAMAGE = [
 
 @pytest.mark.parametrize(("name", "damage", "what"), DAMAGE)
 def test_damaged_state_gives_one_line_and_abort_restores(
-    upstream: SyntheticUpstream,
-    synthetic_cache: Path,
-    tmp_path: Path,
+    tiny: Project,
     capsys: pytest.CaptureFixture[str],
     name: str,
     damage: Callable[[str], str],
     what: str,
 ) -> None:
-    """Before: a raw KeyError traceback, and `--abort` could not recover."""
-    upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, CHANGED_LINE)})
-    project = make_project(
-        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
-    )
-    root = project.root
+    """Before: a raw KeyError traceback, and `--abort` could not recover. (The story's 1.1
+    changed the line the local patch changes: the rebase stops on that conflict.)"""
+    root = tiny.root
     before = sha256s(root)
-    rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
+    rebase_json(capsys, root, "--onto", "1.1", code=1)
     state = root / ".rebase" / "state.json"
     state.write_text(damage(state.read_text()))
     code, out, err = cli(capsys, root, "rebase", "--continue")
@@ -514,9 +509,23 @@ def test_upstream_reverted_an_archived_fix(
 
 
 # -- rewritten upstream: park or drop ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rewritten_on_1_1(tmp_path_factory: pytest.TempPathFactory) -> tuple[SyntheticUpstream, Path]:
+    """1.1 rewrote the function the fix changes, 1.2 changed nothing of it; a project on 1.0
+    with the fix and the local patch (built once for the module; tests copy it)."""
+    folder = tmp_path_factory.mktemp("rewritten-on-1.1")
+    upstream = SyntheticUpstream(folder / "upstream")
+    upstream.release("1.0", BASE)
+    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
+    upstream.release("1.2", {"vllm/__init__.py": '__version__ = "1.2"\n'})
+    cache = tmp_path_factory.getbasetemp() / "synthetic-cache"  # the `synthetic_cache` fixture's
+    make_project(folder / "project", cache, upstream, "1.0", series=[FIX, LOCAL])
+    return upstream, folder / "project"
+
+
 @pytest.mark.parametrize("decision", ["--keep", "--drop"])
 def test_rewritten_code_stops_then_park_or_drop(
-    upstream: SyntheticUpstream,
+    rewritten_on_1_1: tuple[SyntheticUpstream, Path],
     synthetic_cache: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -524,12 +533,9 @@ def test_rewritten_code_stops_then_park_or_drop(
 ) -> None:
     """The function the fix changes was rewritten upstream: not `absent` (the code was there
     on the pin), a stop for a decision; a parked patch is carried by the next rebase."""
-    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
-    upstream.release("1.2", {"vllm/__init__.py": '__version__ = "1.2"\n'})
-    project = make_project(
-        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
-    )
-    root = project.root
+    upstream, template = rewritten_on_1_1
+    root = tmp_path / "project"
+    shutil.copytree(template, root, symlinks=True)
     before = sha256s(root)
     doc = rebase_json(capsys, root, *onto(upstream, "1.1"), code=1)
     fix = doc["patches"][FIX.name]  # type: ignore[index]
@@ -618,22 +624,21 @@ BAD_DECISIONS: list[tuple[Sequence[str], str]] = [
 
 @pytest.mark.parametrize(("args", "message"), BAD_DECISIONS)
 def test_decisions_that_do_not_fit_change_nothing(
-    upstream: SyntheticUpstream,
+    rewritten_on_1_1: tuple[SyntheticUpstream, Path],
     synthetic_cache: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     args: Sequence[str],
     message: str,
 ) -> None:
-    upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
-    project = make_project(
-        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
-    )
-    before = sha256s(project.root)
-    code, out, err = cli(capsys, project.root, "rebase", *onto(upstream, "1.1"), *args)
+    upstream, template = rewritten_on_1_1
+    root = tmp_path / "project"
+    shutil.copytree(template, root, symlinks=True)
+    before = sha256s(root)
+    code, out, err = cli(capsys, root, "rebase", *onto(upstream, "1.1"), *args)
     assert (code, out, err) == (2, "", f"vllm-patchset: {message}\n")
-    assert sha256s(project.root) == before
-    assert not (project.root / ".rebase").exists()
+    assert sha256s(root) == before
+    assert not (root / ".rebase").exists()
 
 
 def test_resolve_upstream_on_a_ref_with_no_version(
@@ -674,9 +679,7 @@ def test_resolve_upstream_on_a_ref_with_no_version(
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("then", ["--continue", "--abort"])
 def test_signal_during_the_swap(
-    upstream: SyntheticUpstream,
-    synthetic_cache: Path,
-    tmp_path: Path,
+    tiny: Project,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     signum: int,
@@ -686,11 +689,7 @@ def test_signal_during_the_swap(
     patches/ rewritten and the pin, the lock and CHANGELOG.md not (SIGTERM killed it silently).
     The signal has to land between two moves of the swap: a wrapper around swap_in sends it
     to this process there (the swap itself runs as it is)."""
-    upstream.release("1.1", {"vllm/__init__.py": '__version__ = "1.1"\n'})
-    project = make_project(
-        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX, LOCAL]
-    )
-    root = project.root
+    root = tiny.root
     before = sha256s(root)
     real_swap_in = rebase.swap_in
 
@@ -700,40 +699,36 @@ def test_signal_during_the_swap(
         real_swap_in(folder, at, paths)  # ... and the rest
 
     monkeypatch.setattr(rebase, "swap_in", swap_in_interrupted)
-    code, out, err = cli(capsys, root, "rebase", *onto(upstream, "1.1"))
+    code, out, err = cli(capsys, root, "rebase", "--onto", "1.0.1")
     assert (code, out) == (128 + signum, "")
     assert err == (
         f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase was done: the"
         " checkout is rebased; `rebase --continue` removes .rebase/ (`rebase --abort` would put"
         " everything back)\n"
     )
-    assert pyproject_pin(upstream, "1.1") in (root / "pyproject.toml").read_text()
-    assert Lock.load(project.lock_path).version == "1.1"
+    assert 'pin = "1.0.1"\n' in (root / "pyproject.toml").read_text()
+    assert Lock.load(tiny.lock_path).version == "1.0.1"
     code, out, err = cli(capsys, root, "rebase", then)
     assert (code, err) == (0, "")
     if then == "--abort":
-        assert out == "rebase onto git:v1.1 aborted: everything is as it was\n"
+        assert out == "rebase onto 1.0.1 aborted: everything is as it was\n"
         assert sha256s(root) == before
         assert not (root / ".rebase").exists()
     else:
-        assert out.startswith("rebase 1.0 -> git:v1.1: done\n")
-        assert_checks(capsys, root, 2)
+        assert out.startswith("rebase 1.0 -> 1.0.1: done\n")
+        assert_checks(capsys, root, 3)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_while_staging_changes_nothing(
-    upstream: SyntheticUpstream,
-    synthetic_cache: Path,
-    tmp_path: Path,
+    tiny: Project,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     signum: int,
 ) -> None:
     """Interrupted while the rebased project is staged (a wrapper sends the signal as staging
     starts): the checkout is as it was, and the message says so and what cleans up."""
-    upstream.release("1.1", {"vllm/__init__.py": '__version__ = "1.1"\n'})
-    project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
-    root = project.root
+    root = tiny.root
     before = sha256s(root)
     real_stage = rebase.stage_project
 
@@ -742,7 +737,7 @@ def test_signal_while_staging_changes_nothing(
         return real_stage(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rebase, "stage_project", stage_interrupted)
-    assert cli(capsys, root, "rebase", *onto(upstream, "1.1")) == (
+    assert cli(capsys, root, "rebase", "--onto", "1.0.1") == (
         128 + signum,
         "",
         f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase changed nothing"
@@ -752,7 +747,7 @@ def test_signal_while_staging_changes_nothing(
     assert sha256s(root) == before
     assert cli(capsys, root, "rebase", "--abort") == (
         0,
-        "rebase onto git:v1.1 aborted: everything is as it was\n",
+        "rebase onto 1.0.1 aborted: everything is as it was\n",
         "",
     )
     assert sha256s(root) == before
