@@ -153,12 +153,11 @@ def tiny(story: Story, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Proje
 
 @pytest.fixture(scope="session")
 def nightly_repo(mirror: Mirror, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The nightly-like base: v0.21.0 with vLLM PR #41630's one line reverted (tag `nightly`)."""
-    path = make_upstream_repo(mirror, "0.21.0", tmp_path_factory.mktemp("nightly") / "vllm")
-    oracle = path / ORACLE
-    text = oracle.read_text()
-    assert text.count(NIGHTLY_LINE_FIXED) == 1
-    oracle.write_text(text.replace(NIGHTLY_LINE_FIXED, NIGHTLY_LINE_BUGGY))
-    git(path, "commit", "-q", "-am", "Revert #41630: take the device from layer.weight")
-    git(path, "tag", "nightly")
-    return path
+    """The nightly-like base: v0.21.0 with vLLM PR #41630's one line reverted (tag `nightly`;
+    tag v0.21.0 is the release)."""
+    release = mirror.release("0.21.0")
+    oracle = mirror.repo.read_blob(release.commit, ORACLE)
+    assert oracle is not None and oracle.decode().count(NIGHTLY_LINE_FIXED) == 1
+    buggy = oracle.decode().replace(NIGHTLY_LINE_FIXED, NIGHTLY_LINE_BUGGY).encode()
+    path = tmp_path_factory.mktemp("nightly") / "vllm.git"
+    return make_upstream_repo(mirror, "0.21.0", path, {ORACLE: buggy})

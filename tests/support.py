@@ -29,17 +29,21 @@ NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer
 ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = {
+def git(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, input: bytes | None = None
+) -> str:
+    full_env = {
         **os.environ,
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@example.com",
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@example.com",
+        **(env or {}),
     }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=full_env, check=True, capture_output=True, input=input
+    )
+    return done.stdout.decode()
 
 
 @functools.cache
@@ -70,14 +74,25 @@ def _git_bytes(cwd: Path, *args: str) -> bytes:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True).stdout
 
 
-def make_upstream_repo(mirror: Mirror, version: str, path: Path) -> Path:
-    """A local git repo holding vLLM `version` (from its PyPI sdist), tagged v<version>."""
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    mirror.repo.archive_to(mirror.release(version).commit, path)
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", f"vllm {version}")
-    git(path, "tag", f"v{version}")
+def make_upstream_repo(mirror: Mirror, version: str, path: Path, edits: dict[str, bytes]) -> Path:
+    """A bare git repository holding vLLM `version` (the files of its PyPI sdist) as tag
+    v<version>, and those files with `edits` (path -> new bytes) as tag `nightly` on top. Made
+    from the mirror's objects: no checkout of thousands of files."""
+    release = mirror.release(version)
+    git(path.parent, "init", "-q", "--bare", "--template=", str(path))
+    git(path, "fetch", "-q", str(mirror.repo.path), f"refs/tags/v{version}")
+    tree = git(path, "rev-parse", f"{release.commit}^{{tree}}").strip()
+    base = git(path, "commit-tree", tree, "-m", f"vllm {version}").strip()
+    git(path, "tag", f"v{version}", base)
+    index = {"GIT_INDEX_FILE": str(path / "nightly.index")}
+    git(path, "read-tree", tree, env=index)
+    for rel, data in edits.items():
+        blob = git(path, "hash-object", "-w", "--stdin", input=data).strip()
+        git(path, "update-index", "--cacheinfo", f"100644,{blob},{rel}", env=index)
+    edited = git(path, "write-tree", env=index).strip()
+    (path / "nightly.index").unlink()
+    nightly = git(path, "commit-tree", edited, "-p", base, "-m", "nightly").strip()
+    git(path, "tag", "nightly", nightly)
     return path
 
 

@@ -690,6 +690,14 @@ def test_dry_run_with_an_interrupted_run_pending_changes_nothing(
 
 
 # -- concurrent runs ---------------------------------------------------------------------------
+def has_open(pid: int, path: Path) -> bool:
+    """Whether the process `pid` has `path` open (it waits for the lock there)."""
+    try:
+        return any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except FileNotFoundError:  # the process, or one of its fds, is gone
+        return False
+
+
 @pytest.mark.parametrize("hold_first", [True, False], ids=["queued-on-the-lock", "free-race"])
 def test_concurrent_applies_apply_once(
     overlay: Overlay, target: Path, pristine: Pristine, hold_first: bool
@@ -701,8 +709,12 @@ def test_concurrent_applies_apply_once(
             fcntl.flock(held, fcntl.LOCK_EX)
         runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(3)]
         if hold_first:
-            time.sleep(2)  # let them reach the lock (not a timing assertion: any order passes)
-            assert [run.poll() for run in runs] == [None, None, None]
+            lock = target / STATE / "lock"
+            deadline = time.monotonic() + 120
+            while not all(has_open(run.pid, lock) for run in runs):  # all three at the lock
+                assert [run.poll() for run in runs] == [None, None, None]
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
             fcntl.flock(held, fcntl.LOCK_UN)
     outputs = [run.communicate(timeout=300)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0]

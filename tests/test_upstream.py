@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import make_upstream_repo
 from vllm_install import OVERLAID, Pristine, replace_file
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
@@ -18,19 +17,19 @@ def tree_id(mirror: Mirror, commit: str, path: str) -> str:
     return mirror.repo.run("rev-parse", f"{commit}:{path}").strip()
 
 
-def test_sdist_and_git_clone_give_the_same_tree(mirror: Mirror, tmp_path: Path) -> None:
-    release = mirror.release("0.24.0")
-    clone = make_upstream_repo(mirror, "0.24.0", tmp_path / "vllm")
-    from_git = mirror.git_ref(str(clone), "v0.24.0")
+def test_sdist_and_git_clone_give_the_same_tree(mirror: Mirror, nightly_repo: Path) -> None:
+    """The nightly-like repository's tag v0.21.0 holds the files of the 0.21.0 sdist."""
+    release = mirror.release("0.21.0")
+    from_git = mirror.git_ref(str(nightly_repo), "v0.21.0")
     assert (from_git.label, from_git.version, from_git.tag) == (
-        "git:v0.24.0",
-        "0.24.0",
-        "git/v0.24.0",
+        "git:v0.21.0",
+        "0.21.0",
+        "git/v0.21.0",
     )
     assert mirror.repo.tree_of(from_git.commit) == mirror.repo.tree_of(release.commit)
     # A second fetch of the release needs no network: it is the same mirror commit.
     assert (
-        Mirror(mirror.cache_dir, index_url="http://127.0.0.1:9/simple").release("0.24.0") == release
+        Mirror(mirror.cache_dir, index_url="http://127.0.0.1:9/simple").release("0.21.0") == release
     )
 
 
