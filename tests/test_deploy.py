@@ -595,30 +595,34 @@ def expected_repair_note(point: int) -> str | None:
     return f"rolled back an interrupted apply ({replaced} of {N} files had been replaced)"
 
 
-@pytest.mark.parametrize("recover", RECOVERED_BY)
 @pytest.mark.parametrize("point", range(1, APPLY_POINTS + 2))
 def test_apply_killed_at_each_write_then_recovered(
-    cli: Cli, overlay: Overlay, target: Path, pristine: Pristine, point: int, recover: str
+    cli: Cli, overlay: Overlay, target: Path, pristine: Pristine, point: int, tmp_path: Path
 ) -> None:
+    """Killed at each write point, then each of apply, revert and status repairs what it left
+    (each on a copy of the killed install)."""
     killed = run_cli(overlay, "apply", "--target", str(target), env={KILL_ENV: str(point)})
     if point > APPLY_POINTS:
         assert killed.returncode == 0
         return
     assert killed.returncode == -signal.SIGKILL
-    code, out, err = cli(recover, "--target", str(target))
-    assert (code, err) == (0, "")
-    note = expected_repair_note(point)
-    notes = [line for line in out.splitlines() if line.startswith("  note: ")]
-    assert notes[:1] == ([f"  note: {note}"] if note else [])
-    assert no_temp_files(target)
-    committed = point == APPLY_POINTS
-    if recover == "apply" or (recover == "status" and committed):
-        assert_patched(target, overlay)
-        assert cli("verify", "--target", str(target))[0] == 0
-    else:
-        assert_pristine(target, pristine)
-        assert not (target / STATE / "applied.json").exists()
-        assert not [p for p in (target / STATE).rglob("*") if p.is_file() and p.name != "lock"]
+    for recover in RECOVERED_BY:
+        left = tmp_path / f"recovered-by-{recover}"
+        shutil.copytree(target, left, copy_function=os.link, symlinks=True)
+        code, out, err = cli(recover, "--target", str(left))
+        assert (code, err) == (0, ""), recover
+        note = expected_repair_note(point)
+        notes = [line for line in out.splitlines() if line.startswith("  note: ")]
+        assert notes[:1] == ([f"  note: {note}"] if note else []), recover
+        assert no_temp_files(left)
+        committed = point == APPLY_POINTS
+        if recover == "apply" or (recover == "status" and committed):
+            assert_patched(left, overlay)
+            assert cli("verify", "--target", str(left))[0] == 0
+        else:
+            assert_pristine(left, pristine)
+            assert not (left / STATE / "applied.json").exists()
+            assert not [p for p in (left / STATE).rglob("*") if p.is_file() and p.name != "lock"]
 
 
 REVERT_POINTS = 2 * (1 + N)  # journal, N files

@@ -819,10 +819,10 @@ def test_apply_interrupted_at_each_write_is_rolled_back_and_says_so(
 
 @pytest.mark.parametrize("point", range(1, REVERT_POINTS + 1))
 def test_revert_interrupted_at_each_write_is_finished_and_says_so(
-    overlay: Overlay, target: Path, pristine: Pristine, point: int
+    run: Run, overlay: Overlay, target: Path, pristine: Pristine, point: int
 ) -> None:
     before = snapshot(target)
-    assert cli(*deploy_args(overlay, "apply", "--target", target)).returncode == 0
+    assert run(*deploy_args(overlay, "apply", "--target", target))[0] == 0
     applied = snapshot(target)
     done = cli(*deploy_args(overlay, "revert", "--target", target), env={KILL_ENV: f"{point}:TERM"})
     restored = (point - 2) // 2
