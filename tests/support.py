@@ -82,7 +82,10 @@ def make_upstream_repo(mirror: Mirror, version: str, path: Path, edits: dict[str
     git(path.parent, "init", "-q", "--bare", "--template=", str(path))
     git(path, "fetch", "-q", str(mirror.repo.path), f"refs/tags/v{version}")
     tree = git(path, "rev-parse", f"{release.commit}^{{tree}}").strip()
-    base = git(path, "commit-tree", tree, "-m", f"vllm {version}").strip()
+    # Fixed dates: the same commits every session (the mirror keeps a tag per commit fetched).
+    dated = {"GIT_AUTHOR_DATE": "2026-06-27T00:00:00+00:00"}
+    dated["GIT_COMMITTER_DATE"] = dated["GIT_AUTHOR_DATE"]
+    base = git(path, "commit-tree", tree, "-m", f"vllm {version}", env=dated).strip()
     git(path, "tag", f"v{version}", base)
     index = {"GIT_INDEX_FILE": str(path / "nightly.index")}
     git(path, "read-tree", tree, env=index)
@@ -91,7 +94,7 @@ def make_upstream_repo(mirror: Mirror, version: str, path: Path, edits: dict[str
         git(path, "update-index", "--cacheinfo", f"100644,{blob},{rel}", env=index)
     edited = git(path, "write-tree", env=index).strip()
     (path / "nightly.index").unlink()
-    nightly = git(path, "commit-tree", edited, "-p", base, "-m", "nightly").strip()
+    nightly = git(path, "commit-tree", edited, "-p", base, "-m", "nightly", env=dated).strip()
     git(path, "tag", "nightly", nightly)
     return path
 

@@ -578,7 +578,6 @@ def test_rebase_pin_to_0_33_0(pinned: Project, capsys: pytest.CaptureFixture[str
     )
     assert sha256s(root) == before
     assert not (root / ".rebase").exists()
-    expect_decision_on_0002(capsys, root, "0.33.0")
     doc = rebase_json(capsys, root, "--onto", "0.33.0", rule, "0002")
     assert doc["versions"] == {
         "0.33.0": {f"upstreamed/{FIX1}": "upstream", FIX2: "upstream", NVFP4: "conflict"}
