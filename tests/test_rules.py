@@ -24,7 +24,15 @@ from vllm_patchset.rebase import is_local, options
 from vllm_patchset.rebase_report import range_diff, short_id
 from vllm_patchset.rebase_state import Choice, Decision, RebaseState, Section, Step
 from vllm_patchset.series import parse_patch_bytes
-from vllm_patchset.states import HunkFinding, Reason, State, Verdict, decide, trailer_state
+from vllm_patchset.states import (
+    HunkFinding,
+    Reason,
+    State,
+    Verdict,
+    decide,
+    text_state,
+    trailer_state,
+)
 from vllm_patchset.upstream import Upstream, check_version, sort_versions
 
 # -- versions ------------------------------------------------------------------------------------
@@ -189,6 +197,29 @@ def test_state_rules(
     assert got == expected
 
 
+def finding(result_present: bool, located: bool) -> HunkFinding:
+    return HunkFinding(
+        "vllm/x.py", 1, "@@ -1 +1 @@", None, None, result_present, located, (), (), 0
+    )
+
+
+UPSTREAM, LOCATED, GONE = finding(True, True), finding(False, True), finding(False, False)
+TEXT_STATES = [
+    # (the hunks found, the patch applies as it is) -> the text's state
+    ((GONE,), True, A),  # applying is the proof, whatever a hunk search says
+    ((UPSTREAM, UPSTREAM), False, U),  # every hunk's result is there
+    ((UPSTREAM, LOCATED), False, C),  # some is there, the rest is located but differs
+    ((LOCATED,), False, C),
+    ((UPSTREAM, GONE), False, X),  # part of it is nowhere: not upstream, not a conflict
+    ((GONE,), False, X),
+]
+
+
+@pytest.mark.parametrize(("hunks", "applies", "state"), TEXT_STATES)
+def test_text_state(hunks: tuple[HunkFinding, ...], applies: bool, state: State) -> None:
+    assert text_state(hunks, applies) == state
+
+
 # -- which decisions settle a patch --------------------------------------------------------------
 def verdict(state: State, reason: Reason) -> Verdict:
     return Verdict("k", "1.1", state, reason, state, None, ())
@@ -339,6 +370,46 @@ def test_set_pin_keeps_the_rest_of_the_file(
     assert set_pin(expected, "0.24.0") == PYPROJECT
 
 
+REQUIREMENTS = """\
+[project]
+name = "p"
+dependencies = ["gitpython", "vllm == 0.24.0"]
+
+[project.optional-dependencies]
+gpu = ["vllm>=0.20", "torch"]
+cpu = ["vllm==0.24.0"]
+
+[tool.vllm-patchset]
+pin = "0.24.0"
+"""
+SET_PIN_MORE = [
+    # (text, pin, requirement, expected)
+    (  # every `vllm==` requirement follows (spaces or not), a range is left alone
+        REQUIREMENTS,
+        "0.25.0",
+        True,
+        REQUIREMENTS.replace('"vllm == 0.24.0"', '"vllm==0.25.0"')
+        .replace('"vllm==0.24.0"', '"vllm==0.25.0"')
+        .replace('pin = "0.24.0"', 'pin = "0.25.0"'),
+    ),
+    (REQUIREMENTS, "0.25.0", False, REQUIREMENTS.replace('pin = "0.24.0"', 'pin = "0.25.0"')),
+    (  # a git pin becomes a release pin: its keys go, the others stay
+        '[tool.vllm-patchset]\npin = "1.1"\npin-git = "x"\npin-ref = "v1.1"\npin-commit = "c"\n'
+        'index-url = "u"\n',
+        "0.25.0",
+        True,
+        '[tool.vllm-patchset]\npin = "0.25.0"\nindex-url = "u"\n',
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "pin", "requirement", "expected"), SET_PIN_MORE)
+def test_set_pin_requirements_and_git_keys(
+    text: str, pin: str, requirement: bool, expected: str
+) -> None:
+    assert set_pin(text, pin, requirement=requirement) == expected
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -382,6 +453,12 @@ CHANGELOG_CASES = [
         "# C\n\n## [Unreleased]\n- x\n\nE\n\n## [vllm-0.24.0] - d\n- y\n",
     ),
     ("# C\n\n## [vllm-0.24.0] - d\n- y\n", "# C\n\nE\n\n## [vllm-0.24.0] - d\n- y\n"),
+    ("# C\n\n## Unreleased\n- x", "# C\n\n## Unreleased\n- x\n\nE\n"),  # no brackets, no \n
+    (
+        "# C\n\n## [unreleased]\n\n## [vllm-1.0] - d\n",
+        "# C\n\n## [unreleased]\n\nE\n\n## [vllm-1.0] - d\n",
+    ),
+    ("# C\n", "# C\n\nE\n"),  # no section yet
 ]
 
 
@@ -400,14 +477,44 @@ def test_with_trailer_changes_the_message_only(release: str, line: bytes) -> Non
     out = with_trailer(RAW, release)
     assert out == RAW.replace(b"\nApplied-upstream:\n", b"\n" + line + b"\n", 1)
     assert out.endswith(b"-Applied-upstream: a\n+b\n")  # the diff is not touched
+    # And back; a message with no such trailer is left as it is.
+    assert with_trailer(out, "") == RAW
+    no_trailer = RAW.replace(b"Applied-upstream:\nRegression", b"Regression", 1)
+    assert with_trailer(no_trailer, release) == no_trailer
 
 
-def test_rewrite_paths_moves_the_diff_headers_only() -> None:
-    assert rewrite_paths(RAW, {"vllm/a.py": "vllm/b/a.py"}) == RAW.replace(
-        b"diff --git a/vllm/a.py b/vllm/a.py\nindex 1..2 100644\n--- a/vllm/a.py\n+++ b/vllm/a.py",
-        b"diff --git a/vllm/b/a.py b/vllm/b/a.py\nindex 1..2 100644\n--- a/vllm/b/a.py\n+++ b/vllm/b/a.py",
-    )
-    assert rewrite_paths(RAW, {"vllm/other.py": "vllm/x.py"}) == RAW
+HEADERS = b"diff --git a/vllm/a.py b/vllm/a.py\nindex 1..2 100644\n--- a/vllm/a.py\n+++ b/vllm/a.py"
+TWO_FILES = RAW + RAW[RAW.index(b"diff --git") :].replace(b"vllm/a.py", b"vllm/c.py")
+REWRITES = [
+    # (patch, moves, the patch expected)
+    (
+        RAW,
+        {"vllm/a.py": "vllm/b/a.py"},
+        RAW.replace(HEADERS, HEADERS.replace(b"vllm/a.py", b"vllm/b/a.py")),
+    ),
+    (RAW, {"vllm/other.py": "vllm/x.py"}, RAW),
+    (RAW, {"vllm/a": "vllm/b"}, RAW),  # whole paths only, never a prefix
+    (
+        TWO_FILES,
+        {"vllm/c.py": "vllm/d.py", "vllm/a.py": "vllm/e.py"},
+        TWO_FILES.replace(HEADERS, HEADERS.replace(b"vllm/a.py", b"vllm/e.py")).replace(
+            HEADERS.replace(b"vllm/a.py", b"vllm/c.py"), HEADERS.replace(b"vllm/a.py", b"vllm/d.py")
+        ),
+    ),
+    (
+        RAW[: RAW.index(b"\ndiff --git")],
+        {"vllm/a.py": "vllm/b.py"},
+        RAW[: RAW.index(b"\ndiff --git")],
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "moves", "expected"), REWRITES)
+def test_rewrite_paths_moves_the_diff_headers_only(
+    raw: bytes, moves: dict[str, str], expected: bytes
+) -> None:
+    """The message (which quotes `-Applied-upstream: a` here) and the hunks are kept."""
+    assert rewrite_paths(raw, moves) == expected
 
 
 RANGE_DIFFS = [
@@ -428,6 +535,16 @@ RANGE_DIFFS = [
         RAW,
         RAW.replace(b"+b\n", b"+c\n"),
         None,
+        (
+            "content changed",
+            "--- old patch\n+++ new patch\n@@ -4,4 +4,4 @@\n @@ \n -Applied-upstream: a\n-+b\n++c\n \n",
+        ),
+    ),
+    (RAW, RAW.replace(b"Why.", b"Why, in other words."), None, ("context-only churn", "")),
+    (
+        RAW,
+        rewrite_paths(RAW, {"vllm/a.py": "vllm/b.py"}).replace(b"+b\n", b"+c\n"),
+        {"vllm/a.py": "vllm/b.py"},
         (
             "content changed",
             "--- old patch\n+++ new patch\n@@ -4,4 +4,4 @@\n @@ \n -Applied-upstream: a\n-+b\n++c\n \n",

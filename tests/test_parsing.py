@@ -1,0 +1,441 @@
+"""Unit tables for the readers of the project's and an install's data: a patch file, the series
+file, the overlay lock (and comparing two), an installed wheel's RECORD and names, paths from
+data, release versions and git sources. No git, no vLLM: text in, value (or one error) out."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+from vllm_patchset.errors import BadInput, PatchsetError
+from vllm_patchset.fsio import plain_parts
+from vllm_patchset.installed import canonical_name, parse_record
+from vllm_patchset.lock import Lock, LockEntry
+from vllm_patchset.overlay import compare_locks
+from vllm_patchset.series import (
+    FilePatch,
+    Hunk,
+    Trailers,
+    parse_patch_bytes,
+    read_series_entries,
+    series_bytes,
+)
+from vllm_patchset.upstream import is_remote_url, parse_version
+
+# -- a patch file --------------------------------------------------------------------------------
+HEAD = (
+    "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+    "From: a <a@example.com>\nDate: Sat, 27 Jun 2026 00:00:00 +0000\n"
+    "Subject: [PATCH 2/3] moe: a long\n subject, folded\n\n"
+    "Why.\n\nUpstream-PR: https://x/pull/1\nIntroduced-by: y\nIntroduced-in: 0.24.0\n"
+    "Applied-upstream:\nRegression-test: tests/a.py::t tests/b.py::u\n---\n x | 1 +\n\n"
+)
+TRAILERS = Trailers("https://x/pull/1", "y", "0.24.0", "", ("tests/a.py::t", "tests/b.py::u"))
+ONE_LINE = "@@ -1,1 +1,1 @@\n-a\n+b\n"
+
+
+def diff(path: str, hunk: str = ONE_LINE, index: str = "index 1111111..2222222 100644\n") -> str:
+    return f"diff --git a/{path} b/{path}\n{index}--- a/{path}\n+++ b/{path}\n{hunk}"
+
+
+def file_patch(path: str, *hunks: Hunk, old: str | None = "1111111") -> FilePatch:
+    return FilePatch(path, old, "2222222", hunks)
+
+
+A_TO_B = Hunk(1, 1, ("-a", "+b"))
+PATCHES = [
+    # (patch text, the files it holds)
+    (HEAD + diff("vllm/a.py"), (file_patch("vllm/a.py", A_TO_B),)),
+    (
+        HEAD + diff("vllm/a.py") + diff("vllm/b.py", "@@ -3 +3,2 @@\n ctx\n+new\n"),
+        (file_patch("vllm/a.py", A_TO_B), file_patch("vllm/b.py", Hunk(3, 3, (" ctx", "+new")))),
+    ),
+    (  # "\ No newline at end of file" belongs to no side
+        HEAD
+        + diff("vllm/a.py", "@@ -1 +1 @@\n-a\n\\ No newline at end of file\n+b\n\\ No newline"),
+        (file_patch("vllm/a.py", A_TO_B),),
+    ),
+    (HEAD + diff("vllm/a.py") + "-- \n2.43.0\n\n", (file_patch("vllm/a.py", A_TO_B),)),
+    (
+        HEAD + diff("vllm/a.py", "@@ -1,2 +1,2 @@\n x\n-a\n+b\n@@ -9 +9 @@\n-c\n+d\n"),
+        (file_patch("vllm/a.py", Hunk(1, 1, (" x", "-a", "+b")), Hunk(9, 9, ("-c", "+d"))),),
+    ),
+    (  # a new file: no old blob
+        HEAD
+        + diff(
+            "vllm/n.py", "@@ -0,0 +1 @@\n+x\n", "new file mode 100644\nindex 0000000..2222222\n"
+        ),
+        (file_patch("vllm/n.py", Hunk(0, 1, ("+x",)), old=None),),
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "files"), PATCHES)
+def test_patch_files_and_hunks(text: str, files: tuple[FilePatch, ...]) -> None:
+    patch = parse_patch_bytes(text.encode(), Path("/p/0002-x.patch"), "upstreamed/0002-x.patch")
+    assert (patch.name, patch.key, patch.subject) == (
+        "0002-x.patch",
+        "upstreamed/0002-x.patch",
+        "moe: a long subject, folded",
+    )
+    assert (patch.trailers, patch.files, patch.raw) == (TRAILERS, files, text.encode())
+
+
+def test_hunk_sides() -> None:
+    hunk = Hunk(1, 1, (" x", "-a", "+b", "+c", " y"))
+    assert (hunk.pre, hunk.post, hunk.removed, hunk.added) == (
+        ("x", "a", "y"),
+        ("x", "b", "c", "y"),
+        ("a",),
+        ("b", "c"),
+    )
+
+
+TRAILER_BLOCK = (
+    "Upstream-PR: https://x/pull/1\nIntroduced-by: y\nIntroduced-in: 0.24.0\n"
+    "Applied-upstream:\nRegression-test: tests/a.py::t tests/b.py::u\n"
+)
+TRAILER_CASES = [
+    # (what replaces the trailer block, the trailers read, or the error)
+    (
+        "Upstream-PR: none (local)\nIntroduced-by: none\nIntroduced-in: nightly\n"
+        "Applied-upstream: 0.21.0\nRegression-test: tests/a.py::t\n",
+        Trailers("none (local)", "none", "nightly", "0.21.0", ("tests/a.py::t",)),
+    ),
+    (  # the first of two values is taken
+        "Upstream-PR: u\nIntroduced-by: y\nIntroduced-in: 1.0\nApplied-upstream:\n"
+        "Applied-upstream: 1.1\nRegression-test: t1\nRegression-test: t2 t3\n",
+        Trailers("u", "y", "1.0", "", ("t1", "t2", "t3")),
+    ),
+    (
+        "Upstream-PR: u\nIntroduced-by: y\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test:\n",
+        "empty Regression-test trailer",
+    ),
+    (
+        "Upstream-PR: u\n",
+        "missing trailer(s) Introduced-by, Introduced-in, Applied-upstream, Regression-test",
+    ),
+]
+
+
+@pytest.mark.parametrize(("block", "expected"), TRAILER_CASES)
+def test_trailers(block: str, expected: Trailers | str) -> None:
+    assert HEAD.count(TRAILER_BLOCK) == 1
+    text = HEAD.replace(TRAILER_BLOCK, block) + diff("vllm/a.py")
+    if isinstance(expected, Trailers):
+        assert parse_patch_bytes(text.encode(), Path("x.patch")).trailers == expected
+    else:
+        with pytest.raises(PatchsetError) as error:
+            parse_patch_bytes(text.encode(), Path("x.patch"))
+        assert str(error.value) == f"malformed patch x.patch: {expected}"
+
+
+# Malformed patches read by every command are in test_bad_input.py (through the CLI); these
+# are the other ways a patch file can be wrong.
+REFUSED = [
+    (
+        (HEAD + diff("vllm/a.py")).replace("\n", "\r\n").encode(),
+        "CRLF line endings (git format-patch writes LF: convert it, e.g. dos2unix)",
+    ),
+    (
+        HEAD.replace("Why.", "Caf\xe9.").encode("latin-1") + diff("vllm/a.py").encode(),
+        "unreadable ('utf-8' codec can't decode byte 0xe9 in position 187: invalid"
+        " continuation byte)",
+    ),
+    (
+        (
+            HEAD + "diff --git a/vllm/x.bin b/vllm/x.bin\nindex 1..2 100644\nGIT binary patch\n"
+        ).encode(),
+        "binary diff of vllm/x.bin",
+    ),
+    ((HEAD + "diff --git a/vllm/a.py\n").encode(), "bad diff header 'diff --git a/vllm/a.py'"),
+    (
+        (HEAD + diff("vllm/a.py", "@@ -1,2 +1,2 @@\n-a\n?b\n")).encode(),
+        "vllm/a.py: bad hunk line '?b'",
+    ),
+    (  # a rename out of the package: both sides are checked
+        (HEAD + diff("vllm/a.py").replace("b/vllm/a.py", "b/setup.py")).encode(),
+        "touches 'setup.py', outside the vllm/ package",
+    ),
+    (
+        (HEAD + diff("vllm/sub/../a.py")).encode(),
+        "touches 'vllm/sub/../a.py', outside the vllm/ package",
+    ),
+    (
+        (HEAD + diff("vllm//a.py")).encode(),
+        "touches 'vllm//a.py', not a plain path inside vllm/",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), REFUSED)
+def test_malformed_patch_files(raw: bytes, reason: str) -> None:
+    with pytest.raises(PatchsetError) as error:
+        parse_patch_bytes(raw, Path("/p/x.patch"))
+    assert str(error.value) == f"malformed patch /p/x.patch: {reason}"
+
+
+# -- the series file -----------------------------------------------------------------------------
+SERIES = [
+    # (file text, entries, or the error after "<series file>")
+    ("", []),
+    ("0001-a.patch\n0002-b.patch\n", [("0001-a.patch", ""), ("0002-b.patch", "")]),
+    (
+        "# the series\n\n  0001-a.patch  \n0002-b.patch  # parked: rewritten upstream\n",
+        [("0001-a.patch", ""), ("0002-b.patch", "parked: rewritten upstream")],
+    ),
+    ("0001-a.patch\r\n", [("0001-a.patch", "")]),
+    ("0001-a.patch\n0001-a.patch\n", ": a patch is listed twice"),
+    ("0001-a.patch\nsub/0002-b.patch\n", ":2: bad series entry 'sub/0002-b.patch'"),
+    (".0001-a.patch\n", ":1: bad series entry '.0001-a.patch'"),
+    ("0001-a.diff\n", ":1: bad series entry '0001-a.diff'"),
+    ("0001-a.patch -p1\n", ":1: bad series entry '0001-a.patch -p1'"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SERIES)
+def test_series_entries(tmp_path: Path, text: str, expected: list[tuple[str, str]] | str) -> None:
+    series = tmp_path / "series"
+    series.write_bytes(text.encode())
+    if isinstance(expected, list):
+        assert read_series_entries(series) == expected
+    else:
+        with pytest.raises(PatchsetError) as error:
+            read_series_entries(series)
+        assert str(error.value) == f"{series}{expected}"
+
+
+def test_a_missing_series_file_is_an_empty_series(tmp_path: Path) -> None:
+    assert read_series_entries(tmp_path / "series") == []
+
+
+@pytest.mark.parametrize(
+    ("names", "reasons", "text"),
+    [
+        ([], None, b""),
+        (["0001-a.patch", "0002-b.patch"], None, b"0001-a.patch\n0002-b.patch\n"),
+        (
+            ["0001-a.patch", "0002-b.patch"],
+            {"0002-b.patch": "kept: rewritten upstream", "0001-a.patch": ""},
+            b"0001-a.patch\n0002-b.patch  # kept: rewritten upstream\n",
+        ),
+    ],
+)
+def test_series_bytes_read_back(
+    tmp_path: Path, names: list[str], reasons: dict[str, str] | None, text: bytes
+) -> None:
+    assert series_bytes(names, reasons) == text
+    (tmp_path / "series").write_bytes(text)
+    assert read_series_entries(tmp_path / "series") == [
+        (n, (reasons or {}).get(n, "")) for n in names
+    ]
+
+
+# -- the overlay lock ----------------------------------------------------------------------------
+ENTRY_A = LockEntry("vllm/a.py", "1" * 64, "2" * 64, ("0001-x.patch",))
+ENTRY_B = LockEntry("vllm/b/c.py", "3" * 64, "4" * 64, ("0001-x.patch", "0002-y.patch"))
+LOCK = Lock(
+    package="vllm",
+    version="0.24.0",
+    source="pypi:vllm-0.24.0.tar.gz sha256:ab https://x/vllm-0.24.0.tar.gz",
+    upstream_commit="c" * 40,
+    patches=("0001-x.patch", "0002-y.patch"),
+    entries=(ENTRY_A, ENTRY_B),
+)
+LOCK_JSON = """\
+{
+  "schema": 1,
+  "package": "vllm",
+  "version": "0.24.0",
+  "source": "pypi:vllm-0.24.0.tar.gz sha256:ab https://x/vllm-0.24.0.tar.gz",
+  "upstream_commit": "cccccccccccccccccccccccccccccccccccccccc",
+  "patches": [
+    "0001-x.patch",
+    "0002-y.patch"
+  ],
+  "files": {
+    "vllm/a.py": {
+      "pristine_sha256": "1111111111111111111111111111111111111111111111111111111111111111",
+      "patched_sha256": "2222222222222222222222222222222222222222222222222222222222222222",
+      "patches": [
+        "0001-x.patch"
+      ]
+    },
+    "vllm/b/c.py": {
+      "pristine_sha256": "3333333333333333333333333333333333333333333333333333333333333333",
+      "patched_sha256": "4444444444444444444444444444444444444444444444444444444444444444",
+      "patches": [
+        "0001-x.patch",
+        "0002-y.patch"
+      ]
+    }
+  }
+}
+"""
+
+
+def test_lock_json_round_trip() -> None:
+    assert LOCK.to_json() == LOCK_JSON
+    assert Lock.from_json(LOCK_JSON, "x") == LOCK
+    # Entries are written sorted by path, whatever order they come in.
+    unsorted = dataclasses.replace(LOCK, entries=(ENTRY_B, ENTRY_A))
+    assert unsorted.to_json() == LOCK_JSON
+    assert (LOCK.entry("vllm/b/c.py"), LOCK.entry("vllm/x.py")) == (ENTRY_B, None)
+
+
+BAD_LOCKS = [
+    ("{", "JSONDecodeError"),
+    ("[]", "TypeError"),
+    ('{"schema": 1}', "KeyError('files')"),
+    (LOCK_JSON.replace('"files": {', '"files": ["'), "JSONDecodeError"),
+    (LOCK_JSON.replace('"schema": 1', '"schema": 2'), None),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), BAD_LOCKS)
+def test_bad_locks(text: str, why: str | None) -> None:
+    with pytest.raises(BadInput) as error:
+        Lock.from_json(text, "overlay/overlay.lock.json")
+    if why is None:
+        assert str(error.value) == "overlay/overlay.lock.json: lock schema 2 is not 1"
+    else:
+        assert str(error.value).startswith(
+            f"overlay/overlay.lock.json: not a valid overlay lock ({why}"
+        )
+
+
+def test_a_missing_lock_says_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as error:
+        Lock.load(tmp_path / "overlay.lock.json")
+    assert str(error.value) == (
+        f"no overlay lock at {tmp_path / 'overlay.lock.json'}: run `vllm-patchset overlay build"
+        " --update-lock`"
+    )
+
+
+def built(**changes: object) -> Lock:
+    return dataclasses.replace(LOCK, **changes)  # type: ignore[arg-type]
+
+
+COMPARE = [
+    # (the lock a build gives, the first difference from the committed LOCK)
+    (LOCK, None),
+    (built(entries=(ENTRY_B, ENTRY_A)), None),  # order is not a difference
+    (built(source="git:local:v0.24.0@abc"), None),  # where it came from is not either
+    (built(version="0.25.0"), f"lock is for 0.24.0 ({'c' * 12}), build is for 0.25.0 ({'c' * 12})"),
+    (
+        built(upstream_commit="d" * 40),
+        f"lock is for 0.24.0 ({'c' * 12}), build is for 0.24.0 ({'d' * 12})",
+    ),
+    (built(entries=(ENTRY_A,)), "vllm/b/c.py: not built"),
+    (
+        built(entries=(*LOCK.entries, LockEntry("vllm/d.py", "5" * 64, "6" * 64, ()))),
+        "vllm/d.py: missing from the lock",
+    ),
+    (
+        built(entries=(dataclasses.replace(ENTRY_A, patched_sha256="0" * 64), ENTRY_B)),
+        "vllm/a.py: patched sha256 differs",
+    ),
+    (
+        built(entries=(dataclasses.replace(ENTRY_A, pristine_sha256="0" * 64), ENTRY_B)),
+        "vllm/a.py: pristine sha256 differs",
+    ),
+    (
+        built(entries=(dataclasses.replace(ENTRY_A, patches=()), ENTRY_B)),
+        "vllm/a.py: patch list differs",
+    ),
+    (
+        built(patches=("0002-y.patch", "0001-x.patch")),
+        "applied patches ['0002-y.patch', '0001-x.patch'] differ from ['0001-x.patch', '0002-y.patch']",
+    ),
+]
+
+
+@pytest.mark.parametrize(("lock", "difference"), COMPARE)
+def test_compare_locks(lock: Lock, difference: str | None) -> None:
+    assert compare_locks(lock, LOCK) == difference
+
+
+# -- an installed wheel --------------------------------------------------------------------------
+RECORDS = [
+    ("", {}),
+    (
+        "vllm/__init__.py,sha256=abc,12\nvllm-0.24.0.dist-info/RECORD,,\n",
+        {"vllm/__init__.py": "sha256=abc", "vllm-0.24.0.dist-info/RECORD": ""},
+    ),
+    ('"vllm/a,b.py",sha256=x,1\r\n\n', {"vllm/a,b.py": "sha256=x"}),  # CSV quoting, blank rows
+    ("a-row-with-no-hash-field\nvllm/x.py,sha256=y\n", {"vllm/x.py": "sha256=y"}),
+]
+
+
+@pytest.mark.parametrize(("text", "rows"), RECORDS)
+def test_parse_record(text: str, rows: dict[str, str]) -> None:
+    assert parse_record(text) == rows
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [("vllm", "vllm"), ("VLLM", "vllm"), ("Foo.Bar_baz", "foo-bar-baz"), ("a_-_b", "a-b")],
+)
+def test_canonical_name(name: str, canonical: str) -> None:
+    assert canonical_name(name) == canonical
+
+
+PATHS = [
+    # (path from data, the top folder it must be under, its parts or None)
+    ("vllm/a.py", "vllm", ("vllm", "a.py")),
+    ("vllm/sub/a.py", None, ("vllm", "sub", "a.py")),
+    ("a", None, ("a",)),
+    ("vllm", "vllm", None),  # the package itself is no path in it
+    ("torch/a.py", "vllm", None),
+    ("", None, None),
+    ("/vllm/a.py", None, None),
+    ("vllm/", "vllm", None),
+    ("vllm//a.py", None, None),
+    ("vllm/./a.py", None, None),
+    ("vllm/../a.py", None, None),
+    ("vllm\\a.py", None, None),
+    ("vllm/a\x00.py", None, None),
+]
+
+
+@pytest.mark.parametrize(("rel", "top", "parts"), PATHS)
+def test_plain_parts(rel: str, top: str | None, parts: tuple[str, ...] | None) -> None:
+    assert plain_parts(rel, top) == parts
+
+
+# -- versions and sources ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("0.24.0", Version("0.24.0")),
+        ("0.25.0rc1", Version("0.25.0rc1")),
+        ("1!2.0", Version("1!2.0")),
+        ("0.24.0+cu130", Version("0.24.0+cu130")),
+        ("latest", None),
+        ("", None),
+        ("git:nightly", None),
+        ("0.24.0-nightly", None),
+    ],
+)
+def test_parse_version(text: str, version: Version | None) -> None:
+    assert parse_version(text) == version
+
+
+@pytest.mark.parametrize(
+    ("source", "remote"),
+    [
+        ("https://github.com/vllm-project/vllm", True),
+        ("git@github.com:vllm-project/vllm.git", True),
+        ("ssh://git@example.com/vllm.git", True),
+        ("git://example.com/vllm", True),
+        ("file:///srv/vllm", False),  # this machine's
+        ("/home/me/vllm", False),
+        ("../vllm", False),
+        ("host:path", False),
+    ],
+)
+def test_remote_git_sources(source: str, remote: bool) -> None:
+    assert is_remote_url(source) == remote
