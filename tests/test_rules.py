@@ -511,6 +511,9 @@ def test_releases(
     project.pyproject.write_text(text)
     assert main(["--project", str(project.root), "releases", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
+        "ok": True,
+        "command": "releases",
+        "exit_code": 0,
         "pin": "0.24.0",
         "releases": releases,
         "newest": releases[-1],

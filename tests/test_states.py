@@ -93,6 +93,9 @@ def test_matrix_on_nightly_like_base(
 def test_status_on_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, "--project", str(project.root), "status", "--json")
     assert doc == {
+        "ok": True,
+        "command": "status",
+        "exit_code": 0,
         "pin": "0.24.0",
         "patches": {FIX1: "upstream", FIX2: "applies", FUSED: "applies"},
         "disagreements": {FIX1: [], FIX2: [], FUSED: []},

@@ -20,15 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
+from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
 
-from vllm_patchset import gpurun, kitparts
+from vllm_patchset import fsio, gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding, by_exit_code
+from vllm_patchset.console import emit, progress
+from vllm_patchset.errors import BadInput, by_exit_code
 from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
@@ -154,40 +157,83 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("validate", help="GPU tests on pristine, overlaid and buggy trees")
     p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
     p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
-    p.add_argument("--only", action="append", default=[], metavar="TREE")
+    p.add_argument(
+        "--only", action="append", default=[], metavar="TREE", help="run this tree only (repeat)"
+    )
     p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
     p.add_argument("--kit", type=Path, help="a native-ops kit: the pin's trees run its real ops")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+
+def tree_names(project: Project) -> list[str]:
+    """The names `build_trees` gives its trees, without building them."""
+    mirror = mirror_for(project)
+    pin = pin_base(project, mirror)
+    version = pin.version or pin.label
+    names = [f"pristine-{version}", f"overlay-{version}"]
+    for patch in patches_for(project):
+        if patch.key.startswith("upstreamed/"):
+            release = patch.trailers.applied_upstream
+            names += [f"{kind}-{_short(patch)}-{release}" for kind in ("buggy", "fixed")]
+    return names
+
+
+def _require_torch(python: str) -> None:
+    """One line, before anything is built, where `python` cannot import torch."""
+    argv, preexec = fsio.child([python, "-c", "import torch"])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=preexec)
+    except OSError as exc:
+        raise BadInput(f"validate: cannot run --python {python}: {exc.strerror}") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        raise BadInput(
+            f"validate needs torch (and a GPU): {python} cannot import it ({lines[-1]}); run it"
+            " where they are (--python EXE), or take the trees there with `vllm-patchset bundle`"
+        )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     project = Project.load(args.project, args.cache_dir)
+    names = tree_names(project)
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        raise BadInput(
+            f"validate --only {unknown[0]}: no such tree (the trees: {', '.join(names)})"
+        )
+    if not args.build_only:
+        _require_torch(args.python)
     work = args.work
     if work is None:
         work = project.root / "build" / "gpu"
         shutil.rmtree(work, ignore_errors=True)  # our own build folder: start clean
-    built = build_trees(project, work)
+    with progress("validate: building the trees"):
+        built = build_trees(project, work)
     for spec in built.specs:
         print(f"tree {spec.name}: {spec.path}", file=sys.stderr)
     native = None
     if args.kit is not None:
         try:
-            native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
+            with progress("validate: assembling the kit"):
+                native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
         except kitparts.KitError as exc:
             raise by_exit_code(str(exc), exc.exit_code) from None
         print(f"native ops for the pin's trees from {native}", file=sys.stderr)
     if args.build_only:
-        return 0
-    rows = gpurun.run_all(built.root, built.root / "results", args.python, tuple(args.only), native)
-    if args.json:
-        print(json.dumps({"rows": [r.__dict__ for r in rows]}, indent=2))
-    else:
-        print(gpurun.table(rows))
+        return emit(args, "", {"work": str(work), "trees": [s.name for s in built.specs]})
+    only = tuple(args.only)
+    count = len(only) or len(built.specs)
+    # gpurun prints a line per tree on stdout: here it goes to stderr, stdout holds the report.
+    running = progress(f"validate: tests/gpu on {count} tree(s)")
+    with running, redirect_stdout(sys.stderr):
+        rows = gpurun.run_all(built.root, built.root / "results", args.python, only, native)
     unmet = [r for r in rows if not r.met]
+    body = {"work": str(work), "rows": [r.__dict__ for r in rows], "unmet": len(unmet)}
+    code = emit(args, gpurun.table(rows), body, 1 if unmet else 0)
     if unmet:
-        raise Finding(
-            f"{len(unmet)} red/green expectation(s) unmet: "
-            + ", ".join(f"{r.tree} {r.test} expected {r.expect}, got {r.got}" for r in unmet)
+        print(
+            f"vllm-patchset: {len(unmet)} red/green expectation(s) unmet (UNMET in the table;"
+            f" logs in {built.root / 'results'})",
+            file=sys.stderr,
         )
-    return 0
+    return code
