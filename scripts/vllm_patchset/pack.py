@@ -21,6 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
 from packaging.version import Version
 
 from vllm_patchset import fsio
@@ -48,24 +49,77 @@ def wheel_version(tool_version: str, lock_bytes: bytes, vllm_version: str) -> st
     return f"{Version(tool_version).public}+vllm{pin}.{sha256_bytes(lock_bytes)[:8]}"
 
 
-def _metadata(dist: importlib.metadata.Distribution, version: str, lock: Lock) -> str:
-    meta = dist.metadata
-    lines = ["Metadata-Version: 2.1", f"Name: {meta['Name']}", f"Version: {version}"]
-    for key in ("Summary", "License", "Requires-Python"):
-        if meta[key]:
-            lines.append(f"{key}: {meta[key]}")
-    lines += [f"Requires-Dist: {r}" for r in meta.get_all("Requires-Dist") or []]
-    lines += [f"Provides-Extra: {e}" for e in meta.get_all("Provides-Extra") or []]
-    patches = ", ".join(lock.patches) or "no patches"
-    body = f"vllm-patchset with the overlay for {lock.package} {lock.version}: {patches}.\n"
-    return "\n".join(lines) + "\n\n" + body
+@dataclass(frozen=True)
+class Metadata:
+    """What the wheel's METADATA and entry_points.txt say, from the tool's pyproject.toml
+    (running from a checkout: an editable install's metadata is as old as the install) or
+    from the installed distribution (running from a wheel)."""
+
+    name: str
+    version: str
+    headers: tuple[tuple[str, str], ...]  # Summary, License, Requires-Python, Requires-Dist…
+    entry_points: tuple[tuple[str, str, str], ...]  # (group, name, value)
+
+    @staticmethod
+    def from_pyproject(path: Path) -> Metadata:
+        table = tomllib.loads(path.read_text("utf-8"))["project"]
+        headers = [("Summary", str(table.get("description", "")))]
+        license = table.get("license", {})
+        if isinstance(license, dict) and license.get("text"):
+            headers.append(("License", str(license["text"])))
+        if table.get("requires-python"):
+            headers.append(("Requires-Python", str(table["requires-python"])))
+        headers += [("Requires-Dist", str(r)) for r in table.get("dependencies", [])]
+        for extra, requirements in table.get("optional-dependencies", {}).items():
+            headers.append(("Provides-Extra", extra))
+            headers += [("Requires-Dist", _with_extra(str(r), extra)) for r in requirements]
+        points = [("console_scripts", n, v) for n, v in table.get("scripts", {}).items()]
+        for group, entries in table.get("entry-points", {}).items():
+            points += [(group, n, v) for n, v in entries.items()]
+        return Metadata(str(table["name"]), str(table["version"]), tuple(headers), tuple(points))
+
+    @staticmethod
+    def from_dist(dist: importlib.metadata.Distribution) -> Metadata:
+        meta = dist.metadata
+        keys = ("Summary", "License", "Requires-Python", "Provides-Extra", "Requires-Dist")
+        headers = tuple((k, str(v)) for k in keys for v in meta.get_all(k) or [])
+        points = tuple((p.group, p.name, p.value) for p in dist.entry_points)
+        return Metadata(str(meta["Name"]), dist.version, headers, points)
+
+    def metadata_file(self, version: str, lock: Lock) -> bytes:
+        lines = ["Metadata-Version: 2.1", f"Name: {self.name}", f"Version: {version}"]
+        lines += [f"{key}: {value}" for key, value in self.headers if value]
+        patches = ", ".join(lock.patches) or "no patches"
+        body = f"vllm-patchset with the overlay for {lock.package} {lock.version}: {patches}.\n"
+        return ("\n".join(lines) + "\n\n" + body).encode()
+
+    def entry_points_file(self) -> bytes:
+        groups: dict[str, list[str]] = {}
+        for group, name, value in sorted(self.entry_points):
+            groups.setdefault(group, []).append(f"{name} = {value}\n")
+        return "".join(f"[{g}]\n{''.join(lines)}\n" for g, lines in groups.items()).encode()
 
 
-def _entry_points(dist: importlib.metadata.Distribution) -> str:
-    groups: dict[str, list[str]] = {}
-    for point in sorted(dist.entry_points, key=lambda p: (p.group, p.name)):
-        groups.setdefault(point.group, []).append(f"{point.name} = {point.value}")
-    return "".join(f"[{g}]\n" + "\n".join(lines) + "\n\n" for g, lines in groups.items())
+def _with_extra(requirement: str, extra: str) -> str:
+    name, _, marker = requirement.partition(";")
+    marker = f"({marker.strip()}) and " if marker.strip() else ""
+    return f'{name.strip()}; {marker}extra == "{extra}"'
+
+
+def tool_metadata(source: Path) -> Metadata:
+    """The metadata of the tool whose package is `source`."""
+    pyproject = source.parent.parent / "pyproject.toml"  # a checkout: scripts/vllm_patchset
+    if pyproject.is_file():
+        try:
+            meta = Metadata.from_pyproject(pyproject)
+        except (KeyError, TypeError, AttributeError, tomllib.TOMLDecodeError):
+            meta = None
+        if meta is not None and meta.name == DIST:
+            return meta
+    try:
+        return Metadata.from_dist(importlib.metadata.distribution(DIST))
+    except importlib.metadata.PackageNotFoundError:
+        raise BadInput(f"{DIST} is not installed, and {source} is not in its checkout") from None
 
 
 def _record_hash(data: bytes) -> str:
@@ -74,32 +128,26 @@ def _record_hash(data: bytes) -> str:
 
 
 def wheel_files(project: Project) -> tuple[dict[str, bytes], str, Lock]:
-    """The wheel's files (path -> bytes, RECORD last) and its version."""
-    try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise BadInput(
-            f"{DIST} is not installed (`pip install -e .` in the checkout): packing copies its"
-            " installed metadata"
-        ) from None
+    """The wheel's files (path -> bytes, RECORD last), its version and the lock inside."""
+    # The code is the running tool's own package (a checkout's, or an installed wheel's).
+    source = Path(__file__).resolve().parent
+    meta = tool_metadata(source)
     lock_bytes = fsio.read_regular(project.lock_path)
     if lock_bytes is None:
         raise BadInput(f"no overlay lock at {project.lock_path}: run `vllm-patchset overlay build`")
     lock = Lock.from_json(lock_bytes.decode("utf-8"), str(project.lock_path))
     overlay = overlay_files(lock, project.overlay_dir)  # each checked against the lock
-    version = wheel_version(dist.version, lock_bytes, lock.version)
-    # The code is the running tool's own package (a checkout's, or an installed wheel's).
-    source = Path(__file__).resolve().parent
+    version = wheel_version(meta.version, lock_bytes, lock.version)
     files = {f"{PACKAGE}/{path.name}": path.read_bytes() for path in sorted(source.glob("*.py"))}
     files[f"{PACKAGE}/{PACKED}/overlay.lock.json"] = lock_bytes
     files.update({f"{PACKAGE}/{PACKED}/{path}": data for path, data in sorted(overlay.items())})
     info = f"{PACKAGE}-{version}.dist-info"
-    files[f"{info}/METADATA"] = _metadata(dist, version, lock).encode()
+    files[f"{info}/METADATA"] = meta.metadata_file(version, lock)
     files[f"{info}/WHEEL"] = (
         b"Wheel-Version: 1.0\nGenerator: vllm-patchset overlay pack\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n"
     )
-    files[f"{info}/entry_points.txt"] = _entry_points(dist).encode()
+    files[f"{info}/entry_points.txt"] = meta.entry_points_file()
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
     files[f"{info}/RECORD"] = f"{record}{info}/RECORD,,\n".encode()
     return files, version, lock
