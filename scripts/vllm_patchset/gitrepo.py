@@ -80,7 +80,10 @@ class Repo:
                 )
             except git.exc.GitCommandError as exc:
                 stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
-                raise GitError(args[0], stderr.strip().strip("'")) from None
+                # GitPython quotes git's stderr as "\n  stderr: '<text>'": the text only.
+                raise GitError(
+                    args[0], stderr.strip().removeprefix("stderr:").strip().strip("'")
+                ) from None
             except (git.exc.GitError, OSError) as exc:
                 raise GitError(args[0], str(exc)) from None
         assert isinstance(out, bytes)
