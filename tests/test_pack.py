@@ -16,11 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from support import REPO
 from vllm_install import (
     LOCK,
@@ -294,4 +294,4 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     assert tool("overlay", "revert") == (0, report("revert", "reverted", "restore"), "")
     assert record_mismatches(site, pristine.record) == []
     assert not (site / ".vllm-patchset").exists()
-    assert LOCK == overlay.lock
+    assert overlay.lock == LOCK

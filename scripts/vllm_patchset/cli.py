@@ -318,6 +318,8 @@ def _finish(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
         if not isinstance(action, argparse._SubParsersAction):
             continue
         action.required = False
+        words = " ".join(("vllm-patchset", *path, "COMMAND"))
+        action.help = action.help or f"`{words} --help` shows a command's options"
         parser.set_defaults(func=None, group=parser)
         for choice in action._choices_actions:
             sub = action.choices[choice.dest]
@@ -327,6 +329,14 @@ def _finish(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
             _add_global_options(sub, top=False)
             sub.set_defaults(command_name=" ".join((*path, choice.dest)))
             _finish(sub, (*path, choice.dest))
+
+
+def _needs_subcommand(group: argparse.ArgumentParser, command: str) -> UsageError:
+    names = [
+        n for a in group._actions if isinstance(a, argparse._SubParsersAction) for n in a.choices
+    ]
+    what = f"{command}: a subcommand" if command else "a command"
+    return UsageError(f"{what} is needed: {', '.join(names)}", command)
 
 
 def version_line() -> str:
@@ -485,8 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")
             if args.func is None:  # `vllm-patchset overlay`: its subcommands
                 args.group.print_help(sys.stderr)
-                what = "a subcommand" if command else "a command"
-                raise usage_error(command, f"{what} is needed (listed above)")
+                raise _needs_subcommand(args.group, command)
             handler: Handler = args.func
             with _one_writer(args):
                 code = handler(args)
