@@ -18,6 +18,7 @@ forward to the end: originals are removed only after the last file is restored.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import json
 import os
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset import fsio
+from vllm_patchset.config import Project
+from vllm_patchset.console import colours, diff_line_style, emit, paint
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.fsio import (  # re-exported: the tests and the README name them here
     KILL_ENV,
@@ -943,8 +946,6 @@ def packaged_overlay() -> Source | None:
 def overlay_source(project_dir: Path | None, cache_dir: Path | None) -> Source | None:
     """The checkout's overlay (--project, else the checkout around the current directory),
     else the one packed into this vllm-patchset; None when there is neither."""
-    from vllm_patchset.config import Project  # here: the guard imports this module, not tomllib
-
     root = project_dir or Project.discover(Path.cwd())
     if root is None:
         return packaged_overlay()
@@ -962,8 +963,6 @@ def no_overlay(package: str, version: str) -> Lock:
 def unified_diff(path: str, before: bytes | None, after: bytes) -> str:
     """`before` (None: missing) to `after` as a unified diff that `patch -p1` applies in the
     target dir."""
-    import difflib
-
     old = [] if before is None else before.decode("utf-8", "surrogateescape").splitlines(True)
     new = after.decode("utf-8", "surrogateescape").splitlines(True)
     lines = difflib.unified_diff(
@@ -995,8 +994,6 @@ def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[st
 
 
 def diff_text(diffs: dict[str, str], *, colour: bool) -> str:
-    from vllm_patchset.console import diff_line_style, paint
-
     text = "".join(diffs.values())
     if not colour:
         return text
@@ -1053,8 +1050,6 @@ NO_OVERLAY = (
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from vllm_patchset.console import colours, emit
-
     command = args.overlay_command
     fsio.interrupt_leaves("nothing was changed")
     source = overlay_source(args.project, args.cache_dir)
