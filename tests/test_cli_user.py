@@ -17,12 +17,12 @@ import shutil
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_kit import WHEEL_FILES, make_wheel
-from test_validate import _with_gpu_tests
+from support import REPO
 from vllm_install import OVERLAID, PATCHES, Overlay, Pristine, overlay, pristine, target
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
 from vllm_patchset.config import Project
@@ -201,8 +201,12 @@ def test_usage_errors_are_one_line_and_a_json_document(
 
 # -- one JSON shape --------------------------------------------------------------------------------
 def _kit(tmp_path: Path) -> Path:
-    wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
-    write_kit(wheel, "ab" * 32, "0.24.0", tmp_path / "kit", level=0, part_limit=4096)
+    """A native-ops kit of a tiny wheel (a package and its RECORD)."""
+    wheel = tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/__init__.py", b"")
+        archive.writestr("vllm-0.24.0.dist-info/RECORD", "vllm/__init__.py,,0\n")
+    write_kit(wheel, "ab" * 32, "0.24.0", tmp_path / "kit", level=0)
     return tmp_path / "kit"
 
 
@@ -233,7 +237,7 @@ def test_every_command_prints_one_json_document(
     code: int,
     keys: list[str],
 ) -> None:
-    _with_gpu_tests(project)
+    shutil.copytree(REPO / "tests" / "gpu", project.root / "tests" / "gpu")  # for validate, bundle
     kit = _kit(tmp_path) if command == "kit verify" else None
     words = [*command.split(), *(a.format(tmp=tmp_path, kit=kit) for a in args)]
     got, out, _ = cli(capsys, "--project", project.root, *words, "--json")

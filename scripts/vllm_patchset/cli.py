@@ -323,7 +323,8 @@ def _finish(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
         parser.set_defaults(func=None, group=parser)
         for choice in action._choices_actions:
             sub = action.choices[choice.dest]
-            sub.description = sub.description or f"{(choice.help or '').capitalize()}."
+            text = choice.help or ""
+            sub.description = sub.description or f"{text[:1].upper()}{text[1:]}."
             sub.epilog = EXIT_CODES
             sub.formatter_class = argparse.RawDescriptionHelpFormatter
             _add_global_options(sub, top=False)
