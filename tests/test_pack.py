@@ -236,7 +236,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
 
     assert tool("--version") == (
         0,
-        f"vllm-patchset {TOOL_VERSION} (overlay for vllm 0.24.0: {SERIES})\n",
+        f"vllm-patchset {wheel_version(overlay)} (overlay for vllm 0.24.0: {SERIES})\n",
         "",
     )
     assert tool("overlay", "status") == (0, report("status", "not applied", "pristine"), "")

@@ -341,15 +341,22 @@ def _needs_subcommand(group: argparse.ArgumentParser, command: str) -> UsageErro
 
 
 def version_line() -> str:
-    """`vllm-patchset --version`: the tool, and the overlay it carries (a packed wheel)."""
+    """`vllm-patchset --version`: the installed version (pip's), and the overlay it carries
+    (a wheel `overlay pack` built)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     from vllm_patchset import __version__
 
+    try:
+        installed = version("vllm-patchset")
+    except PackageNotFoundError:  # run from a source tree without an install
+        installed = __version__
     packed = deploy.packaged_overlay()
     if packed is None:
-        return f"vllm-patchset {__version__}"
+        return f"vllm-patchset {installed}"
     lock = packed.lock
     return (
-        f"vllm-patchset {__version__} (overlay for {lock.package} {lock.version}:"
+        f"vllm-patchset {installed} (overlay for {lock.package} {lock.version}:"
         f" {', '.join(lock.patches) or 'no patches'})"
     )
 
