@@ -12,7 +12,13 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_setup import kernel_forward, modular_kernel, moe_config, random_nvfp4_weights, route  # noqa: E402  # noqa: E402
+from moe_setup import (  # noqa: E402
+    kernel_forward,
+    modular_kernel,
+    moe_config,
+    random_nvfp4_weights,
+    route,
+)
 from nvfp4_reference import E2M1_MAX, E4M3_MAX  # noqa: E402
 from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (  # noqa: E402
     NvFp4MoeBackend,
