@@ -63,8 +63,9 @@ def _add_metadata(tree: Path, version: str) -> None:
 def _write_pytest_ini(project: Project, root: Path) -> None:
     """The project's pytest settings, so that the run's rootdir (and its node ids, as the
     manifest and the patches' trailers name them) is `root` wherever it lies."""
-    settings = tomllib.loads(project.pyproject.read_text("utf-8"))["tool"]["pytest"]
-    options = settings["ini_options"]
+    settings = tomllib.loads(project.pyproject.read_text("utf-8"))
+    # A project without pytest settings of its own runs tests/gpu with pytest's defaults.
+    options = settings.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]", f"addopts = {options.get('addopts', '')}"]
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
