@@ -31,14 +31,21 @@ NOT_REVERSED = (
 )
 
 
-def validated(tmp_path: Path, cache: Path, release_1_1: str, capsys) -> tuple[int, str, Path]:
+def validated(
+    tmp_path: Path, cache: Path, release_1_1: str, capsys, pytest_settings: str = PYTEST
+) -> tuple[int, str, Path]:
     """A project pinned to 1.1 (1.0 with `release_1_1` for the buggy line) that archives FIX;
     `validate --build-only`: (exit code, stderr, the work folder)."""
     upstream = SyntheticUpstream(tmp_path / "upstream")
     upstream.release("1.0", {"vllm/__init__.py": '__version__ = "1.0"\n', MOE: MOE_TEXT})
     upstream.release("1.1", {MOE: MOE_TEXT.replace(BUGGY, release_1_1)})
     project = make_project(
-        tmp_path / "project", cache, upstream, "1.1", upstreamed=[FIX], extra_pyproject=PYTEST
+        tmp_path / "project",
+        cache,
+        upstream,
+        "1.1",
+        upstreamed=[FIX],
+        extra_pyproject=pytest_settings,
     )
     gpu_tests = project.root / "tests" / "gpu"
     gpu_tests.mkdir(parents=True)
@@ -53,7 +60,11 @@ def validated(tmp_path: Path, cache: Path, release_1_1: str, capsys) -> tuple[in
 def test_merged_as_is_gets_a_buggy_and_a_fixed_tree(
     tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err, work = validated(tmp_path, synthetic_cache, FIXED, capsys)
+    # No [tool.pytest.ini_options] in this project (was a KeyError): pytest's defaults.
+    code, err, work = validated(tmp_path, synthetic_cache, FIXED, capsys, pytest_settings="")
+    assert (
+        work / "pytest.ini"
+    ).read_text() == "[pytest]\naddopts = \nmarkers =\nfilterwarnings =\n"
     assert (code, err) == (
         0,
         "tree pristine-1.1: trees/pristine-1.1\n"
