@@ -170,7 +170,11 @@ def make_bundle(
         (root / "run.sh").write_text(RUN_SH.format(kit=KIT_NAME), encoding="utf-8")
         trees = "\n".join(
             f"  {s.name}: "
-            + ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+            + (
+                f"not built: {s.skipped}"
+                if s.skipped
+                else ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+            )
             for s in built.specs
         )
         readme = README.format(archive=archive.name, name=NAME, trees=trees)

@@ -191,14 +191,20 @@ class Repo:
             self.run(*args, "-", env=env, stdin=patch)
             return self.run("write-tree", env=env).strip()
 
-    def check_apply(self, tree: str, patch: bytes) -> tuple[bool, str]:
-        """Whether `patch` applies to `tree` with no fuzz, and git's words about it."""
+    def check_apply(self, tree: str, patch: bytes, *, reverse: bool = False) -> tuple[bool, str]:
+        """Whether `patch` applies to `tree` (is undone from it, with `reverse`) with no fuzz,
+        and git's words about it."""
         with self._temp_index() as env:
             self.run("read-tree", tree, env=env)
+            args = [
+                "apply",
+                "--cached",
+                "--check",
+                "--verbose",
+                *(["--reverse"] if reverse else []),
+            ]
             try:
-                out = self.run(
-                    "apply", "--cached", "--check", "--verbose", "-", env=env, stdin=patch
-                )
+                out = self.run(*args, "-", env=env, stdin=patch)
                 return True, out
             except GitError as exc:
                 return False, str(exc)

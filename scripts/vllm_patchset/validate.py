@@ -7,7 +7,10 @@ Trees, each a pure-Python `vllm/` package with the metadata vLLM's platform dete
 - for each patch that upstream merged (`patches/upstreamed/`): `buggy-<n>`, the release that
   merged it with the patch reversed (the code that still had the bug: for fix 1, v0.21.0 with
   vLLM PR #41630 reverted, a faithful nightly), where its regression tests must fail, and
-  `fixed-<n>`, that tree with the patch applied, where they must pass.
+  `fixed-<n>`, that tree with the patch applied, where they must pass. A patch that does not
+  reverse on that release (upstream fixed the bug in other words: `rebase --resolve-upstream`
+  archives such patches) has no buggy tree: the manifest and the report name the tree as not
+  built, with that reason, and the run goes on.
 
 The run itself is gpurun.py (standard library only), so that `vllm-patchset bundle` can ship
 the same trees, manifest and checker to a GPU host without network. With `--kit DIR` (a
@@ -63,8 +66,9 @@ def _add_metadata(tree: Path, version: str) -> None:
 def _write_pytest_ini(project: Project, root: Path) -> None:
     """The project's pytest settings, so that the run's rootdir (and its node ids, as the
     manifest and the patches' trailers name them) is `root` wherever it lies."""
-    settings = tomllib.loads(project.pyproject.read_text("utf-8"))["tool"]["pytest"]
-    options = settings["ini_options"]
+    settings = tomllib.loads(project.pyproject.read_text("utf-8"))
+    # A project without pytest settings of its own runs tests/gpu with pytest's defaults.
+    options = settings.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]", f"addopts = {options.get('addopts', '')}"]
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
@@ -110,7 +114,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
 
     for patch in patches:
         if patch.key.startswith("upstreamed/"):
-            specs.extend(_upstreamed_trees(mirror, patch, trees))
+            specs.extend(_upstreamed_trees(mirror, pin, patch, trees))
 
     shutil.copytree(
         project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__")
@@ -120,13 +124,28 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
     return BuiltTrees(root, tuple(specs))
 
 
-def _upstreamed_trees(mirror: Mirror, patch: Patch, trees: Path) -> list[gpurun.TreeSpec]:
+def _upstreamed_trees(
+    mirror: Mirror, pin: Upstream, patch: Patch, trees: Path
+) -> list[gpurun.TreeSpec]:
     release = patch.trailers.applied_upstream
     if not is_version(release):
         raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
-    merged: Upstream = mirror.release(release)
+    # Right after a rebase archives a fix, the release that merged it is the pin itself.
+    merged: Upstream = pin if pin.version == release else mirror.release(release)
     tests = patch.trailers.regression_tests
-    buggy = mirror.repo.apply_to_tree(mirror.repo.tree_of(merged.commit), patch.raw, reverse=True)
+    released = mirror.repo.tree_of(merged.commit)
+    reverses, _ = mirror.repo.check_apply(released, patch.raw, reverse=True)
+    if not reverses:
+        # Upstream fixed the bug in other words (`rebase --resolve-upstream` archives such a
+        # patch): there is no tree with the bug to show the regression tests red on.
+        name = f"buggy-{_short(patch)}-{release}"
+        why = (
+            f"{patch.key} does not reverse on {release} (upstream fixed the bug in other"
+            " words): no tree with the bug to run its regression tests on"
+        )
+        expectations = tuple(gpurun.Expectation(t, "red", why) for t in tests)
+        return [gpurun.TreeSpec(name, f"trees/{name}", tests, expectations, skipped=why)]
+    buggy = mirror.repo.apply_to_tree(released, patch.raw, reverse=True)
     fixed = mirror.repo.apply_to_tree(buggy, patch.raw)
     specs = []
     for kind, git_tree, expect, applied in (
@@ -210,7 +229,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     with progress("validate: building the trees"):
         built = build_trees(project, work)
     for spec in built.specs:
-        print(f"tree {spec.name}: {spec.path}", file=sys.stderr)
+        where = f"skipped: {spec.skipped}" if spec.skipped else spec.path
+        print(f"tree {spec.name}: {where}", file=sys.stderr)
     native = None
     if args.kit is not None:
         try:
