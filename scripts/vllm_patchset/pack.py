@@ -64,9 +64,10 @@ class Metadata:
     def from_pyproject(path: Path) -> Metadata:
         table = tomllib.loads(path.read_text("utf-8"))["project"]
         headers = [("Summary", str(table.get("description", "")))]
-        license = table.get("license", {})
-        if isinstance(license, dict) and license.get("text"):
-            headers.append(("License", str(license["text"])))
+        license = table.get("license", {})  # an SPDX string, or the older {text = "..."}
+        text = license.get("text") if isinstance(license, dict) else license
+        if text:
+            headers.append(("License", str(text)))
         if table.get("requires-python"):
             headers.append(("Requires-Python", str(table["requires-python"])))
         headers += [("Requires-Dist", str(r)) for r in table.get("dependencies", [])]
