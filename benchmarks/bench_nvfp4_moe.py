@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
         triton=triton.__version__,
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         reps=args.reps,
         method=__doc__.split("Method: ")[1].split("\n\nOutput")[0],
     )

@@ -16,11 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 from support import REPO
 from vllm_install import (
     LOCK,

@@ -17,11 +17,11 @@ import hashlib
 import importlib.metadata
 import io
 import re
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
 from packaging.version import Version
 
 from vllm_patchset import fsio

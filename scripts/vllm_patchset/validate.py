@@ -25,11 +25,10 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 from vllm_patchset import fsio, gpurun, kitparts
 from vllm_patchset.config import Project
