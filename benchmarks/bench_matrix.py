@@ -70,7 +70,7 @@ def main() -> int:
         walk_s.append(time.perf_counter() - started)
 
     figures = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

@@ -6,7 +6,9 @@ an upstream release's emulation, and the NVFP4 weight-read bound.
 Each DIR holds a pure-Python (or installed-layout) ``vllm/`` package. Two vLLM trees cannot
 be one ``vllm`` package in one process, so every tree runs in its own subprocess (this file
 with ``--worker``) and the parent merges their rows. Without vLLM's compiled extensions the
-workers use the capture-safe stand-ins of tests/gpu/standins.py, for every tree alike.
+workers use the capture-safe stand-ins of tests/gpu/standins.py, for every tree alike. The layer,
+its weights and the capture come from tests/gpu (moe_setup.py, cuda_graphs.py), the reference
+from tests/gpu/nvfp4_reference.py: what the GPU tests check is what is timed here.
 
 Method: each implementation's ``experts.apply`` for one MoE layer (E experts, top-k, BF16
 input), same random NVFP4 weights and routing (seeded) in every tree. Before each timed call
@@ -25,9 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,63 +57,6 @@ class Tree:
 # --------------------------------------------------------------------------- worker
 
 
-def _import_vllm(tree: Path):
-    sys.path.insert(0, str(GPU_TESTS))
-    import standins
-
-    sys.path.insert(0, str(tree))
-    native = standins.has_compiled_extensions(tree / "vllm")
-    if not native:
-        standins.install()
-    import vllm
-
-    assert Path(vllm.__file__).is_relative_to(tree), vllm.__file__
-    return vllm, "native" if native else "standin"
-
-
-def _time_us(fn, reps: int, graph: bool, flush) -> float:
-    import torch
-
-    fn()  # compile, autotune, grow caches: outside the timing and the capture
-    if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        fn = g.replay
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        if not graph:
-            torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in times)
-
-
-def _copy_bandwidth() -> float:
-    import torch
-
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * src.numel() * 10 / (start.elapsed_time(end) / 1000.0)
-
-
 def worker(
     tree: Path,
     kinds: dict[str, str],
@@ -122,113 +65,32 @@ def worker(
     out: Path,
     measure_bandwidth: bool,
 ) -> None:
+    sys.path.insert(0, str(GPU_TESTS))
+    import moe_setup
     import torch
+    from cuda_graphs import l2_flush_buffer, time_us
+    from nvfp4_reference import nvfp4_moe_reference
 
-    vllm, mode = _import_vllm(tree)
-    import nvfp4_moe_reference as ref
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (
-        FUSED_MOE_UNQUANTIZED_CONFIG,
-        FusedMoEConfig,
-        FusedMoEParallelConfig,
-        RoutingMethodType,
-        nvfp4_moe_quant_config,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
-        Nvfp4QuantizationEmulationTritonExperts,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
-
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    result = {"vllm": vllm.__version__, "mode": mode, "rows": []}
+    vllm = moe_setup.import_vllm(tree)
+    flush = l2_flush_buffer()
+    result = {"vllm": vllm.module.__version__, "mode": vllm.mode, "rows": []}
     if measure_bandwidth:
         result["bandwidth"] = _copy_bandwidth()
-    for shape in ref.SHAPES:
-        moe = ref.make_moe(shape)
-        moe_config = FusedMoEConfig(
-            num_experts=shape.experts,
-            experts_per_token=shape.top_k,
-            hidden_dim=shape.hidden,
-            intermediate_size=shape.intermediate,
-            num_local_experts=shape.experts,
-            num_logical_experts=shape.experts,
-            moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-            activation=MoEActivation.SILU,
-            in_dtype=torch.bfloat16,
-            device="cuda",
-            routing_method=RoutingMethodType.TopK,
-            max_num_tokens=max(tokens),
-        )
+    for shape in moe_setup.SHAPES:
+        moe = moe_setup.make_moe(shape)
         for label, kind in kinds.items():
             if kind == "bf16":
-                w1 = torch.stack(
-                    [
-                        ref.dequantize(moe.w13[e], moe.w13_scale[e], moe.w13_gscale[e]).to(
-                            torch.bfloat16
-                        )
-                        for e in range(shape.experts)
-                    ]
-                )
-                w2 = torch.stack(
-                    [
-                        ref.dequantize(moe.w2[e], moe.w2_scale[e], moe.w2_gscale[e]).to(
-                            torch.bfloat16
-                        )
-                        for e in range(shape.experts)
-                    ]
-                )
-                experts = TritonExperts(moe_config, FUSED_MOE_UNQUANTIZED_CONFIG)
+                experts = moe_setup.bf16_triton_experts(moe, shape, max(tokens))
             else:
-                w1, w2 = moe.w13, moe.w2
-                quant_config = nvfp4_moe_quant_config(
-                    g1_alphas=moe.w13_gscale,
-                    g2_alphas=moe.w2_gscale,
-                    a1_gscale=moe.a13_gscale,
-                    a2_gscale=moe.a2_gscale,
-                    w1_scale=moe.w13_scale,
-                    w2_scale=moe.w2_scale,
-                )
-                experts = Nvfp4QuantizationEmulationTritonExperts(moe_config, quant_config)
+                experts = moe_setup.nvfp4_emulation_experts(moe, shape, max(tokens))
             for t in tokens:
-                hidden, topk_weights, topk_ids = ref.make_routing(t, shape, seed=t)
-                ws13, ws2, out_shape = experts.workspace_shapes(
-                    t,
-                    2 * shape.intermediate,
-                    shape.hidden,
-                    shape.top_k,
-                    shape.experts,
-                    shape.experts,
-                    None,
-                    MoEActivation.SILU,
-                )
-                ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
-                ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
-                output = torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
-
-                call = functools.partial(
-                    experts.apply,
-                    output=output,
-                    hidden_states=hidden,
-                    w1=w1,
-                    w2=w2,
-                    topk_weights=topk_weights,
-                    topk_ids=topk_ids,
-                    activation=MoEActivation.SILU,
-                    global_num_experts=shape.experts,
-                    expert_map=None,
-                    a1q_scale=None,
-                    a2_scale=None,
-                    workspace13=ws13,
-                    workspace2=ws2,
-                    expert_tokens_meta=None,
-                    apply_router_weight_on_input=False,
-                )
-                call()
-                want = ref.reference_moe(moe, hidden, topk_weights, topk_ids).float()
-                rel_err = ((output.float() - want).norm() / want.norm()).item()
-                eager = _time_us(call, reps, graph=False, flush=flush)
-                graph = _time_us(call, reps, graph=True, flush=flush)
-                active = topk_ids.unique().numel()
+                layer = moe_setup.MoeLayer(moe, shape, t, experts, seed=t)
+                output = layer.apply().float()
+                want = nvfp4_moe_reference(moe, layer.hidden, layer.topk_weights, layer.topk_ids)
+                rel_err = ((output - want.float()).norm() / want.float().norm()).item()
+                eager = time_us(layer.run, reps, graph=False, flush=flush)
+                graph = time_us(layer.run, reps, graph=True, flush=flush)
+                active = layer.topk_ids.unique().numel()
                 result["rows"].append(
                     dict(
                         shape=shape.name,
@@ -249,8 +111,24 @@ def worker(
                     f"eager {eager:.1f} us, rel err {rel_err:.1e}",
                     flush=True,
                 )
+                del layer
                 torch.cuda.empty_cache()
     out.write_text(json.dumps(result))
+
+
+def _copy_bandwidth() -> float:
+    import torch
+
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 10 / (start.elapsed_time(end) / 1000.0)
 
 
 # --------------------------------------------------------------------------- parent
@@ -437,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
         triton=triton.__version__,
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         reps=args.reps,
         method=__doc__.split("Method: ")[1].split("\n\nOutput")[0],
     )

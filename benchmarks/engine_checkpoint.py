@@ -29,17 +29,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-BLOCK = 16
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+# The NVFP4 and FP8 quantizers are the GPU tests' reference (tests/gpu/nvfp4_reference.py):
+# what the checkpoint holds is what the tests check vLLM against.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+from nvfp4_reference import (
+    BLOCK,
+    E2M1_MAX,
+    E4M3_MAX,
+    dequantize,
+    quantize_fp8_per_expert,
+    quantize_weights,
+    weight_global_scale,
+)
+
 # Activation amax the static scales are calibrated for: RMS-normed hidden states (unit RMS,
 # 2048 wide) stay under 6; silu(gate) * up of unit-variance rows under 8.
 HIDDEN_AMAX = 6.0
@@ -112,56 +121,6 @@ def quant_config(fmt: str) -> dict[str, object] | None:
     return {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quantization}
 
 
-# -- NVFP4 and FP8 ----------------------------------------------------------------------------
-def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """4-bit E2M1 codes (sign in bit 3) of the nearest E2M1 value, ties to the even code."""
-    magnitude = x.abs().clamp(max=E2M1_MAX)
-    midpoints = torch.tensor(_E2M1_MIDPOINTS, device=x.device, dtype=magnitude.dtype)
-    code = torch.bucketize(magnitude, midpoints)  # a tie lands on the lower code
-    tie = magnitude == midpoints[code.clamp(max=len(_E2M1_MIDPOINTS) - 1)]
-    code = code + (tie & (code % 2 == 1)).long()
-    return (code | torch.where(x < 0, 8, 0)).to(torch.uint8)
-
-
-def quantize_nvfp4(
-    w: torch.Tensor, weight_scale_2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] FP32 -> packed codes uint8 [..., N, K / 2] and block scales E4M3
-    [..., N, K / 16], for the global scale `weight_scale_2` (broadcast over [..., N, K / 16])."""
-    blocks = w.float().unflatten(-1, (-1, BLOCK))
-    amax = blocks.abs().amax(dim=-1)
-    scale = (amax / E2M1_MAX / weight_scale_2).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
-    step = (scale.float() * weight_scale_2).unsqueeze(-1)
-    scaled = torch.where(step == 0, torch.zeros_like(blocks), blocks / step)
-    codes = e2m1_codes(scaled).flatten(-2)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return packed, scale
-
-
-def dequantize_nvfp4(
-    packed: torch.Tensor, scale: torch.Tensor, weight_scale_2: torch.Tensor
-) -> torch.Tensor:
-    """The inverse of quantize_nvfp4, in FP32: e2m1 * scale * weight_scale_2."""
-    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2).long()
-    table = torch.tensor(E2M1_VALUES, device=packed.device)
-    values = table[codes & 7] * (1.0 - 2.0 * (codes >> 3))
-    step = scale.float() * weight_scale_2
-    return values * step.repeat_interleave(BLOCK, dim=-1)
-
-
-def nvfp4_global_scale(*weights: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's weight_scale_2 per expert: amax / (6 * 448), over every weight given (gate
-    and up share one). Weights are [E, N, K]; the result is [E, 1, 1]."""
-    amax = torch.stack([w.abs().amax(dim=(-2, -1)) for w in weights]).amax(dim=0)
-    return (amax / (E2M1_MAX * E4M3_MAX)).reshape(-1, 1, 1)
-
-
-def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor FP8 of each expert of [E, N, K]: (E4M3 weights, fp32 scales [E])."""
-    scale = w.abs().amax(dim=(-2, -1)) / E4M3_MAX
-    return (w / scale[:, None, None]).to(torch.float8_e4m3fn), scale
-
-
 # -- the weights --------------------------------------------------------------------------------
 def _normal(gen: torch.Generator, device: str, *shape: int) -> torch.Tensor:
     """N(0, 1 / fan_in): every projection keeps its input's scale."""
@@ -222,21 +181,21 @@ def layer_tensors(model: MoeModel, layer: int, fmt: str, device: str) -> dict[st
     out = {name: w.to(torch.bfloat16) for name, w in weights.items()}
     if fmt == "fp8":
         for name, w in stacked.items():
-            q, scale = quantize_fp8(w)
+            q, scale = quantize_fp8_per_expert(w)
             amax = INTERMEDIATE_AMAX if name == "down_proj" else HIDDEN_AMAX
             input_scale = torch.full((w.shape[0],), amax / E4M3_MAX, device=device)
             tensors = {"weight": q, "weight_scale": scale, "input_scale": input_scale}
             out.update(_experts(prefix, name, tensors))
         return out
     gscales = {
-        "gate_proj": nvfp4_global_scale(stacked["gate_proj"], stacked["up_proj"]),
-        "down_proj": nvfp4_global_scale(stacked["down_proj"]),
+        "gate_proj": weight_global_scale(stacked["gate_proj"], stacked["up_proj"]),
+        "down_proj": weight_global_scale(stacked["down_proj"]),
     }
     gscales["up_proj"] = gscales["gate_proj"].clone()  # one value, two tensors on disk
     for name, w in stacked.items():
-        packed, scale = quantize_nvfp4(w, gscales[name])
+        packed, scale = quantize_weights(w, gscales[name])
         if fmt == "bf16":
-            deq = dequantize_nvfp4(packed, scale, gscales[name]).to(torch.bfloat16)
+            deq = dequantize(packed, scale, gscales[name]).to(torch.bfloat16)
             out.update(_experts(prefix, name, {"weight": deq}))
             continue
         amax = INTERMEDIATE_AMAX if name == "down_proj" else HIDDEN_AMAX

@@ -8,7 +8,7 @@ compiled extensions the stand-ins of tests/gpu/standins.py are installed). Times
 (w13 with silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on both
 benchmark shapes and token counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before
 each replay, median of 20), checks the picked configs against the pure-torch
-reference (tests/gpu/nvfp4_moe_reference.py), and with --write-table rewrites that file's
+reference (tests/gpu/nvfp4_reference.py), and with --write-table rewrites the kernel module's
 ``_CONFIGS`` table with the picks. Candidates compile in parallel processes first.
 
 Pick per token bucket: for each GEMM the tile with the least sum over the two shapes of
@@ -24,7 +24,6 @@ import importlib
 import json
 import multiprocessing as mp
 import re
-import statistics
 import sys
 import time
 import types
@@ -35,8 +34,10 @@ import triton
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
-import nvfp4_moe_reference as R  # noqa: E402
+import moe_setup  # noqa: E402
 import standins  # noqa: E402
+from cuda_graphs import l2_flush_buffer, time_us  # noqa: E402
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, quant_dequant  # noqa: E402
 
 # Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
 GROUPS = {
@@ -108,12 +109,8 @@ KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_mo
 
 
 def load_kernel_module(tree: Path) -> types.ModuleType:
-    if not standins.has_compiled_extensions(tree / "vllm"):
-        standins.install()
-    sys.path.insert(0, str(tree))
-    module = importlib.import_module(KERNEL_MODULE)
-    assert Path(module.__file__).is_relative_to(tree), module.__file__
-    return module
+    moe_setup.import_vllm(tree)
+    return importlib.import_module(KERNEL_MODULE)
 
 
 K: types.ModuleType  # the kernel module, set by main() and by each compile process
@@ -146,7 +143,7 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
         sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, moe.w13.size(0))
     a1, a1_gscale = hidden, moe.a13_gscale
     if not cfg.fuse_a1_qdq:
-        a1, a1_gscale = R.quant_dequant(hidden, moe.a13_gscale).to(hidden.dtype), None
+        a1, a1_gscale = quant_dequant(hidden, moe.a13_gscale).to(hidden.dtype), None
     act = torch.empty(pairs, moe.w2.size(2) * 2, dtype=hidden.dtype, device=hidden.device)
     K.invoke_nvfp4_moe_gemm(
         a1,
@@ -191,10 +188,10 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
 class Case:
     """One shape and token count: weights, routing, aligned ids, static buffers."""
 
-    def __init__(self, moe: R.Nvfp4Moe, shape: R.MoeShape, tokens: int):
+    def __init__(self, moe: Nvfp4Moe, shape: moe_setup.MoeShape, tokens: int):
         self.moe, self.shape, self.tokens = moe, shape, tokens
-        self.hidden, self.tw, self.tids = R.make_routing(tokens, shape, seed=tokens)
-        self.hidden_qdq = R.quant_dequant(self.hidden, moe.a13_gscale).to(torch.bfloat16)
+        self.hidden, self.tw, self.tids = moe_setup.random_inputs(tokens, shape, seed=tokens)
+        self.hidden_qdq = quant_dequant(self.hidden, moe.a13_gscale).to(torch.bfloat16)
         self.pairs = tokens * shape.top_k
         self.act = torch.randn(self.pairs, shape.intermediate, device="cuda").to(torch.bfloat16)
         self.act_out = torch.empty_like(self.act)
@@ -249,7 +246,7 @@ class Case:
 
 def all_tasks() -> list[tuple]:
     tasks = []
-    for shape in R.SHAPES:
+    for shape in moe_setup.SHAPES:
         for t, groups in GROUPS.items():
             for bm, naive, qdq in groups:
                 tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
@@ -259,9 +256,9 @@ def all_tasks() -> list[tuple]:
 
 def make_cases(names=None) -> dict:
     cases = {}
-    for shape in R.SHAPES:
+    for shape in moe_setup.SHAPES:
         if names is None or shape.name in names:
-            moe = R.make_moe(shape)
+            moe = moe_setup.make_moe(shape)
             for t in GROUPS:
                 cases[shape.name, t] = Case(moe, shape, t)
     return cases
@@ -286,26 +283,8 @@ def time_graph(fn, reps: int = 20) -> float:
     """Median µs of a CUDA graph replay of fn, the L2 flushed before each replay."""
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    events = []
-    for _ in range(reps):
-        _FLUSH.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
+        _FLUSH = l2_flush_buffer()
+    return time_us(fn, reps, graph=True, flush=_FLUSH)
 
 
 def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
@@ -410,17 +389,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
 
-    shapes = [s.name for s in R.SHAPES]
+    shapes = [s.name for s in moe_setup.SHAPES]
     table, picks = {}, []
     for bound, (t, groups) in BUCKETS.items():
         totals, choice = pick(results, shapes, t, groups)
         table[bound] = choice
         naive, bm, qdq, w13, w2 = choice
         cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
-        for shape in R.SHAPES:
+        for shape in moe_setup.SHAPES:
             c = cases[shape.name, t]
             got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg).float()
-            want = R.reference_moe(c.moe, c.hidden, c.tw, c.tids).float()
+            want = nvfp4_moe_reference(c.moe, c.hidden, c.tw, c.tids).float()
             rel = ((got - want).norm() / want.norm()).item()
             picks.append(
                 dict(

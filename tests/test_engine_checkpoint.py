@@ -1,6 +1,6 @@
 """The engine check's checkpoint writer on the CPU: the files, names, shapes and dtypes vLLM
-0.24.0's ModelOpt loaders expect, and the NVFP4 packing and scales against the pure-torch
-dequantization that tests/gpu uses as its reference."""
+0.24.0's ModelOpt loaders expect, and the NVFP4 packing and scales (the writer quantizes with
+tests/gpu's pure-torch reference, tests/gpu/nvfp4_reference.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 import engine_checkpoint as ckpt  # noqa: E402
-from nvfp4_moe_reference import dequantize as reference_dequantize  # noqa: E402
+import nvfp4_reference  # noqa: E402
 
 TINY = ckpt.MoeModel(
     layers=2, experts=4, hidden=64, intermediate=32, top_k=2, vocab=128, heads=4, kv_heads=2,
@@ -173,7 +173,7 @@ def test_nvfp4_round_trip(models: Path) -> None:
             for e in range(E):
                 q = f"{p}.{e}.{name}"
                 step = nvfp4[f"{q}.weight_scale"].float() * nvfp4[f"{q}.weight_scale_2"]
-                deq = reference_dequantize(
+                deq = nvfp4_reference.dequantize(
                     nvfp4[f"{q}.weight"], nvfp4[f"{q}.weight_scale"], nvfp4[f"{q}.weight_scale_2"]
                 )
                 assert torch.equal(deq.to(BF16), bf16[f"{q}.weight"]), q
@@ -199,12 +199,12 @@ def test_nvfp4_packing_by_hand() -> None:
     row = torch.tensor(
         [6.0, -6.0, 0.5, 1.0, 0.0, -0.5, 1.5, 2.0, 3.0, 4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 5.0]
     )
-    packed, scale = ckpt.quantize_nvfp4(row.reshape(1, 16), torch.tensor(1.0))
+    packed, scale = nvfp4_reference.quantize_weights(row.reshape(1, 16), torch.tensor(1.0))
     assert scale.float().tolist() == [[1.0]]
     # codes: 7, 15, 1, 2, 0, 9, 3, 4, 5, 6, then ties 0.25->0, 0.75->2, 1.25->2, 1.75->4,
     # 2.5->4, 5.0->6
     assert packed.tolist() == [[0xF7, 0x21, 0x90, 0x43, 0x65, 0x20, 0x42, 0x64]]
-    back = ckpt.dequantize_nvfp4(packed, scale, torch.tensor(1.0))
+    back = nvfp4_reference.dequantize(packed, scale, torch.tensor(1.0))
     assert back.tolist() == [
         [6.0, -6.0, 0.5, 1.0, 0.0, -0.5, 1.5, 2.0, 3.0, 4.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0]
     ]

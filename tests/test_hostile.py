@@ -773,7 +773,7 @@ def test_revert_json_reports_the_files_as_left_and_a_refused_apply_prints_json(
     )
     assert (code, json.loads(out), err) == (
         1,
-        {"ok": False, "command": "apply", "error": error, "exit_code": 1},
+        {"ok": False, "command": "overlay apply", "exit_code": 1, "error": error},
         f"vllm-patchset: {error}\n",
     )
 

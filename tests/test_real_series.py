@@ -105,6 +105,9 @@ def test_states_on_a_nightly_like_base(
 def test_status_and_check_on_the_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, "--project", str(project.root), "status", "--json")
     assert doc == {
+        "ok": True,
+        "command": "status",
+        "exit_code": 0,
         "pin": "0.24.0",
         "patches": {ARCHIVED_FIX1: "upstream", FIX2: "applies", NVFP4: "applies"},
         "disagreements": {ARCHIVED_FIX1: [], FIX2: [], NVFP4: []},

@@ -609,6 +609,9 @@ def test_releases(
     use_index(tiny, index_url)
     assert main(["--project", str(tiny.root), "releases", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
+        "ok": True,
+        "command": "releases",
+        "exit_code": 0,
         "pin": "1.0",
         "releases": releases,
         "newest": releases[-1],

@@ -100,6 +100,9 @@ def test_matrix_on_git_refs(
 def test_status_and_check_on_the_pin(tiny: Project, capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, "--project", str(tiny.root), "status", "--json")
     assert doc == {
+        "ok": True,
+        "command": "status",
+        "exit_code": 0,
         "pin": "1.0",
         "patches": {ARCHIVED: "upstream", FIX: "applies", LOCAL: "applies"},
         "disagreements": {ARCHIVED: [], FIX: [], LOCAL: []},

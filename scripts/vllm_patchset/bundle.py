@@ -21,6 +21,7 @@ from pathlib import Path
 
 from vllm_patchset import gpurun, kitparts
 from vllm_patchset.config import Project
+from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, Finding, by_exit_code
 from vllm_patchset.validate import build_trees
 
@@ -159,15 +160,21 @@ def make_bundle(
             raise by_exit_code(str(exc), exc.exit_code) from None
     with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
         root = Path(tmp) / NAME
-        built = build_trees(project, root)
+        with progress("bundle: building the trees"):
+            built = build_trees(project, root)
         shutil.copy2(Path(gpurun.__file__), root / "gpurun.py")
         shutil.copy2(Path(kitparts.__file__), root / "kitparts.py")
         if wheels:
-            download_wheels(root / "wheels", python_version)
+            with progress("bundle: downloading the wheels"):
+                download_wheels(root / "wheels", python_version)
         (root / "run.sh").write_text(RUN_SH.format(kit=KIT_NAME), encoding="utf-8")
         trees = "\n".join(
             f"  {s.name}: "
-            + ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+            + (
+                f"not built: {s.skipped}"
+                if s.skipped
+                else ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+            )
             for s in built.specs
         )
         readme = README.format(archive=archive.name, name=NAME, trees=trees)
@@ -178,6 +185,7 @@ def make_bundle(
         # together to little more than one.
         try:
             with (
+                progress(f"bundle: compressing {archive.name}"),
                 lzma.open(partial, "wb", preset=level) as xz,
                 tarfile.open(fileobj=xz, mode="w") as tar,
             ):
@@ -190,7 +198,8 @@ def make_bundle(
         partial.unlink()
         raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
     if kit is not None:
-        shutil.copytree(kit, kit_copy)
+        with progress(f"bundle: copying the kit to {kit_copy}"):
+            shutil.copytree(kit, kit_copy)
     partial.replace(archive)
     return archive
 
@@ -219,8 +228,17 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         level=args.level,
         kit=args.kit,
     )
-    print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
-    if args.kit is not None:
-        print(f"wrote {archive.with_name(KIT_NAME)} (the kit's parts: copy them beside it)")
-    print(f"on the GPU host: tar -xJf {archive.name} && sh {NAME}/run.sh")
-    return 0
+    size = archive.stat().st_size
+    lines = [f"wrote {archive} ({size / 2**20:.1f} MiB)"]
+    kit_copy = archive.with_name(KIT_NAME) if args.kit is not None else None
+    if kit_copy is not None:
+        lines.append(f"wrote {kit_copy} (the kit's parts: copy them beside it)")
+    run = f"tar -xJf {archive.name} && sh {NAME}/run.sh"
+    lines.append(f"on the GPU host: {run}")
+    body = {
+        "archive": str(archive),
+        "size": size,
+        "kit": str(kit_copy) if kit_copy else None,
+        "run": run,
+    }
+    return emit(args, "\n".join(lines), body)

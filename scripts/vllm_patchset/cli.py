@@ -10,16 +10,19 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn, cast
 
 from packaging.version import Version
 
-from vllm_patchset import bundle, deploy, fsio, kit, rebase, validate
+from vllm_patchset import bundle, deploy, fsio, kit, pack, rebase, validate
 from vllm_patchset.checks import lock_freshness, problems, project_series
 from vllm_patchset.config import Project
+from vllm_patchset.console import colours, emit, print_json, progress
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.overlay import (
     build_overlay,
@@ -68,28 +71,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     reasons = {f"{project.parked_file.parent.name}/{n}": r for n, r in _parked(project)}
     freshness = lock_freshness(project, mirror, result)
     verdicts = [*result.verdicts, *parked]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "pin": project.pin,
-                    "patches": {v.patch: v.state.value for v in verdicts},
-                    "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
-                    "parked": reasons,
-                    "lock": freshness,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(f"pin: {project.package} {project.pin}")
-        for verdict in verdicts:
-            why = f" (parked: {reasons[verdict.patch]})" if verdict.patch in reasons else ""
-            print(f"  {verdict.patch}: {state_cell(verdict)}{why}")
-            for note in verdict.disagreements:
-                print(f"    * {note}")
-        print(f"lock: {freshness}")
-    return 0 if freshness == "fresh" else 1
+    lines = [f"pin: {project.package} {project.pin}"]
+    for verdict in verdicts:
+        why = f" (parked: {reasons[verdict.patch]})" if verdict.patch in reasons else ""
+        lines.append(f"  {verdict.patch}: {state_cell(verdict)}{why}")
+        lines += [f"    * {note}" for note in verdict.disagreements]
+    lines.append(f"lock: {freshness}")
+    body = {
+        "pin": project.pin,
+        "patches": {v.patch: v.state.value for v in verdicts},
+        "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
+        "parked": reasons,
+        "lock": freshness,
+    }
+    return emit(args, "\n".join(lines), body, 0 if freshness == "fresh" else 1)
 
 
 def _parked(project: Project) -> list[tuple[str, str]]:
@@ -103,8 +98,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for problem in found:
         print(problem, file=sys.stderr)
     n = len(series.active) + len(series.upstreamed) + len(series.parked)
-    print(f"check: {n} patches, {len(found)} problem(s)")
-    return 1 if found else 0
+    text = f"check: {n} patches, {len(found)} problem(s)"
+    return emit(args, text, {"patches": n, "problems": found}, 1 if found else 0)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
@@ -118,19 +113,24 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             "--ref REF goes with --git URL|PATH" if args.ref else "--git needs --ref REF"
         )
     versions = sort_versions(dict.fromkeys(check_version(v) for v in args.versions))
-    bases: list[Upstream] = [mirror.release(v) for v in versions]
-    bases += [mirror.git_ref(args.git, ref) for ref in args.ref or []]
-    if not bases:
+    if not versions and not args.ref:
         raise BadInput("matrix needs at least one VERSION (or --git URL --ref REF)")
-    columns: dict[str, Sequence[Verdict]] = {
-        base.label: walk(mirror, base, patches).verdicts for base in bases
-    }
+    todo = [(v, None) for v in versions] + [(ref, args.git) for ref in args.ref or []]
+    columns: dict[str, Sequence[Verdict]] = {}
+    with progress("matrix", total=len(todo)) as step:
+        for name, git in todo:
+            step.describe(f"matrix: {name}")
+            base = mirror.git_ref(git, name) if git else mirror.release(name)
+            columns[base.label] = walk(mirror, base, patches).verdicts
+            step.advance()
     elapsed = time.perf_counter() - started
-    print(matrix_json(columns) if args.json else matrix_table(columns))
+    text = matrix_table(columns, colour=colours())
+    code = emit(args, text, json.loads(matrix_json(columns)))
     print(
-        f"matrix: {len(bases)} trees x {len(patches)} patches in {elapsed:.1f} s", file=sys.stderr
+        f"matrix: {len(columns)} trees x {len(patches)} patches in {elapsed:.1f} s",
+        file=sys.stderr,
     )
-    return 0
+    return code
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
@@ -141,12 +141,9 @@ def cmd_releases(args: argparse.Namespace) -> int:
         if pin is None:
             raise BadInput(f"the pin {project.pin} is not a release version")
         releases = [v for v in releases if Version(v) > pin]
-    if args.json:
-        newest = releases[-1] if releases else None
-        print(json.dumps({"pin": project.pin, "releases": releases, "newest": newest}, indent=2))
-    else:
-        print("\n".join(releases))
-    return 0
+    newest = releases[-1] if releases else None
+    body = {"pin": project.pin, "releases": releases, "newest": newest}
+    return emit(args, "\n".join(releases), body)
 
 
 # -- upstream / overlay / tree -----------------------------------------------------------------
@@ -158,8 +155,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         upstream = mirror.installed(args.python, args.target)
     else:
         upstream = resolve_base(project, mirror, args.version, args.git, args.ref)
-    print(f"{upstream.label}: {upstream.tag} {upstream.commit[:12]} ({upstream.source})")
-    return 0
+    text = f"{upstream.label}: {upstream.tag} {upstream.commit[:12]} ({upstream.source})"
+    body = {
+        "label": upstream.label,
+        "version": upstream.version,
+        "tag": upstream.tag,
+        "commit": upstream.commit,
+        "source": upstream.source,
+    }
+    return emit(args, text, body)
 
 
 def _base(project: Project, args: argparse.Namespace) -> Upstream:
@@ -170,118 +174,290 @@ def _base(project: Project, args: argparse.Namespace) -> Upstream:
 def cmd_overlay_build(args: argparse.Namespace) -> int:
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
-    base = _base(project, args)
-    lock, where = build_overlay(
-        project, update_lock=args.update_lock, base=base, out_dir=args.out, skip=tuple(args.skip)
-    )
-    print(f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}")
-    for entry in lock.entries:
-        print(f"  {entry.path} {entry.patched_sha256[:12]} <- {', '.join(entry.patches)}")
-    return 0
+    with progress("overlay build: the upstream tree") as step:
+        base = _base(project, args)
+        step.describe(f"overlay build: patching {base.label}")
+        lock, where = build_overlay(
+            project,
+            update_lock=args.update_lock,
+            base=base,
+            out_dir=args.out,
+            skip=tuple(args.skip),
+        )
+    lines = [
+        f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}"
+    ]
+    lines += [f"  {e.path} {e.patched_sha256[:12]} <- {', '.join(e.patches)}" for e in lock.entries]
+    body = {
+        "version": lock.version,
+        "dir": str(where),
+        "patches": list(lock.patches),
+        "files": [
+            {"path": e.path, "patched_sha256": e.patched_sha256, "patches": list(e.patches)}
+            for e in lock.entries
+        ],
+    }
+    return emit(args, "\n".join(lines), body)
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
-    dest = export_tree(project, _base(project, args), args.dest, pristine=args.pristine)
-    print(f"wrote {'pristine' if args.pristine else 'patched'} tree to {dest}")
-    return 0
+    kind = "pristine" if args.pristine else "patched"
+    with progress(f"tree: writing a {kind} tree"):
+        dest = export_tree(project, _base(project, args), args.dest, pristine=args.pristine)
+    return emit(args, f"wrote {kind} tree to {dest}", {"dest": str(dest), "kind": kind})
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = import_queue(_project(args), force=args.force)
-    print(f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}")
-    return 0
+    text = f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}"
+    body = {"path": str(info.path), "base": info.base, "patches": list(info.patches)}
+    return emit(args, text, body)
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = export_queue(_project(args), keep=not args.drop)
-    print(f"exported {len(info.patches)} patch(es) to patches/")
-    return 0
+    body = {"patches": list(info.patches)}
+    return emit(args, f"exported {len(info.patches)} patch(es) to patches/", body)
 
 
 # -- parser ------------------------------------------------------------------------------------
+DESCRIPTION = (
+    "Carry bug fixes on top of a pinned vLLM release: keep them as a patch series, build the"
+    " hash-locked overlay, apply it to the vLLM of a serving image, and rebase the series onto"
+    " new vLLM releases."
+)
+EXIT_CODES = """\
+exit codes:
+  0        success
+  1        a finding: a mismatch, a conflict, drift, a decision needed
+  2        bad usage or input (nothing was changed)
+  130, 143 interrupted (SIGINT, SIGTERM): the message says what the run left
+  141      the reader of stdout went away
+--project, --cache-dir, --verbose and --json go before or after the subcommand."""
+
+
+class UsageError(BadInput):
+    """A command line argparse refuses, or a command group given without its subcommand."""
+
+    def __init__(self, message: str, command: str) -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line through cli.main (and a JSON document with
+    --json) instead of a usage block and sys.exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise usage_error(self.prog.removeprefix("vllm-patchset").strip(), message)
+
+
+def usage_error(command: str, message: str) -> UsageError:
+    where = f"{command}: " if command else ""
+    hint = f"`vllm-patchset {command} --help`" if command else "`vllm-patchset --help`"
+    return UsageError(f"{where}{message} (see {hint})", command)
+
+
 def _add_base_options(parser: argparse.ArgumentParser, version_flag: str = "--base") -> None:
     parser.add_argument(
         version_flag, dest="base", metavar="VERSION", help="a vLLM release (default: the pin)"
     )
     parser.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")
-    parser.add_argument("--ref", metavar="REF", help="the ref of --git to use")
+    parser.add_argument("--ref", metavar="REF", help="the ref of --git to use (tag, branch)")
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """On the top parser with their defaults, on every subparser without: a value given after
+    the subcommand overrides, one not given there leaves the top's."""
+
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--project",
+        type=Path,
+        metavar="DIR",
+        default=default(None),
+        help="the vllm-patchset checkout (default: found from the current directory)",
+    )
+    group.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        default=default(None),
+        help="upstream mirror and downloads (default: $VLLM_PATCHSET_CACHE, else"
+        " ~/.cache/vllm-patchset)",
+    )
+    group.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="a traceback with an error, cosmetic notes in reports",
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help='one JSON document on stdout: "ok", "command", "exit_code", then the report'
+        ' (errors: "error")',
+    )
+
+
+def _finish(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+    """Below `parser`: every subcommand gets a description, the exit codes, the global options
+    and its name for JSON documents; a command group given alone shows its subcommands.
+
+    argparse keeps subcommands in a private attribute (`_actions`, `_choices_actions`): the
+    one place it is read."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        action.required = False
+        words = " ".join(("vllm-patchset", *path, "COMMAND"))
+        action.help = action.help or f"`{words} --help` shows a command's options"
+        parser.set_defaults(func=None, group=parser)
+        for choice in action._choices_actions:
+            sub = action.choices[choice.dest]
+            text = choice.help or ""
+            sub.description = sub.description or f"{text[:1].upper()}{text[1:]}."
+            sub.epilog = EXIT_CODES
+            sub.formatter_class = argparse.RawDescriptionHelpFormatter
+            _add_global_options(sub, top=False)
+            sub.set_defaults(command_name=" ".join((*path, choice.dest)))
+            _finish(sub, (*path, choice.dest))
+
+
+def _needs_subcommand(group: argparse.ArgumentParser, command: str) -> UsageError:
+    names = [
+        n for a in group._actions if isinstance(a, argparse._SubParsersAction) for n in a.choices
+    ]
+    what = f"{command}: a subcommand" if command else "a command"
+    return UsageError(f"{what} is needed: {', '.join(names)}", command)
+
+
+def version_line() -> str:
+    """`vllm-patchset --version`: the installed version (pip's), and the overlay it carries
+    (a wheel `overlay pack` built)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vllm_patchset import __version__
+
+    try:
+        installed = version("vllm-patchset")
+    except PackageNotFoundError:  # run from a source tree without an install
+        installed = __version__
+    packed = deploy.packaged_overlay()
+    if packed is None:
+        return f"vllm-patchset {installed}"
+    lock = packed.lock
+    return (
+        f"vllm-patchset {installed} (overlay for {lock.package} {lock.version}:"
+        f" {', '.join(lock.patches) or 'no patches'})"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-patchset", description=__doc__)
-    parser.add_argument("--project", type=Path, help="project root (default: found from cwd)")
-    parser.add_argument("--cache-dir", type=Path, help="upstream mirror and downloads")
-    parser.add_argument("--verbose", action="store_true", help="tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(
+        prog="vllm-patchset",
+        description=textwrap.fill(DESCRIPTION, 79),
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="print the version (and the overlay, for a wheel built by `overlay pack`)",
+    )
+    _add_global_options(parser, top=True)
+    parser.set_defaults(command_name="")
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", title="commands", metavar="COMMAND"),
+    )
 
-    p = sub.add_parser("status", help="the pin, each patch's state on it, lock freshness")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("status", help="the pin, each patch's state on it, the lock's freshness")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("check", help="CI lint: series, trailers, clean apply on the pin, lock")
+    p = sub.add_parser(
+        "check", help="CI lint: series and files, trailers, clean apply on the pin, lock fresh"
+    )
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("releases", help="releases on the package index, in PEP 440 order")
+    p = sub.add_parser("releases", help="the vLLM releases on the package index, oldest first")
     p.add_argument("--newer-than-pin", action="store_true", help="only those newer than the pin")
     p.add_argument("--pre", action="store_true", help="pre-releases too (rc, beta, dev)")
-    p.add_argument("--json", action="store_true", help='{"pin", "releases": [...], "newest"}')
     p.set_defaults(func=cmd_releases)
 
-    p = sub.add_parser("matrix", help="each patch's state on each version")
-    p.add_argument("versions", nargs="*", metavar="VERSION")
-    p.add_argument("--git", metavar="URL|PATH", help="add refs of this repository as columns")
-    p.add_argument("--ref", action="append", metavar="REF")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("matrix", help="each patch's state on each vLLM version")
+    p.add_argument("versions", nargs="*", metavar="VERSION", help="vLLM releases (e.g. 0.25.0)")
+    p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/, for --ref")
+    p.add_argument(
+        "--ref", action="append", metavar="REF", help="a ref of --git as one more row (repeat)"
+    )
     p.set_defaults(func=cmd_matrix)
 
-    p = sub.add_parser("fetch", help="put an upstream tree in the mirror")
-    p.add_argument("version", nargs="?")
-    p.add_argument("--git", metavar="URL|PATH")
-    p.add_argument("--ref", metavar="REF")
+    p = sub.add_parser("fetch", help="put an upstream vLLM tree in the local mirror")
+    p.add_argument("version", nargs="?", metavar="VERSION", help="a vLLM release from the index")
+    p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")
+    p.add_argument("--ref", metavar="REF", help="the ref of --git to fetch (tag, branch)")
     p.add_argument("--installed", action="store_true", help="the vllm of this interpreter")
     p.add_argument("--python", metavar="EXE", help="the vllm of another interpreter")
     p.add_argument("--target", type=Path, metavar="DIR", help="the vllm installed in DIR")
     p.set_defaults(func=cmd_fetch)
 
-    overlay = sub.add_parser("overlay", help="build, or deploy to an installed vllm")
-    osub = overlay.add_subparsers(dest="overlay_command", required=True)
+    overlay = sub.add_parser("overlay", help="build the overlay, or deploy it to an installed vllm")
+    osub: argparse._SubParsersAction[argparse.ArgumentParser] = overlay.add_subparsers(
+        dest="overlay_command", title="commands", metavar="COMMAND"
+    )
     p = osub.add_parser("build", help="regenerate overlay/vllm/** and check it against the lock")
     p.add_argument("--update-lock", action="store_true", help="rewrite the lock")
-    p.add_argument("--out", type=Path, help="output dir (default: overlay/ for the pin)")
-    p.add_argument("--skip", action="append", default=[], metavar="PATCH", help="leave it out")
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="output dir (default: overlay/ for the pin)"
+    )
+    p.add_argument(
+        "--skip", action="append", default=[], metavar="PATCH", help="leave a patch out (repeat)"
+    )
     _add_base_options(p, "--pin")
     p.set_defaults(func=cmd_overlay_build)
+    pack.register_cli(osub)
     deploy.register_cli(osub)
 
     p = sub.add_parser("tree", help="write a full pristine or patched vllm/ tree")
-    p.add_argument("dest", type=Path)
-    p.add_argument("--pristine", action="store_true")
+    p.add_argument("dest", type=Path, metavar="DEST", help="a new or empty directory")
+    p.add_argument("--pristine", action="store_true", help="upstream's tree, no patch applied")
     _add_base_options(p)
     p.set_defaults(func=cmd_tree)
 
-    queue = sub.add_parser("queue", help="edit the series as commits")
-    qsub = queue.add_subparsers(dest="queue_command", required=True)
-    p = qsub.add_parser("import", help="the series as commits on the pin in .queue/")
-    p.add_argument("--force", action="store_true", help="replace an existing queue")
+    queue = sub.add_parser("queue", help="edit the series as git commits")
+    qsub = queue.add_subparsers(dest="queue_command", title="commands", metavar="COMMAND")
+    p = qsub.add_parser("import", help="the series as commits on the pin, in .queue/")
+    p.add_argument("--force", action="store_true", help="replace a queue this tool made")
     p.set_defaults(func=cmd_queue_import)
-    p = qsub.add_parser("export", help="the queue's commits back to patches/")
+    p = qsub.add_parser("export", help="the queue's commits back to patches/ and patches/series")
     p.add_argument("--drop", action="store_true", help="remove the worktree afterwards")
     p.set_defaults(func=cmd_queue_export)
 
     # Commands of their own modules, wired here by import: a renamed module fails loudly.
     for module in (rebase, validate, bundle, kit):
         module.register_cli(sub)
+    _finish(parser, ())
     return parser
 
 
 def _writes_project(args: argparse.Namespace) -> bool:
-    """Commands that rewrite the checkout (patches/, the overlay, the pin) run one at a time."""
+    """Commands that rewrite the checkout (patches/, the overlay, the pin) or read the overlay
+    whole (pack) run one at a time."""
     command = (args.command, getattr(args, "overlay_command", None))
-    return args.command in ("rebase", "queue") or command == ("overlay", "build")
+    return args.command in ("rebase", "queue") or command in (
+        ("overlay", "build"),
+        ("overlay", "pack"),
+    )
 
 
 def _one_writer(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
@@ -304,15 +480,31 @@ def _unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
 codecs.register_error("vllm-patchset", _unencodable)
 
 
+def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int:
+    """The one line on stderr, and with --json the error as a document on stdout too."""
+    print(f"vllm-patchset: {message}", file=sys.stderr)
+    if as_json:
+        print_json(command, exit_code, {"error": message})
+    return exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="vllm-patchset")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler = args.func
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Until the line is parsed: what it asks for, as far as a refused line tells.
+    command, verbose, as_json = "", "--verbose" in argv, "--json" in argv
     with fsio.signals_raise():
         try:
+            args, extra = build_parser().parse_known_args(argv)
+            command, verbose, as_json = args.command_name, args.verbose, args.json
+            if extra:
+                raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")
+            if args.func is None:  # `vllm-patchset overlay`: its subcommands
+                args.group.print_help(sys.stderr)
+                raise _needs_subcommand(args.group, command)
+            handler: Handler = args.func
             with _one_writer(args):
                 code = handler(args)
             sys.stdout.flush()  # here, so that a closed pipe is seen inside the boundary
@@ -322,26 +514,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE
         except PatchsetError as exc:
-            if args.verbose:
+            if verbose and not isinstance(exc, UsageError):
                 traceback.print_exc()
             left = f"; {exc.left}" if exc.left else ""
-            print(f"vllm-patchset: {exc}{left}", file=sys.stderr)
-            return exc.exit_code
+            if isinstance(exc, UsageError):
+                command = exc.command
+            return _failed(f"{exc}{left}", exc.exit_code, command=command, as_json=as_json)
         except KeyboardInterrupt as exc:
             signum = exc.signum if isinstance(exc, fsio.Interrupted) else signal.SIGINT
             note = fsio.interrupted_note()
             left = f"; {note}" if note else ""
             name = signal.Signals(signum).name
-            print(f"vllm-patchset: interrupted ({name}){left}", file=sys.stderr)
-            return 128 + signum
+            message = f"interrupted ({name}){left}"
+            return _failed(message, 128 + signum, command=command, as_json=as_json)
         except OSError as exc:  # what no check foresaw (a disk that fails): still one line
-            if args.verbose:
+            if verbose:
                 traceback.print_exc()
             where = f": {exc.filename}" if exc.filename else ""
             note = fsio.interrupted_note()
             left = f"; {note}" if note else ""
-            print(f"vllm-patchset: {exc.strerror or exc}{where}{left}", file=sys.stderr)
-            return 1
+            message = f"{exc.strerror or exc}{where}{left}"
+            return _failed(message, 1, command=command, as_json=as_json)
 
 
 def run() -> None:

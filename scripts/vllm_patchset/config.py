@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 from vllm_patchset.errors import BadInput
 
@@ -45,12 +44,24 @@ class Project:
         return self.root / "pyproject.toml"
 
     @staticmethod
-    def find_root(start: Path) -> Path:
+    def discover(start: Path) -> Path | None:
+        """The checkout at or above `start`: the first dir whose pyproject.toml has
+        [tool.vllm-patchset]."""
         for folder in (start, *start.parents):
             pyproject = folder / "pyproject.toml"
             if pyproject.is_file() and "[tool.vllm-patchset]" in pyproject.read_text("utf-8"):
                 return folder
-        raise BadInput(f"no pyproject.toml with [tool.vllm-patchset] at or above {start}")
+        return None
+
+    @staticmethod
+    def find_root(start: Path) -> Path:
+        root = Project.discover(start)
+        if root is None:
+            raise BadInput(
+                f"not in a vllm-patchset checkout (no pyproject.toml with [tool.vllm-patchset]"
+                f" at or above {start}): run it in one, or pass --project DIR"
+            )
+        return root
 
     @staticmethod
     def load(root: Path | None = None, cache_dir: Path | None = None) -> Project:

@@ -17,6 +17,8 @@ forward to the end: originals are removed only after the last file is restored.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
 import json
 import os
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset import fsio
+from vllm_patchset.config import Project
+from vllm_patchset.console import colours, diff_line_style, emit, paint
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.fsio import (  # re-exported: the tests and the README name them here
     KILL_ENV,
@@ -103,7 +107,15 @@ def find_target(
         if not found.origin or not found.origin.endswith("__init__.py"):
             # where an uninstalled package may have left the state of an overlay
             left = [Path(d).resolve() for d in found.site_dirs if (Path(d) / STATE_DIR).is_dir()]
-            raise NoPackage(f"{exe} has no {package} package installed", next(iter(left), None))
+            hint = (
+                ""
+                if python
+                else ": this is vllm-patchset's own environment; name the serving one with"
+                " --python EXE (its interpreter) or --target DIR (the dir holding the package)"
+            )
+            raise NoPackage(
+                f"{exe} has no {package} package installed{hint}", next(iter(left), None)
+            )
         target_dir = Path(found.origin).parent.parent
         reported = found.version
     root = target_dir.resolve()
@@ -498,9 +510,6 @@ class Report:
     files: tuple[FileState, ...]
     notes: tuple[str, ...] = ()
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
     def text(self) -> str:
         lines = [
             f"overlay {self.command}: {self.outcome} ({self.target},"
@@ -563,7 +572,7 @@ def apply(
     _refuse_symlinked_state(target)
     _check_version(target, lock)
     paths = {e.path: package_path(target, e.path) for e in lock.entries}
-    overlay = _overlay_files(lock, overlay_dir)
+    overlay = overlay_files(lock, overlay_dir)
     pending = _pending(target)
     if dry_run and pending:
         return _would_repair("apply", target, lock)
@@ -675,7 +684,8 @@ def _plan_apply(
     return steps, files, notes
 
 
-def _overlay_files(lock: Lock, overlay_dir: Path) -> dict[str, bytes]:
+def overlay_files(lock: Lock, overlay_dir: Path) -> dict[str, bytes]:
+    """The overlay's patched files (in `overlay_dir`/vllm/…), each checked against the lock."""
     files = {}
     for entry in lock.entries:
         parts = path_parts(lock.package, entry.path)
@@ -871,19 +881,25 @@ def status(target: Target, lock: Lock) -> Report:
     else:
         outcome, ok = ("partial" if states <= {"pristine", "patched"} else "modified"), False
     if record is not None and record.lock != lock and outcome != "gone":
-        notes.append(f"the applied overlay's lock differs from this one ({record.lock.patches})")
+        applied = ", ".join(record.lock.patches) or "no patches"
+        notes.append(
+            f"the overlay applied there ({applied} on {record.lock.version}) is not this one:"
+            " `vllm-patchset overlay revert` removes it, then `overlay apply` applies this one"
+        )
     elif record is None and outcome == "applied":
         notes.append("no record of this apply: `overlay revert` cannot restore the originals")
     return _report("status", outcome, target, lock, files, notes, ok=ok)
 
 
-def orphaned(root: Path, package: str, lock: Lock, command: str, why: str) -> Report:
+def orphaned(root: Path, package: str, lock: Lock | None, command: str, why: str) -> Report:
     """status or revert where the package is gone but the state of an overlay is left
-    (`pip uninstall vllm` removes the package's files, not `.vllm-patchset/`)."""
+    (`pip uninstall vllm` removes the package's files, not `.vllm-patchset/`). `lock`: the
+    overlay given (None: the one recorded there)."""
     state = root / STATE_DIR
     target = Target(root, package, "")
     _refuse_symlinked_state(target)
     record = read_record(target)
+    lock = lock or (record.lock if record is not None else no_overlay(package, ""))
     what = (
         f"an overlay applied to {package} {record.lock.version}"
         if record is not None
@@ -908,14 +924,91 @@ def orphaned(root: Path, package: str, lock: Lock, command: str, why: str) -> Re
     )
 
 
+# -- the overlay to deploy ----------------------------------------------------------------------
+PACKED = "_overlay"  # in the package of a wheel `overlay pack` built: the lock and vllm/**
+
+
+@dataclass(frozen=True)
+class Source:
+    """An overlay to deploy: its lock and the dir holding its patched files (`vllm/…`)."""
+
+    lock: Lock
+    files: Path
+
+
+def packaged_overlay() -> Source | None:
+    """The overlay packed into this installed vllm-patchset (`overlay pack`), if any."""
+    folder = Path(__file__).resolve().parent / PACKED
+    lock = folder / "overlay.lock.json"
+    return Source(Lock.load(lock), folder) if lock.is_file() else None
+
+
+def overlay_source(project_dir: Path | None, cache_dir: Path | None) -> Source | None:
+    """The checkout's overlay (--project, else the checkout around the current directory),
+    else the one packed into this vllm-patchset; None when there is neither."""
+    root = project_dir or Project.discover(Path.cwd())
+    if root is None:
+        return packaged_overlay()
+    project = Project.load(root, cache_dir)
+    return Source(Lock.load(project.lock_path), project.overlay_dir)
+
+
+def no_overlay(package: str, version: str) -> Lock:
+    """The lock of no overlay: what status and revert compare against when neither a checkout
+    nor a packed overlay is at hand and the target records none."""
+    return Lock(package, version, source="", upstream_commit="", patches=(), entries=())
+
+
+# -- diff --------------------------------------------------------------------------------------
+def unified_diff(path: str, before: bytes | None, after: bytes) -> str:
+    """`before` (None: missing) to `after` as a unified diff that `patch -p1` applies in the
+    target dir."""
+    old = [] if before is None else before.decode("utf-8", "surrogateescape").splitlines(True)
+    new = after.decode("utf-8", "surrogateescape").splitlines(True)
+    lines = difflib.unified_diff(
+        old, new, "/dev/null" if before is None else f"a/{path}", f"b/{path}"
+    )
+    out = []
+    for line in lines:
+        out.append(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[str, str]]:
+    """What apply would change: each overlaid file as installed against the overlay's."""
+    _refuse_symlinked_state(target)
+    _check_version(target, lock)
+    overlay = overlay_files(lock, overlay_dir)
+    files, diffs = [], {}
+    for entry in lock.entries:
+        data = _read(package_path(target, entry.path))
+        state = _state_of(entry, _sha(data))
+        files.append(
+            FileState(entry.path, state, _sha(data), None if state == "patched" else "patch")
+        )
+        diffs[entry.path] = (
+            "" if state == "patched" else unified_diff(entry.path, data, overlay[entry.path])
+        )
+    outcome = "differs" if any(diffs.values()) else "no difference"
+    return _report("diff", outcome, target, lock, files), diffs
+
+
+def diff_text(diffs: dict[str, str], *, colour: bool) -> str:
+    text = "".join(diffs.values())
+    if not colour:
+        return text
+    return "".join(paint(line, diff_line_style(line), on=True) + "\n" for line in text.splitlines())
+
+
 # -- command line ------------------------------------------------------------------------------
 def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`overlay apply|verify|revert|status`, called by cli.build_parser."""
+    """`overlay apply|verify|revert|status|diff`, called by cli.build_parser."""
     helps = {
         "apply": "install the overlay into an installed vllm (every file or none)",
         "verify": "exit 0 only when the installed vllm holds exactly the overlay of the lock",
         "revert": "restore the files that apply replaced, byte for byte",
         "status": "what the installed vllm holds (repairs an interrupted apply first)",
+        "diff": "the overlay's changes to the installed files, as a unified diff",
     }
     forces = {
         "apply": "override the hash guard only: replace files that are neither pristine nor"
@@ -927,48 +1020,91 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p = osub.add_parser(name, help=text)
         where = p.add_mutually_exclusive_group()
         where.add_argument(
-            "--target", type=Path, metavar="DIR", help="dir holding the vllm package"
+            "--target",
+            type=Path,
+            metavar="DIR",
+            help="the dir holding the vllm package (site-packages, pip's --target)",
         )
-        where.add_argument("--python", metavar="EXE", help="the vllm of this interpreter")
-        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        where.add_argument(
+            "--python",
+            metavar="EXE",
+            help="the vllm of this interpreter (default: the one running vllm-patchset)",
+        )
         if name in forces:
-            p.add_argument("--dry-run", action="store_true", help="say what would change")
+            p.add_argument(
+                "--dry-run", action="store_true", help="say what would change, change nothing"
+            )
             p.add_argument("--force", action="store_true", help=forces[name])
+        if name == "apply":
+            p.add_argument(
+                "--diff", action="store_true", help="also print the changes as a unified diff"
+            )
         p.set_defaults(func=cmd_deploy)
 
 
-def cmd_deploy(args: argparse.Namespace) -> int:
-    from vllm_patchset.config import Project  # here: the guard imports this module, not tomllib
+NO_OVERLAY = (
+    "overlay {command} needs an overlay: {cwd} is not in a vllm-patchset checkout and this"
+    " vllm-patchset carries none; pass --project DIR (a checkout with a built overlay), or"
+    " install the wheel that `vllm-patchset overlay pack` builds"
+)
 
+
+def cmd_deploy(args: argparse.Namespace) -> int:
     command = args.overlay_command
     fsio.interrupt_leaves("nothing was changed")
+    source = overlay_source(args.project, args.cache_dir)
+    if source is None and command not in ("status", "revert"):
+        raise BadInput(NO_OVERLAY.format(command=command, cwd=Path.cwd()))
+    package = source.lock.package if source else "vllm"
+    diffs: dict[str, str] = {}
     try:
-        project = Project.load(args.project, args.cache_dir)
-        lock = Lock.load(project.lock_path)
-        try:
-            target = find_target(lock.package, target_dir=args.target, python=args.python)
-        except NoPackage as exc:
-            if command not in ("status", "revert") or exc.root is None:
-                raise
-            if not (exc.root / STATE_DIR).is_dir() or (exc.root / STATE_DIR).is_symlink():
-                raise
-            report = orphaned(exc.root, lock.package, lock, command, str(exc))
+        target = find_target(package, target_dir=args.target, python=args.python)
+    except NoPackage as exc:
+        if command not in ("status", "revert") or exc.root is None:
+            raise
+        if not (exc.root / STATE_DIR).is_dir() or (exc.root / STATE_DIR).is_symlink():
+            raise
+        lock = source.lock if source else None
+        report = orphaned(exc.root, package, lock, command, str(exc))
+    else:
+        lock = source.lock if source else _recorded(target)
+        if command == "apply":
+            assert source is not None
+            if args.diff:
+                diffs = diff(target, lock, source.files)[1]
+            report = apply(target, lock, source.files, dry_run=args.dry_run, force=args.force)
+        elif command == "diff":
+            assert source is not None
+            report, diffs = diff(target, lock, source.files)
+        elif command == "revert":
+            report = revert(target, lock, dry_run=args.dry_run, force=args.force)
+        elif command == "verify":
+            report = verify(target, lock)
         else:
-            if command == "apply":
-                report = apply(
-                    target, lock, project.overlay_dir, dry_run=args.dry_run, force=args.force
-                )
-            elif command == "revert":
-                report = revert(target, lock, dry_run=args.dry_run, force=args.force)
-            elif command == "verify":
-                report = verify(target, lock)
-            else:
-                report = status(target, lock)
-    except PatchsetError as exc:
-        if args.json:  # the error as a document too, for scripts that read stdout
-            error = f"{exc}; {exc.left}" if exc.left else str(exc)
-            doc = {"ok": False, "command": command, "error": error, "exit_code": exc.exit_code}
-            print(json.dumps(doc, indent=2))
-        raise
-    print(report.to_json() if args.json else report.text())
-    return 0 if report.ok else 1
+            report = status(target, lock)
+    if source is None:
+        recorded = (
+            "compared with the one recorded at apply"
+            if report.patches
+            else "none is recorded here either"
+        )
+        why = f"no overlay given (no checkout here, none packed in this vllm-patchset): {recorded}"
+        report = dataclasses.replace(report, notes=(*report.notes, why))
+    doc = asdict(report)
+    if diffs:
+        for item in doc["files"]:
+            item["diff"] = diffs[item["path"]]
+    code = 0 if report.ok else 1
+    changes = diff_text(diffs, colour=colours())
+    if command == "diff":
+        return emit(args, changes.rstrip("\n"), doc, code)
+    text = report.text() + ("\n" + changes.rstrip("\n") if changes else "")
+    return emit(args, text, doc, code)
+
+
+def _recorded(target: Target) -> Lock:
+    """The lock of the overlay recorded at `target` (none given): status and revert need only
+    that record."""
+    _refuse_symlinked_state(target)
+    record = read_record(target)
+    return record.lock if record is not None else no_overlay(target.package, target.version)

@@ -27,8 +27,17 @@ class BadInput(PatchsetError):
 
 class GitError(BadInput):
     def __init__(self, command: str, detail: str) -> None:
-        first = detail.strip().splitlines()[-1] if detail.strip() else "no output"
-        super().__init__(f"git {command} failed: {first}")
+        super().__init__(f"git {command} failed: {meaningful_line(detail)}")
+
+
+def meaningful_line(detail: str) -> str:
+    """What went wrong, from git's stderr: its first `fatal:` line, else its last line (an
+    `error:` one last). git's last line is often advice after the fatal one (`and the
+    repository exists.` after a fetch from a missing repository)."""
+    lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
+    fatal = [line for line in lines if line.startswith("fatal:")]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (fatal[:1] or errors[-1:] or lines[-1:] or ["no output"])[0]
 
 
 class MalformedPatch(BadInput):

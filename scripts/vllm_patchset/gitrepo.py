@@ -1,6 +1,6 @@
 """The one git boundary: every git call of the project goes through here.
 
-GitPython runs the git command line; its errors become `GitError` with git's own last line.
+GitPython runs the git command line; its errors become `GitError` with git's own `fatal:` line.
 Commits made here have a fixed identity and date, so the same tree gives the same commit id
 in every mirror.
 """
@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import git
 
 from vllm_patchset.errors import GitError
 from vllm_patchset.fsio import child
@@ -58,6 +56,9 @@ class Repo:
     def run_bytes(
         self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
     ) -> bytes:
+        import git  # here: GitPython will not import without a git executable, and the deploy
+        # commands (a serving image may have no git) must work without one
+
         full_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(env or {})}
         cmd = git.Git(str(self.path))
         with tempfile.TemporaryFile() as stdin_file:
@@ -79,7 +80,10 @@ class Repo:
                 )
             except git.exc.GitCommandError as exc:
                 stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
-                raise GitError(args[0], stderr.strip().strip("'")) from None
+                # GitPython quotes git's stderr as "\n  stderr: '<text>'": the text only.
+                raise GitError(
+                    args[0], stderr.strip().removeprefix("stderr:").strip().strip("'")
+                ) from None
             except (git.exc.GitError, OSError) as exc:
                 raise GitError(args[0], str(exc)) from None
         assert isinstance(out, bytes)
@@ -108,6 +112,8 @@ class Repo:
     def grep_files(self, rev: str, text: str, pathspec: str) -> list[str]:
         """Paths of the files of `rev` (a commit or tree) under `pathspec` that contain the
         line fragment `text` (fixed string; one git call for the whole tree)."""
+        import git  # see run_bytes
+
         args = ["grep", "-l", "-z", "-F", "-e", text, rev, "--", pathspec]
         cmd = git.Git(str(self.path))
         argv, preexec = child(["git", "-c", "core.quotepath=off", *args])
@@ -185,14 +191,20 @@ class Repo:
             self.run(*args, "-", env=env, stdin=patch)
             return self.run("write-tree", env=env).strip()
 
-    def check_apply(self, tree: str, patch: bytes) -> tuple[bool, str]:
-        """Whether `patch` applies to `tree` with no fuzz, and git's words about it."""
+    def check_apply(self, tree: str, patch: bytes, *, reverse: bool = False) -> tuple[bool, str]:
+        """Whether `patch` applies to `tree` (is undone from it, with `reverse`) with no fuzz,
+        and git's words about it."""
         with self._temp_index() as env:
             self.run("read-tree", tree, env=env)
+            args = [
+                "apply",
+                "--cached",
+                "--check",
+                "--verbose",
+                *(["--reverse"] if reverse else []),
+            ]
             try:
-                out = self.run(
-                    "apply", "--cached", "--check", "--verbose", "-", env=env, stdin=patch
-                )
+                out = self.run(*args, "-", env=env, stdin=patch)
                 return True, out
             except GitError as exc:
                 return False, str(exc)

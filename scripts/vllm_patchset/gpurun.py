@@ -44,6 +44,7 @@ class TreeSpec:
     select: tuple[str, ...]  # pytest arguments (paths or node ids), relative to that folder
     expectations: tuple[Expectation, ...]
     native: bool = False  # the pin's tree: takes a native-ops kit's compiled extensions
+    skipped: str = ""  # why the tree could not be built (then it is not there and not run)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Row:
     expect: str  # red, green, or "green|skip" for tests without an expectation of their own
     got: str  # red, green, skip, error, not run
     met: bool
+    note: str = ""  # a tree not built: why
 
 
 def load_manifest(root: Path) -> list[TreeSpec]:
@@ -66,6 +68,7 @@ def load_manifest(root: Path) -> list[TreeSpec]:
             select=tuple(t["select"]),
             expectations=tuple(Expectation(**e) for e in t["expectations"]),
             native=bool(t.get("native", False)),
+            skipped=str(t.get("skipped", "")),
         )
         for t in data["trees"]
     ]
@@ -80,6 +83,7 @@ def write_manifest(root: Path, trees: list[TreeSpec]) -> None:
                 "select": list(t.select),
                 "expectations": [e.__dict__ for e in t.expectations],
                 "native": t.native,
+                **({"skipped": t.skipped} if t.skipped else {}),
             }
             for t in trees
         ]
@@ -178,11 +182,26 @@ def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
     return rows
 
 
+def not_built(tree: TreeSpec) -> list[Row]:
+    """A tree validate could not build: each expectation's row says so (and why), and counts
+    as met; the rest of the run goes on."""
+    note = f"not built: {tree.skipped}"
+    return [
+        Row(tree.name, "not built", "-", e.test, e.expect, "not run", True, note)
+        for e in tree.expectations
+    ]
+
+
+def _verdict(row: Row) -> str:
+    if row.note:
+        return "skipped"
+    return "ok" if row.met else "UNMET"
+
+
 def table(rows: list[Row]) -> str:
     header = ("tree", "mode", "vllm", "test", "expected", "got", "")
     lines = [header] + [
-        (r.tree, r.mode, r.vllm, r.test.split("/")[-1], r.expect, r.got, "ok" if r.met else "UNMET")
-        for r in rows
+        (r.tree, r.mode, r.vllm, r.test.split("/")[-1], r.expect, r.got, _verdict(r)) for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join(
@@ -202,6 +221,10 @@ def run_all(
     timings: dict[str, float] = {}
     for tree in load_manifest(root):
         if only and tree.name not in only:
+            continue
+        if tree.skipped:
+            print(f"{tree.name}: not built: {tree.skipped}", flush=True)
+            rows.extend(not_built(tree))
             continue
         report, seconds = run_tree(root, tree, out, python, native)
         timings[tree.name] = round(seconds, 1)
@@ -231,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_all(args.root, out, args.python, tuple(args.only), native)
     print(table(rows))
     unmet = [r for r in rows if not r.met]
-    print(f"{len(rows) - len(unmet)} expectations met, {len(unmet)} unmet")
+    not_run = sum(1 for r in rows if r.note)
+    summary = f"{len(rows) - len(unmet) - not_run} expectations met, {len(unmet)} unmet"
+    print(summary + (f", {not_run} on trees not built" if not_run else ""))
     return 1 if unmet else 0
 
 

@@ -36,6 +36,7 @@ from typing import BinaryIO, cast
 from vllm_patchset import kitparts
 from vllm_patchset.bundle import download_wheels
 from vllm_patchset.config import Project
+from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, DownloadFailed, by_exit_code
 from vllm_patchset.upstream import _download
 
@@ -208,15 +209,19 @@ def build_kit(
     scratch = dest.with_name(f".{dest.name}.wheels")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        wheels = download_wheels(scratch, python_version, ENGINE_WHEELS) if with_wheels else []
-        return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
+        wheels = []
+        if with_wheels:
+            with progress("kit build: downloading the wheels vLLM imports"):
+                wheels = download_wheels(scratch, python_version, ENGINE_WHEELS)
+        with progress(f"kit build: compressing {wheel.name} into parts"):
+            return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kit = sub.add_parser("kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
-    ksub = kit.add_subparsers(dest="kit_command", required=True)
+    ksub = kit.add_subparsers(dest="kit_command", title="commands", metavar="COMMAND")
     p = ksub.add_parser("build", help="download the pin's wheel, write the kit's parts")
     p.add_argument("--out", type=Path, help=f"a new folder (default: build/{NAME})")
     p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
@@ -225,12 +230,16 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--platform", default=PLATFORM, help="the wheel's platform tag")
     p.set_defaults(func=cmd_kit_build)
     p = ksub.add_parser("verify", help="check every part's size and sha256")
-    p.add_argument("kit", type=Path)
+    p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
     p.set_defaults(func=cmd_kit_verify)
     p = ksub.add_parser("assemble", help="check, unpack, check every file against the RECORD")
-    p.add_argument("kit", type=Path)
+    p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
     p.add_argument("--dest", type=Path, required=True, help="the folder to create")
     p.set_defaults(func=cmd_kit_assemble)
+
+
+def _parts(manifest: kitparts.Manifest) -> list[dict[str, object]]:
+    return [{"name": p.name, "size": p.size, "sha256": p.sha256} for p in manifest.parts]
 
 
 def cmd_kit_build(args: argparse.Namespace) -> int:
@@ -248,25 +257,31 @@ def cmd_kit_build(args: argparse.Namespace) -> int:
     )
     size = sum(p.size for p in manifest.parts) / 2**20
     wheels = len(manifest.wheels)
-    print(f"wrote {out}: {len(manifest.parts)} parts, {size:.1f} MiB, {wheels} wheels")
-    for part in manifest.parts:
-        print(f"  {part.name} {part.size} {part.sha256}")
-    return 0
+    lines = [f"wrote {out}: {len(manifest.parts)} parts, {size:.1f} MiB, {wheels} wheels"]
+    lines += [f"  {part.name} {part.size} {part.sha256}" for part in manifest.parts]
+    body = {"kit": str(out), "vllm": manifest.vllm, "parts": _parts(manifest), "wheels": wheels}
+    return emit(args, "\n".join(lines), body)
 
 
 def cmd_kit_verify(args: argparse.Namespace) -> int:
     try:
-        manifest = kitparts.verify(args.kit)
+        with progress("kit verify: checking the parts"):
+            manifest = kitparts.verify(args.kit)
     except kitparts.KitError as exc:
         raise by_exit_code(str(exc), exc.exit_code) from None
-    print(f"kit for vllm {manifest.vllm}: {len(manifest.parts)} parts ok")
-    return 0
+    text = f"kit for vllm {manifest.vllm}: {len(manifest.parts)} parts ok"
+    return emit(
+        args, text, {"kit": str(args.kit), "vllm": manifest.vllm, "parts": _parts(manifest)}
+    )
 
 
 def cmd_kit_assemble(args: argparse.Namespace) -> int:
     try:
-        dest = kitparts.assemble(args.kit, args.dest)
+        with progress("kit assemble: checking and unpacking the parts"):
+            dest = kitparts.assemble(args.kit, args.dest)
     except kitparts.KitError as exc:
         raise by_exit_code(str(exc), exc.exit_code) from None
-    print(f"kit assembled in {dest}: PYTHONPATH={dest / 'site'}")
-    return 0
+    site = dest / "site"
+    return emit(
+        args, f"kit assembled in {dest}: PYTHONPATH={site}", {"dest": str(dest), "site": str(site)}
+    )

@@ -30,6 +30,7 @@ from packaging.version import Version
 from vllm_patchset import fsio
 from vllm_patchset.checks import project_series
 from vllm_patchset.config import Project
+from vllm_patchset.console import emit
 from vllm_patchset.edits import rewrite_paths
 from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.gitrepo import Repo
@@ -734,13 +735,11 @@ def cmd_rebase(args: argparse.Namespace) -> int:
     try:
         if args.abort:
             label = abort(project)
-            print(
-                json.dumps({"status": "aborted", "onto": label})
-                if args.json
-                else f"rebase onto {label or '(unknown: damaged state)'} aborted:"
+            text = (
+                f"rebase onto {label or '(unknown: damaged state)'} aborted:"
                 " everything is as it was"
             )
-            return 0
+            return emit(args, text, {"status": "aborted", "onto": label})
         if args.resume:
             outcome = resume(project, choices=choices, release=args.release)
         else:
@@ -755,8 +754,10 @@ def cmd_rebase(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         fsio.interrupt_leaves(interrupted_message(project))
         raise
-    print(render_json(outcome) if args.json else render_text(outcome, verbose=args.verbose))
-    return 1 if outcome.status == "stopped" else 0
+    text = render_text(outcome, verbose=args.verbose)
+    return emit(
+        args, text, json.loads(render_json(outcome)), 1 if outcome.status == "stopped" else 0
+    )
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -788,5 +789,4 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--release", metavar="VERSION", help="for --resolve-upstream: the release with the fix"
     )
-    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rebase)

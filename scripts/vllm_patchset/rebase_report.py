@@ -230,9 +230,9 @@ def today() -> str:
     # SOURCE_DATE_EPOCH (reproducible-builds.org) fixes the date for tests and CI.
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     now = (
-        datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
+        datetime.datetime.fromtimestamp(int(epoch), datetime.UTC)
         if epoch and epoch.isdigit()
-        else datetime.datetime.now(datetime.timezone.utc)
+        else datetime.datetime.now(datetime.UTC)
     )
     return now.date().isoformat()
 

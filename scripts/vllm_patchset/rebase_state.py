@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ REBASE_DIR = ".rebase"
 STATE_FILE = "state.json"
 
 
-class Section(str, Enum):
+class Section(StrEnum):
     """Where a patch is before the rebase."""
 
     SERIES = "series"  # patches/series: applied by the overlay
@@ -37,7 +37,7 @@ class Section(str, Enum):
     PARKED = "parked"  # patches/parked/: kept by a decision, not applied
 
 
-class Choice(str, Enum):
+class Choice(StrEnum):
     """A maintainer's decision for one patch, named on the command line."""
 
     DROP = "drop"  # out of the project (git history keeps it)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
+from vllm_patchset.console import paint
 from vllm_patchset.states import Verdict
 
 
@@ -65,21 +67,62 @@ def state_cell(verdict: Verdict) -> str:
     return cell
 
 
-def matrix_table(columns: dict[str, Sequence[Verdict]]) -> str:
+STATE_STYLES = {"applies": "green", "upstream": "cyan", "absent": "dim", "conflict": "bold red"}
+LEGEND = (
+    "states: applies (needed, applies cleanly), upstream (the version has the fix), absent"
+    " (the code it fixes is not there), conflict (needed, does not apply); (verdict) when finer,"
+    " * a note below"
+)
+
+
+def short_id(patch: str) -> str:
+    """A patch's column heading: its number, `U` before an upstreamed one's, `P` before a
+    parked one's (`0002`, `U0001`, `P0003`); a file with no number keeps its name."""
+    folder, _, name = patch.rpartition("/")
+    number = name.split("-", 1)[0]
+    if not number.isdigit():
+        return patch
+    return {"upstreamed": "U", "parked": "P"}.get(folder, "") + number
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """Lines of at most 100 columns; paths and words with hyphens are never cut."""
+    return textwrap.wrap(
+        text, 100, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
+def matrix_table(columns: dict[str, Sequence[Verdict]], *, colour: bool = False) -> str:
+    """Versions as rows, patches as columns under their short ids, a legend of both; states
+    coloured when `colour`. Fits 100 columns for a few patches (long notes are wrapped)."""
     patches = list(dict.fromkeys(v.patch for vs in columns.values() for v in vs))
-    rows = [["version", *patches]]
+    ids = {p: short_id(p) for p in patches}
+    rows: list[list[tuple[str, str]]] = [[("version", "")] + [(ids[p], "") for p in patches]]
     for label, verdicts in columns.items():
-        by_patch = {v.patch: state_cell(v) for v in verdicts}
-        rows.append([label, *(by_patch.get(p, "-") for p in patches)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    notes = [
-        f"* {label} {v.patch}: {note}"
-        for label, vs in columns.items()
-        for v in vs
-        for note in v.disagreements
+        by_patch = {v.patch: v for v in verdicts}
+        cells = [
+            (state_cell(by_patch[p]), STATE_STYLES[by_patch[p].state.value])
+            if p in by_patch
+            else ("-", "")
+            for p in patches
+        ]
+        rows.append([(label, ""), *cells])
+    widths = [max(len(row[i][0]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            paint(text, style, on=colour) + " " * (width - len(text))
+            for (text, style), width in zip(row, widths, strict=True)
+        ).rstrip()
+        for row in rows
     ]
-    return "\n".join([*lines, *notes])
+    key = max(len(i) for i in ids.values()) if ids else 0
+    lines += [f"{ids[p].ljust(key)}  patches/{p}" for p in patches if ids[p] != p]
+    lines += _wrap(LEGEND, "  ")
+    for label, verdicts in columns.items():
+        for v in verdicts:
+            for note in v.disagreements:
+                lines += _wrap(f"* {label} {ids[v.patch]}: {note}", "    ")
+    return "\n".join(lines)
 
 
 def conflict_report(verdict: Verdict) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -36,14 +36,14 @@ from vllm_patchset.upstream import parse_version
 LOCATE_RATIO = 0.8  # a pre-image window this similar is "the same code, changed"
 
 
-class State(str, Enum):
+class State(StrEnum):
     APPLIES = "applies"
     UPSTREAM = "upstream"
     ABSENT = "absent"
     CONFLICT = "conflict"
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why a patch has its state (the `verdict` key of the JSON reports)."""
 
     APPLIES = "applies"  # git applies it as it is (offsets aside)            -> applies

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from packaging.version import InvalidVersion, Version
 
 from vllm_patchset.config import Project
+from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
 from vllm_patchset.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.gitrepo import Repo, init_bare
@@ -144,7 +145,10 @@ class Mirror:
         if cached is not None:
             return cached
         sdist, sha256, url = self._download_sdist(version)
-        with tempfile.TemporaryDirectory(prefix="vllm-patchset-sdist-") as tmp:
+        with (
+            progress(f"importing {sdist.name} into the mirror"),
+            tempfile.TemporaryDirectory(prefix="vllm-patchset-sdist-") as tmp,
+        ):
             root = Path(tmp)
             _extract_package(sdist, root, self.package)
             tree = self.repo.tree_from_directory(root)
@@ -212,7 +216,8 @@ class Mirror:
     # -- git ----------------------------------------------------------------------------------
     def git_ref(self, url: str, ref: str) -> Upstream:
         """The `vllm/` package of `ref` in the repository at `url` (a path or URL)."""
-        commit = self.repo.fetch(url, ref)
+        with progress(f"fetching {ref} from {url}"):
+            commit = self.repo.fetch(url, ref)
         subtree = self.repo.subtree(commit, self.package)
         if subtree is None:
             raise BadInput(f"{ref} of {url} has no {self.package}/ package")
@@ -240,7 +245,10 @@ class Mirror:
             site, version, record = _read_installed(target, self.package)
         else:
             site, version, record = _locate_installed(python or sys.executable, self.package)
-        with tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp:
+        with (
+            progress(f"importing the installed {self.package} {version} into the mirror"),
+            tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp,
+        ):
             root = Path(tmp)
             for path, digest in record.items():
                 if path.split("/", 1)[0] != self.package or not _kept(path):
@@ -283,18 +291,14 @@ def _record_digest(data: bytes) -> str:
 
 
 def _download(url: str, dest: Path, name: str) -> None:
-    """Download with a progress line on stderr."""
+    """Download, with its bytes and speed on stderr on a terminal."""
     try:
         with urllib.request.urlopen(url, timeout=120) as response, dest.open("wb") as out:
-            total = int(response.headers.get("Content-Length") or 0)
-            done = 0
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-                done += len(chunk)
-                if total and sys.stderr.isatty():
-                    sys.stderr.write(f"\rdownloading {name}: {done * 100 // total:3d}%")
-            if sys.stderr.isatty():
-                sys.stderr.write("\n")
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with progress(f"downloading {name}", total, unit="bytes") as step:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    step.advance(len(chunk))
     except (urllib.error.URLError, OSError) as exc:
         raise DownloadFailed(f"download of {url} failed: {exc}") from None
 

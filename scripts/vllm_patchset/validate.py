@@ -7,7 +7,10 @@ Trees, each a pure-Python `vllm/` package with the metadata vLLM's platform dete
 - for each patch that upstream merged (`patches/upstreamed/`): `buggy-<n>`, the release that
   merged it with the patch reversed (the code that still had the bug: for fix 1, v0.21.0 with
   vLLM PR #41630 reverted, a faithful nightly), where its regression tests must fail, and
-  `fixed-<n>`, that tree with the patch applied, where they must pass.
+  `fixed-<n>`, that tree with the patch applied, where they must pass. A patch that does not
+  reverse on that release (upstream fixed the bug in other words: `rebase --resolve-upstream`
+  archives such patches) has no buggy tree: the manifest and the report name the tree as not
+  built, with that reason, and the run goes on.
 
 The run itself is gpurun.py (standard library only), so that `vllm-patchset bundle` can ship
 the same trees, manifest and checker to a GPU host without network. With `--kit DIR` (a
@@ -20,15 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
+import tomllib
+from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
-
-from vllm_patchset import gpurun, kitparts
+from vllm_patchset import fsio, gpurun, kitparts
 from vllm_patchset.config import Project
-from vllm_patchset.errors import BadInput, Finding, by_exit_code
+from vllm_patchset.console import emit, progress
+from vllm_patchset.errors import BadInput, by_exit_code
 from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, walk
 from vllm_patchset.series import Patch
 from vllm_patchset.states import State
@@ -60,8 +65,9 @@ def _add_metadata(tree: Path, version: str) -> None:
 def _write_pytest_ini(project: Project, root: Path) -> None:
     """The project's pytest settings, so that the run's rootdir (and its node ids, as the
     manifest and the patches' trailers name them) is `root` wherever it lies."""
-    settings = tomllib.loads(project.pyproject.read_text("utf-8"))["tool"]["pytest"]
-    options = settings["ini_options"]
+    settings = tomllib.loads(project.pyproject.read_text("utf-8"))
+    # A project without pytest settings of its own runs tests/gpu with pytest's defaults.
+    options = settings.get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]", f"addopts = {options.get('addopts', '')}"]
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
@@ -107,7 +113,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
 
     for patch in patches:
         if patch.key.startswith("upstreamed/"):
-            specs.extend(_upstreamed_trees(mirror, patch, trees))
+            specs.extend(_upstreamed_trees(mirror, pin, patch, trees))
 
     shutil.copytree(
         project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__")
@@ -117,13 +123,28 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
     return BuiltTrees(root, tuple(specs))
 
 
-def _upstreamed_trees(mirror: Mirror, patch: Patch, trees: Path) -> list[gpurun.TreeSpec]:
+def _upstreamed_trees(
+    mirror: Mirror, pin: Upstream, patch: Patch, trees: Path
+) -> list[gpurun.TreeSpec]:
     release = patch.trailers.applied_upstream
     if not is_version(release):
         raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
-    merged: Upstream = mirror.release(release)
+    # Right after a rebase archives a fix, the release that merged it is the pin itself.
+    merged: Upstream = pin if pin.version == release else mirror.release(release)
     tests = patch.trailers.regression_tests
-    buggy = mirror.repo.apply_to_tree(mirror.repo.tree_of(merged.commit), patch.raw, reverse=True)
+    released = mirror.repo.tree_of(merged.commit)
+    reverses, _ = mirror.repo.check_apply(released, patch.raw, reverse=True)
+    if not reverses:
+        # Upstream fixed the bug in other words (`rebase --resolve-upstream` archives such a
+        # patch): there is no tree with the bug to show the regression tests red on.
+        name = f"buggy-{_short(patch)}-{release}"
+        why = (
+            f"{patch.key} does not reverse on {release} (upstream fixed the bug in other"
+            " words): no tree with the bug to run its regression tests on"
+        )
+        expectations = tuple(gpurun.Expectation(t, "red", why) for t in tests)
+        return [gpurun.TreeSpec(name, f"trees/{name}", tests, expectations, skipped=why)]
+    buggy = mirror.repo.apply_to_tree(released, patch.raw, reverse=True)
     fixed = mirror.repo.apply_to_tree(buggy, patch.raw)
     specs = []
     for kind, git_tree, expect, applied in (
@@ -154,40 +175,84 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("validate", help="GPU tests on pristine, overlaid and buggy trees")
     p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
     p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
-    p.add_argument("--only", action="append", default=[], metavar="TREE")
+    p.add_argument(
+        "--only", action="append", default=[], metavar="TREE", help="run this tree only (repeat)"
+    )
     p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
     p.add_argument("--kit", type=Path, help="a native-ops kit: the pin's trees run its real ops")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+
+def tree_names(project: Project) -> list[str]:
+    """The names `build_trees` gives its trees, without building them."""
+    mirror = mirror_for(project)
+    pin = pin_base(project, mirror)
+    version = pin.version or pin.label
+    names = [f"pristine-{version}", f"overlay-{version}"]
+    for patch in patches_for(project):
+        if patch.key.startswith("upstreamed/"):
+            release = patch.trailers.applied_upstream
+            names += [f"{kind}-{_short(patch)}-{release}" for kind in ("buggy", "fixed")]
+    return names
+
+
+def _require_torch(python: str) -> None:
+    """One line, before anything is built, where `python` cannot import torch."""
+    argv, preexec = fsio.child([python, "-c", "import torch"])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=preexec)
+    except OSError as exc:
+        raise BadInput(f"validate: cannot run --python {python}: {exc.strerror}") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        raise BadInput(
+            f"validate needs torch (and a GPU): {python} cannot import it ({lines[-1]}); run it"
+            " where they are (--python EXE), or take the trees there with `vllm-patchset bundle`"
+        )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     project = Project.load(args.project, args.cache_dir)
+    names = tree_names(project)
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        raise BadInput(
+            f"validate --only {unknown[0]}: no such tree (the trees: {', '.join(names)})"
+        )
+    if not args.build_only:
+        _require_torch(args.python)
     work = args.work
     if work is None:
         work = project.root / "build" / "gpu"
         shutil.rmtree(work, ignore_errors=True)  # our own build folder: start clean
-    built = build_trees(project, work)
+    with progress("validate: building the trees"):
+        built = build_trees(project, work)
     for spec in built.specs:
-        print(f"tree {spec.name}: {spec.path}", file=sys.stderr)
+        where = f"skipped: {spec.skipped}" if spec.skipped else spec.path
+        print(f"tree {spec.name}: {where}", file=sys.stderr)
     native = None
     if args.kit is not None:
         try:
-            native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
+            with progress("validate: assembling the kit"):
+                native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
         except kitparts.KitError as exc:
             raise by_exit_code(str(exc), exc.exit_code) from None
         print(f"native ops for the pin's trees from {native}", file=sys.stderr)
     if args.build_only:
-        return 0
-    rows = gpurun.run_all(built.root, built.root / "results", args.python, tuple(args.only), native)
-    if args.json:
-        print(json.dumps({"rows": [r.__dict__ for r in rows]}, indent=2))
-    else:
-        print(gpurun.table(rows))
+        return emit(args, "", {"work": str(work), "trees": [s.name for s in built.specs]})
+    only = tuple(args.only)
+    count = len(only) or len(built.specs)
+    # gpurun prints a line per tree on stdout: here it goes to stderr, stdout holds the report.
+    running = progress(f"validate: tests/gpu on {count} tree(s)")
+    with running, redirect_stdout(sys.stderr):
+        rows = gpurun.run_all(built.root, built.root / "results", args.python, only, native)
     unmet = [r for r in rows if not r.met]
+    body = {"work": str(work), "rows": [r.__dict__ for r in rows], "unmet": len(unmet)}
+    code = emit(args, gpurun.table(rows), body, 1 if unmet else 0)
     if unmet:
-        raise Finding(
-            f"{len(unmet)} red/green expectation(s) unmet: "
-            + ", ".join(f"{r.tree} {r.test} expected {r.expect}, got {r.got}" for r in unmet)
+        print(
+            f"vllm-patchset: {len(unmet)} red/green expectation(s) unmet (UNMET in the table;"
+            f" logs in {built.root / 'results'})",
+            file=sys.stderr,
         )
-    return 0
+    return code

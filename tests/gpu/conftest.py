@@ -16,22 +16,12 @@ import dataclasses
 import importlib.util
 import json
 import os
-import sys
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The vLLM modules the tests import, imported once here (see _import_vllm).
-VLLM_MODULES = (
-    "vllm.model_executor.layers.fused_moe",
-    "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
-    "vllm.model_executor.layers.fused_moe.experts.triton_moe",
-    "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe",
-    "vllm.v1.worker.workspace",
-)
 TREE_ENV = "VLLM_PATCHSET_VLLM_TREE"
 TREE_INFO = "vllm-patchset-tree.json"
 REPORT_ENV = "VLLM_PATCHSET_GPU_REPORT"  # where to write the run's outcomes as JSON
@@ -80,7 +70,6 @@ def _select_tree() -> dict[str, Any]:
             f"{TREE_ENV}={tree}: no vllm-*.dist-info/METADATA beside vllm/"
             " (trees from `vllm-patchset validate --build-only` or `bundle` have one)"
         )
-    sys.path.insert(0, str(root))
     info_path = root / TREE_INFO
     info: dict[str, Any] = json.loads(info_path.read_text()) if info_path.is_file() else {}
     return {"root": root, **info}
@@ -90,46 +79,23 @@ def _set_up() -> VllmUnderTest:
     if missing := _gpu_missing():
         return VllmUnderTest(mode=f"skipped: {missing}")
     tree = _select_tree()
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
+    if "root" not in tree and importlib.util.find_spec("vllm") is None:
         return VllmUnderTest(mode="skipped: no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
-    package_dir = Path(spec.origin).parent
+    import moe_setup
 
-    import standins
-
-    native = standins.has_compiled_extensions(package_dir)
-    ops = () if native else tuple(standins.install())
-
-    vllm, import_warnings = _import_vllm()
-    if "root" in tree and not Path(vllm.__file__).is_relative_to(tree["root"]):
-        raise pytest.UsageError(f"{TREE_ENV}: imported vllm from {vllm.__file__} instead")
+    try:
+        imported = moe_setup.import_vllm(tree.get("root"))
+    except moe_setup.WrongTree as exc:
+        raise pytest.UsageError(f"{TREE_ENV}: {exc}") from None
     return VllmUnderTest(
-        mode="native" if native else "standin",
-        version=vllm.__version__,
-        location=str(package_dir),
+        mode=imported.mode,
+        version=imported.module.__version__,
+        location=str(imported.package_dir),
         kind=tree.get("kind", "tree") if tree else "installed",
         patches=tuple(tree.get("patches", ())),
-        standin_ops=ops,
-        import_warnings=import_warnings,
+        standin_ops=imported.standin_ops,
+        import_warnings=imported.import_warnings,
     )
-
-
-def _import_vllm() -> tuple[Any, tuple[str, ...]]:
-    """Import vLLM's MoE modules, recording the warnings that importing them raises.
-
-    Importing vLLM 0.24.0 with torch 2.11 raises torch's own DeprecationWarnings (e.g.
-    ``torch.jit.script_method`` when vLLM's import-time ``torch.compile`` loads inductor).
-    They come from third-party import machinery, not from the code under test, so they are
-    reported in the header instead of failing collection; warnings that tests raise still fail.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        import vllm
-
-        for name in VLLM_MODULES:
-            importlib.import_module(name)
-    seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
-    return vllm, tuple(seen)
 
 
 UNDER_TEST: VllmUnderTest = VllmUnderTest(mode="skipped: not configured")
@@ -186,10 +152,9 @@ def _workspace() -> None:
     """FusedMoEKernel.apply takes its buffers from vLLM's workspace manager: set it up once."""
     if UNDER_TEST.mode.startswith("skipped"):
         return
-    import torch
-    from vllm.v1.worker.workspace import init_workspace_manager
+    import moe_setup
 
-    init_workspace_manager(torch.device("cuda"))
+    moe_setup.init_workspace()
 
 
 @pytest.fixture(autouse=True)
@@ -205,23 +170,7 @@ def _seeded() -> Iterator[None]:
 
 @pytest.fixture
 def capture_graph() -> Callable[[Callable[[], Any]], tuple[Any, Any]]:
-    """Capture ``fn`` in a CUDA (HIP on ROCm) graph; return ``(graph, output)``.
+    """cuda_graphs.capture: ``capture_graph(fn)`` gives ``(graph, output)``."""
+    import cuda_graphs
 
-    ``fn`` runs once eagerly on a side stream first, so that Triton compiles and autotunes
-    outside the capture and the workspace reaches its size, as torch.cuda.graph requires.
-    The caller keeps the graph alive, refills the static inputs and calls ``graph.replay()``.
-    """
-    import torch
-
-    def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        return graph, out
-
-    return capture
+    return cuda_graphs.capture

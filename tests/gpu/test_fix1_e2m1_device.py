@@ -12,7 +12,14 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_references import E2M1_MAX, E4M3_MAX, random_nvfp4_weights, route  # noqa: E402
+from moe_setup import (  # noqa: E402
+    kernel_forward,
+    modular_kernel,
+    moe_config,
+    random_nvfp4_weights,
+    route,
+)
+from nvfp4_reference import E2M1_MAX, E4M3_MAX  # noqa: E402
 from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (  # noqa: E402
     NvFp4MoeBackend,
     backend_to_kernel_cls,
@@ -22,7 +29,6 @@ from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (  # noqa: E402
 from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (  # noqa: E402
     kE2M1ToFloat_handle,
 )
-from vllm_moe import apply, modular_kernel, moe_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -43,15 +49,15 @@ def test_emulation_convert_without_weight_attr_then_graph_capture(
     capture_graph, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dtype = torch.bfloat16
-    w13, w13_sf, w13_gs = random_nvfp4_weights(EXPERTS, 2 * INTERMEDIATE, HIDDEN, 0.05, "cuda")
-    w2, w2_sf, w2_gs = random_nvfp4_weights(EXPERTS, HIDDEN, INTERMEDIATE, 0.05, "cuda")
+    w13, w13_sf, w13_gs = random_nvfp4_weights(EXPERTS, 2 * INTERMEDIATE, HIDDEN, 0.05)
+    w2, w2_sf, w2_gs = random_nvfp4_weights(EXPERTS, HIDDEN, INTERMEDIATE, 0.05)
     layer = ExpertsWithoutWeight(w13, w2)
     assert not hasattr(layer, "weight")
     # The table as vLLM creates it at import: on the CPU (an earlier test may have moved it).
     monkeypatch.setattr(kE2M1ToFloat_handle, "val", kE2M1ToFloat_handle.val.cpu())
 
     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=dtype)
-    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK, "cuda")
+    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK)
     # Checkpoint activation scales, one per expert: amax / (E4M3_MAX * E2M1_MAX).
     a13_in = (
         x.abs().amax().float()
@@ -95,7 +101,7 @@ def test_emulation_convert_without_weight_attr_then_graph_capture(
     kernel = modular_kernel(experts_cls(config, quant_config))
 
     def forward() -> torch.Tensor:
-        return apply(kernel, x, w13, w2, topk_weights, topk_ids)
+        return kernel_forward(kernel, x, w13, w2, topk_weights, topk_ids)
 
     graph, graph_out = capture_graph(forward)
     fresh = torch.randn_like(x)

@@ -13,11 +13,18 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_references import fp8_quant_dequant, moe_reference, rms, route, silu_and_mul  # noqa: E402
+from moe_setup import kernel_forward, modular_kernel, moe_config, route  # noqa: E402
+from nvfp4_reference import (  # noqa: E402
+    fp8_max,
+    fp8_quant_dequant,
+    moe_reference,
+    quantize_fp8_per_expert,
+    rms,
+    silu_and_mul,
+)
 from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
-from vllm_moe import apply, modular_kernel, moe_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -40,20 +47,18 @@ class DeferredQuantTritonExperts(TritonExperts):
 def fp8_weights(rows: int, cols: int, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-expert, per-tensor FP8 weights [E, rows, cols] and their float32 scales [E]."""
     w = torch.randn(EXPERTS, rows, cols, device="cuda") * cols**-0.5
-    limit = 224.0 if fp8 == torch.float8_e4m3fnuz else torch.finfo(fp8).max
-    scale = w.abs().amax(dim=(1, 2)) / limit
-    return (w / scale[:, None, None]).to(fp8), scale
+    return quantize_fp8_per_expert(w, fp8)
 
 
 def test_deferred_fp8_static_scale_graph_capture(capture_graph) -> None:
     dtype, fp8 = torch.bfloat16, current_platform.fp8_dtype()
-    limit = 224.0 if fp8 == torch.float8_e4m3fnuz else torch.finfo(fp8).max
+    limit = fp8_max(fp8)
     w13, w13_scale = fp8_weights(2 * INTERMEDIATE, HIDDEN, fp8)
     w2, w2_scale = fp8_weights(HIDDEN, INTERMEDIATE, fp8)
     w13_ref = w13.float() * w13_scale[:, None, None]
     w2_ref = w2.float() * w2_scale[:, None, None]
     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=dtype)
-    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK, "cuda")
+    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK)
 
     # Static per-tensor activation scales, calibrated the way a checkpoint's are (amax / max).
     a1_scale = (x.abs().amax().float() / limit).reshape(1)
@@ -70,15 +75,14 @@ def test_deferred_fp8_static_scale_graph_capture(capture_graph) -> None:
     kernel = modular_kernel(experts)
 
     def forward() -> torch.Tensor:
-        return apply(kernel, x, w13, w2, topk_weights, topk_ids)
+        return kernel_forward(kernel, x, w13, w2, topk_weights, topk_ids)
 
     eager = forward()
     ref = moe_reference(
         x,
-        w13_ref,
-        w2_ref,
         topk_weights,
         topk_ids,
+        lambda e: (w13_ref[e], w2_ref[e]),
         lambda t: fp8_quant_dequant(t, a1_scale, fp8),
         lambda t: fp8_quant_dequant(t, a2_scale, fp8),
     )

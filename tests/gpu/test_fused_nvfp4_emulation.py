@@ -28,14 +28,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-import nvfp4_moe_reference as ref  # noqa: E402
-from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
-from vllm.model_executor.layers.fused_moe.config import (  # noqa: E402
-    FusedMoEConfig,
-    FusedMoEParallelConfig,
-    RoutingMethodType,
-    nvfp4_moe_quant_config,
-)
+import moe_setup  # noqa: E402
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts import (  # noqa: E402
     nvfp4_emulation_moe,
 )
@@ -48,107 +42,34 @@ needs_fused = pytest.mark.skipif(
     not HAS_FUSED, reason="the vLLM under test has no fused NVFP4 emulation (patch 0002)"
 )
 
-SHAPES = {s.name: s for s in ref.SHAPES}
-CASES = [(shape, tokens) for shape in SHAPES for tokens in ref.TOKENS]
+SHAPES = {s.name: s for s in moe_setup.SHAPES}
+CASES = [(shape, tokens) for shape in SHAPES for tokens in moe_setup.TOKENS]
 REL_FROBENIUS = 1e-2  # module docstring
 ATOL, RTOL, MIN_CLOSE = 1e-2, 1.6e-2, 0.995  # module docstring
 
-_MOES: dict[str, ref.Nvfp4Moe] = {}
+_MOES: dict[str, Nvfp4Moe] = {}
 
 
-def _moe(shape: ref.MoeShape) -> ref.Nvfp4Moe:
+def _moe(shape: moe_setup.MoeShape) -> Nvfp4Moe:
     if shape.name not in _MOES:
         _MOES.clear()  # one shape's weights at a time: the larger takes 1.4 GB
-        _MOES[shape.name] = ref.make_moe(shape)
+        _MOES[shape.name] = moe_setup.make_moe(shape)
     return _MOES[shape.name]
 
 
-class Layer:
-    """One MoE layer's experts and its static buffers (graph-capturable)."""
+def layer(shape: str, tokens: int, local: torch.Tensor | None = None) -> moe_setup.MoeLayer:
+    """The emulation experts of ``shape`` (only ``local``'s, as one EP rank) on static buffers."""
+    moe = _moe(SHAPES[shape])
+    experts = moe_setup.nvfp4_emulation_experts(moe, SHAPES[shape], tokens, local)
+    return moe_setup.MoeLayer(moe, SHAPES[shape], tokens, experts)
 
-    def __init__(self, shape: ref.MoeShape, tokens: int, local: torch.Tensor | None = None):
-        moe = _moe(shape)
-        self.shape, self.moe = shape, moe
-        experts = shape.experts if local is None else local.numel()
-        pick = slice(None) if local is None else local
-        config = FusedMoEConfig(
-            num_experts=shape.experts,
-            experts_per_token=shape.top_k,
-            hidden_dim=shape.hidden,
-            intermediate_size=shape.intermediate,
-            num_local_experts=experts,
-            num_logical_experts=shape.experts,
-            moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-            activation=MoEActivation.SILU,
-            in_dtype=torch.bfloat16,
-            device="cuda",
-            routing_method=RoutingMethodType.TopK,
-            max_num_tokens=max(tokens, 1),
-        )
-        quant = nvfp4_moe_quant_config(
-            g1_alphas=moe.w13_gscale[pick],
-            g2_alphas=moe.w2_gscale[pick],
-            a1_gscale=moe.a13_gscale,
-            a2_gscale=moe.a2_gscale,
-            w1_scale=moe.w13_scale[pick],
-            w2_scale=moe.w2_scale[pick],
-        )
-        self.experts = Experts(config, quant)
-        self.w1, self.w2 = moe.w13[pick], moe.w2[pick]
-        self.expert_map = None
-        if local is not None:
-            self.expert_map = torch.full((shape.experts,), -1, dtype=torch.int32, device="cuda")
-            self.expert_map[local] = torch.arange(local.numel(), dtype=torch.int32, device="cuda")
-        self.hidden, self.topk_weights, self.topk_ids = ref.make_routing(tokens, shape, seed=1)
-        ws13, ws2, out = self.experts.workspace_shapes(
-            tokens,
-            2 * shape.intermediate,
-            shape.hidden,
-            shape.top_k,
-            shape.experts,
-            experts,
-            None,
-            MoEActivation.SILU,
-        )
-        self.ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
-        self.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
-        self.output = torch.empty(out, dtype=torch.bfloat16, device="cuda")
 
-    def refill(self, seed: int) -> None:
-        hidden, weights, ids = ref.make_routing(self.hidden.size(0), self.shape, seed=seed)
-        self.hidden.copy_(hidden)
-        self.topk_weights.copy_(weights)
-        self.topk_ids.copy_(ids)
-
-    def apply(self, unfused: bool = False) -> torch.Tensor:
-        self.output.fill_(float("nan"))  # every element must be written
-        kwargs = dict(
-            output=self.output,
-            hidden_states=self.hidden,
-            w1=self.w1,
-            w2=self.w2,
-            topk_weights=self.topk_weights,
-            topk_ids=self.topk_ids,
-            activation=MoEActivation.SILU,
-            global_num_experts=self.shape.experts,
-            expert_map=self.expert_map,
-            workspace13=self.ws13,
-            workspace2=self.ws2,
-            expert_tokens_meta=None,
-            apply_router_weight_on_input=False,
-        )
-        if unfused:
-            self.experts._apply_dequantized(**kwargs)
-        else:
-            self.experts.apply(a1q_scale=None, a2_scale=None, **kwargs)
-        return self.output
-
-    def reference(self, local: torch.Tensor | None = None) -> torch.Tensor:
-        weights = self.topk_weights
-        if local is not None:
-            # Expert parallelism: experts of other ranks contribute zeros here.
-            weights = weights * torch.isin(self.topk_ids, local.to(self.topk_ids.dtype))
-        return ref.reference_moe(self.moe, self.hidden, weights, self.topk_ids)
+def reference(moe_layer: moe_setup.MoeLayer, local: torch.Tensor | None = None) -> torch.Tensor:
+    weights, ids = moe_layer.topk_weights, moe_layer.topk_ids
+    if local is not None:
+        # Expert parallelism: experts of other ranks contribute zeros here.
+        weights = weights * torch.isin(ids, local.to(ids.dtype))
+    return nvfp4_moe_reference(moe_layer.moe, moe_layer.hidden, weights, ids)
 
 
 def assert_agree(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -163,38 +84,38 @@ def assert_agree(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize(("shape", "tokens"), CASES)
 def test_emulation_matches_reference_eager(shape: str, tokens: int) -> None:
-    layer = Layer(SHAPES[shape], tokens)
-    assert_agree(layer.apply(), layer.reference())
+    moe_layer = layer(shape, tokens)
+    assert_agree(moe_layer.apply(), reference(moe_layer))
 
 
 @pytest.mark.parametrize(("shape", "tokens"), CASES)
 def test_emulation_matches_reference_cuda_graph(shape: str, tokens: int, capture_graph) -> None:
-    layer = Layer(SHAPES[shape], tokens)
-    graph, output = capture_graph(layer.apply)
+    moe_layer = layer(shape, tokens)
+    graph, output = capture_graph(moe_layer.apply)
     # New inputs, new routing, same graph: the kernels must read the routing on the device.
-    layer.refill(seed=2)
+    moe_layer.refill(seed=2)
     graph.replay()
     torch.cuda.synchronize()
-    assert_agree(output, layer.reference())
+    assert_agree(output, reference(moe_layer))
 
 
 @needs_fused
 @pytest.mark.parametrize(("shape", "tokens"), CASES)
 def test_fused_matches_unfused_emulation(shape: str, tokens: int) -> None:
-    layer = Layer(SHAPES[shape], tokens)
-    fused = layer.apply().clone()
-    assert_agree(fused, layer.apply(unfused=True))
+    moe_layer = layer(shape, tokens)
+    fused = moe_layer.apply().clone()
+    assert_agree(fused, moe_layer.apply(unfused=True))
 
 
 @needs_fused
 @pytest.mark.parametrize("tokens", [8, 128])
 def test_fused_expert_parallel_map(tokens: int) -> None:
-    shape = SHAPES["qwen3-30b-a3b"]
-    local = torch.arange(0, shape.experts, 2, device="cuda")  # this rank holds even experts
-    layer = Layer(shape, tokens, local=local)
-    fused = layer.apply().clone()
-    assert_agree(fused, layer.apply(unfused=True))
-    assert_agree(fused, layer.reference(local))
+    experts = SHAPES["qwen3-30b-a3b"].experts
+    local = torch.arange(0, experts, 2, device="cuda")  # this rank holds even experts
+    moe_layer = layer("qwen3-30b-a3b", tokens, local)
+    fused = moe_layer.apply().clone()
+    assert_agree(fused, moe_layer.apply(unfused=True))
+    assert_agree(fused, reference(moe_layer, local))
 
 
 def test_apply_does_not_dequantize_every_expert(monkeypatch) -> None:
@@ -205,5 +126,5 @@ def test_apply_does_not_dequantize_every_expert(monkeypatch) -> None:
         raise AssertionError("apply() dequantized every expert's weights")
 
     monkeypatch.setattr(nvfp4_emulation_moe, "dequantize_to_dtype", dequantize_all)
-    layer = Layer(SHAPES["qwen3-30b-a3b"], 1)
-    assert_agree(layer.apply(), layer.reference())
+    moe_layer = layer("qwen3-30b-a3b", 1)
+    assert_agree(moe_layer.apply(), reference(moe_layer))

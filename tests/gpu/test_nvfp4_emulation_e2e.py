@@ -6,6 +6,8 @@ quantize-dequantize. Must pass on pristine 0.24.0 and on the overlay alike.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the GPU tests need torch")
@@ -13,23 +15,26 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_references import (  # noqa: E402
-    E2M1_MAX,
-    E4M3_MAX,
-    dequantize_nvfp4,
-    moe_reference,
-    move_off_e2m1_ties,
-    nvfp4_quant_dequant,
+from moe_setup import (  # noqa: E402
+    kernel_forward,
+    modular_kernel,
+    moe_config,
+    nvfp4_quant_config,
     random_nvfp4_weights,
-    rms,
     route,
+)
+from nvfp4_reference import (  # noqa: E402
+    Nvfp4Moe,
+    activation_global_scale,
+    move_off_e2m1_ties,
+    nvfp4_moe_reference,
+    quant_dequant,
+    rms,
     silu_and_mul,
 )
-from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (  # noqa: E402
     Nvfp4QuantizationEmulationTritonExperts,
 )
-from vllm_moe import apply, modular_kernel, moe_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -48,52 +53,37 @@ def test_nvfp4_emulation_eager_and_graph_replay(
     capture_graph, experts: int, hidden: int, intermediate: int, topk: int, tokens: int
 ) -> None:
     dtype = torch.bfloat16
-    w13, w13_sf, w13_gs = random_nvfp4_weights(
-        experts, 2 * intermediate, hidden, hidden**-0.5, "cuda"
-    )
-    w2, w2_sf, w2_gs = random_nvfp4_weights(
-        experts, hidden, intermediate, intermediate**-0.5, "cuda"
-    )
-    # The emulation dequantizes the weights to the activation dtype before its bf16 GEMMs.
-    w13_ref = dequantize_nvfp4(w13, w13_sf, w13_gs).to(dtype).float()
-    w2_ref = dequantize_nvfp4(w2, w2_sf, w2_gs).to(dtype).float()
+    w13 = random_nvfp4_weights(experts, 2 * intermediate, hidden, hidden**-0.5)
+    w2 = random_nvfp4_weights(experts, hidden, intermediate, intermediate**-0.5)
     x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-    topk_weights, topk_ids = route(tokens, experts, topk, "cuda")
+    topk_weights, topk_ids = route(tokens, experts, topk)
 
     # Global activation scales calibrated as a checkpoint's are, E4M3_MAX * E2M1_MAX / amax,
     # with a 1% margin (which also keeps a2's scaled values off exact E2M1 ties).
-    a1_gscale = (E4M3_MAX * E2M1_MAX / x.abs().amax().float()).reshape(1)
+    a1_gscale = activation_global_scale(x.abs().amax().float()).reshape(1)
     x = move_off_e2m1_ties(x, a1_gscale)  # so the input quantization is reproducible bit for bit
-    x_ref = nvfp4_quant_dequant(x, a1_gscale).float()
+    moe = Nvfp4Moe(*w13, *w2, a13_gscale=a1_gscale, a2_gscale=a1_gscale)  # a2: set below
+    x_ref = quant_dequant(x, a1_gscale).to(dtype).float()
     mid_amax = torch.stack(
-        [silu_and_mul((x_ref @ w13_ref[e].T).to(dtype)).abs().amax() for e in range(experts)]
+        [
+            silu_and_mul((x_ref @ moe.dequantized(e, dtype)[0].T).to(dtype)).abs().amax()
+            for e in range(experts)
+        ]
     ).amax()
-    a2_gscale = (E4M3_MAX * E2M1_MAX / (1.01 * mid_amax.float())).reshape(1)
+    a2_gscale = activation_global_scale(1.01 * mid_amax.float()).reshape(1)
+    moe = dataclasses.replace(moe, a2_gscale=a2_gscale)
 
-    quant_config = nvfp4_moe_quant_config(
-        g1_alphas=w13_gs,
-        g2_alphas=w2_gs,
-        a1_gscale=a1_gscale,
-        a2_gscale=a2_gscale,
-        w1_scale=w13_sf,
-        w2_scale=w2_sf,
-    )
     config = moe_config(experts, topk, hidden, intermediate, dtype)
-    kernel = modular_kernel(Nvfp4QuantizationEmulationTritonExperts(config, quant_config))
+    kernel = modular_kernel(
+        Nvfp4QuantizationEmulationTritonExperts(config, nvfp4_quant_config(moe))
+    )
 
     def forward() -> torch.Tensor:
-        return apply(kernel, x, w13, w2, topk_weights, topk_ids)
+        return kernel_forward(kernel, x, moe.w13, moe.w2, topk_weights, topk_ids)
 
     eager = forward()
-    ref = moe_reference(
-        x,
-        w13_ref,
-        w2_ref,
-        topk_weights,
-        topk_ids,
-        lambda t: nvfp4_quant_dequant(t, a1_gscale).float(),
-        lambda t: nvfp4_quant_dequant(t, a2_gscale).float(),
-    )
+    # The emulation dequantizes the weights to the activation dtype before its bf16 GEMMs.
+    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids)
     scale = rms(ref)
     # The reference repeats every rounding of the emulation (bf16 weights, NVFP4 fake
     # quantization of both activations, bf16 GEMM outputs); the input's is bit-exact (see

@@ -15,9 +15,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 pytest.importorskip("quark", reason="vLLM's OCP MX emulation needs amd-quark (not installed)")
 
-from moe_references import E2M1_VALUES, moe_reference, rms, route  # noqa: E402
+from moe_setup import kernel_forward, modular_kernel, moe_config, route  # noqa: E402
+from nvfp4_reference import e2m1_decode, moe_reference, rms, unpack  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import ocp_mx_moe_quant_config  # noqa: E402
-from vllm_moe import apply, modular_kernel, moe_config  # noqa: E402
 
 experts_module = pytest.importorskip(
     "vllm.model_executor.layers.fused_moe.experts.ocp_mx_emulation_moe",
@@ -35,9 +35,7 @@ def random_mxfp4(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torc
     weights they encode (element 2i in the low nibble; value = e2m1 * 2**(scale - 127))."""
     packed = torch.randint(0, 256, (EXPERTS, rows, cols // 2), dtype=torch.uint8, device="cuda")
     exponent = torch.randint(120, 124, (EXPERTS, rows, cols // MX_BLOCK), device="cuda")
-    values = torch.tensor(E2M1_VALUES, device="cuda")
-    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2).long()
-    elements = values[nibbles & 0x7] * torch.where(nibbles >= 8, -1.0, 1.0)
+    elements = e2m1_decode(unpack(packed))  # MXFP4 elements are E2M1, packed as NVFP4's
     scales = torch.exp2(exponent.float() - 127).repeat_interleave(MX_BLOCK, dim=-1)
     return packed, exponent.to(torch.uint8), elements * scales
 
@@ -47,7 +45,7 @@ def test_ocp_mxfp4_emulation_graph_capture(capture_graph) -> None:
     w13, w13_scale, w13_ref = random_mxfp4(2 * INTERMEDIATE, HIDDEN)
     w2, w2_scale, w2_ref = random_mxfp4(HIDDEN, INTERMEDIATE)
     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=dtype)
-    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK, "cuda")
+    topk_weights, topk_ids = route(TOKENS, EXPERTS, TOPK)
 
     quant_config = ocp_mx_moe_quant_config(
         quant_dtype="mxfp4", w1_scale=w13_scale, w2_scale=w2_scale
@@ -58,11 +56,16 @@ def test_ocp_mxfp4_emulation_graph_capture(capture_graph) -> None:
     )
 
     def forward() -> torch.Tensor:
-        return apply(kernel, x, w13, w2, topk_weights, topk_ids)
+        return kernel_forward(kernel, x, w13, w2, topk_weights, topk_ids)
 
     eager = forward()
     unquantized = moe_reference(
-        x, w13_ref, w2_ref, topk_weights, topk_ids, lambda t: t.float(), lambda t: t.float()
+        x,
+        topk_weights,
+        topk_ids,
+        lambda e: (w13_ref[e], w2_ref[e]),
+        lambda t: t.float(),
+        lambda t: t.float(),
     )
     # Against a reference without activation quantization: MXFP4 fake quantization of both
     # GEMM inputs (2 mantissa bits, power-of-two block scales) leaves a relative RMS error of

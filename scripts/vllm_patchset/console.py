@@ -1,0 +1,167 @@
+"""What the commands show a person and a script: progress bars and colours (rich decides
+whether the stream is a terminal, and honours NO_COLOR, FORCE_COLOR and TERM=dumb), and the
+one JSON shape of every `--json` document.
+
+Progress goes to stderr and only on a terminal: piped or captured, a command's output is
+exactly its text (or its one JSON document). The start-up guard never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.style import Style
+from rich.text import Text
+
+
+# -- the JSON documents ----------------------------------------------------------------------
+def document(command: str, exit_code: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Every document has `ok` (exit code 0), `command` (as typed: "overlay apply") and
+    `exit_code` first; an error adds `error` (the stderr line without its prefix), a report
+    its own keys."""
+    head = {"ok": exit_code == 0, "command": command, "exit_code": exit_code}
+    return {**head, **{k: v for k, v in body.items() if k not in head}}
+
+
+def print_json(command: str, exit_code: int, body: Mapping[str, Any]) -> None:
+    print(json.dumps(document(command, exit_code, body), indent=2))
+
+
+def emit(args: argparse.Namespace, text: str, body: Mapping[str, Any], exit_code: int = 0) -> int:
+    """A command's one output on stdout: `text`, or with --json `body` as a document. Returns
+    the exit code, for `return emit(...)`."""
+    if args.json:
+        print_json(args.command_name, exit_code, body)
+    elif text:
+        print(text)
+    return exit_code
+
+
+# -- colours ---------------------------------------------------------------------------------
+def _console(stderr: bool) -> Console:
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def colours(stream: str = "stdout") -> bool:
+    """Whether `stream` takes colours: a terminal, NO_COLOR unset (or FORCE_COLOR set)."""
+    console = _console(stream == "stderr")
+    return console.color_system is not None and not console.no_color
+
+
+def paint(text: str, style: str, *, on: bool) -> str:
+    """`text` in `style` (a rich style: "red", "bold green") as ANSI codes when `on`. The
+    text itself is never changed (no wrapping, no tab expansion): only codes are added."""
+    if not on or not style or not text:
+        return text
+    from rich.color import ColorSystem
+
+    return Style.parse(style).render(text, color_system=ColorSystem.STANDARD)
+
+
+def diff_line_style(line: str) -> str:
+    """The colour of a line of a unified diff, as git shows it."""
+    if line.startswith(("+++ ", "--- ")):
+        return "bold"
+    if line.startswith("@@"):
+        return "cyan"
+    if line.startswith("+"):
+        return "green"
+    if line.startswith("-"):
+        return "red"
+    return ""
+
+
+# -- progress --------------------------------------------------------------------------------
+class _Amount(ProgressColumn):
+    """Bytes for a download, `n/total` for steps, nothing while the total is unknown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes = DownloadColumn()
+        self._speed = TransferSpeedColumn()
+        self._steps = MofNCompleteColumn()
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("unit") == "bytes":
+            return Text.assemble(self._bytes.render(task), " ", self._speed.render(task))
+        return self._steps.render(task) if task.total is not None else Text("")
+
+
+class Step:
+    """One line of the progress display: `advance` it, or change its `describe`-tion."""
+
+    def __init__(self, progress: Progress | None, task: TaskID | None) -> None:
+        self._progress = progress
+        self._task = task
+
+    def advance(self, amount: float = 1) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, amount)
+
+    def describe(self, description: str) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=description)
+
+
+_live: Progress | None = None  # one display at a time: nested steps add lines to it
+
+
+@contextmanager
+def progress(description: str, total: float | None = None, *, unit: str = "") -> Iterator[Step]:
+    """A progress line on stderr while the block runs (`unit="bytes"` for a download), gone
+    when it ends; nothing at all when stderr is not a terminal."""
+    global _live
+    console = _console(stderr=True)
+    if _live is None and not (console.is_terminal and not console.is_dumb_terminal):
+        yield Step(None, None)
+        return
+    outer = _live is None
+    if _live is None:
+        _live = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            _Amount(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        _live.start()
+    live = _live
+    task = live.add_task(description, total=total, unit=unit)
+    try:
+        yield Step(live, task)
+    finally:
+        live.remove_task(task)
+        if outer:
+            live.stop()
+            _live = None
+
+
+__all__ = [
+    "colours",
+    "diff_line_style",
+    "document",
+    "emit",
+    "paint",
+    "print_json",
+    "progress",
+]

@@ -1,0 +1,397 @@
+"""One MoE layer for the GPU tests, the benchmark and the tuner, set up one way.
+
+- the vLLM under test, picked before its first import (``import_vllm``): a pure-Python tree
+  first on sys.path, or the installed vllm; vLLM's compiled ops where the package has them
+  (mode ``native``), else the capture-safe stand-ins of ``standins.py`` (mode ``standin``);
+- random NVFP4 weights, activation scales and routing, seeded (``make_moe``, ``random_inputs``);
+- vLLM's experts and ``FusedMoEKernel`` built as a single-GPU ``FusedMoE`` layer builds them
+  (``moe_config``, ``modular_kernel``, ``kernel_forward``), the workspace manager that
+  ``FusedMoEKernel.apply`` takes its buffers from (``init_workspace``), and one experts'
+  ``apply`` on static buffers, graph-capturable (``MoeLayer``).
+
+vLLM is imported inside the functions that use it, never when this module is imported: the
+caller picks the tree and the ops first (tests/gpu/conftest.py does it for pytest, the
+benchmark's and the tuner's workers call ``import_vllm``), and the CPU tests import this module
+where there is no vLLM at all. Works on vLLM 0.21.0 (the nightly-like base of fix 1) and 0.24.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+import standins
+import torch
+from nvfp4_reference import BLOCK, E2M1_VALUES, Nvfp4Moe, activation_global_scale
+
+# The vLLM modules the tests import, imported once by import_vllm (see its docstring).
+VLLM_MODULES = (
+    "vllm.model_executor.layers.fused_moe",
+    "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
+    "vllm.model_executor.layers.fused_moe.experts.triton_moe",
+    "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe",
+    "vllm.v1.worker.workspace",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+
+
+# The benchmark's and the fused-kernel tests' shapes and token counts (decode to prefill).
+SHAPES = (
+    MoeShape("qwen3-30b-a3b", 128, 2048, 768, 8),
+    MoeShape("e128-h4096-i1536", 128, 4096, 1536, 8),
+)
+TOKENS = (1, 8, 32, 128, 512)
+# Activation amax the static scales are calibrated for: randn hidden states stay under 6,
+# silu(gate) * up of unit-RMS rows under 8.
+HIDDEN_AMAX = 6.0
+INTERMEDIATE_AMAX = 8.0
+# RMS of random E2M1 codes (every byte equally likely), and of block scales uniform over
+# [64, 256] (two binades of E4M3, as real checkpoints' are): sqrt(E[s^2]).
+E2M1_RMS = (sum(v * v for v in E2M1_VALUES) / len(E2M1_VALUES)) ** 0.5
+BLOCK_SCALES = (64.0, 256.0)
+_LOW, _HIGH = BLOCK_SCALES
+BLOCK_SCALE_RMS = ((_HIGH**3 - _LOW**3) / (3 * (_HIGH - _LOW))) ** 0.5
+
+
+# -- the vLLM under test ------------------------------------------------------------------------
+class WrongTree(ImportError):
+    """vllm was imported from somewhere else than the tree asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportedVllm:
+    module: types.ModuleType
+    package_dir: Path
+    mode: str  # "native" (the package's compiled ops) or "standin" (standins.py)
+    standin_ops: tuple[str, ...]
+    import_warnings: tuple[str, ...]
+
+
+def import_vllm(tree: Path | None = None) -> ImportedVllm:
+    """Import vLLM's MoE modules from ``tree`` (the folder holding a ``vllm/`` package, put
+    first on sys.path) or, without one, the importable vllm; stand-in ops first where the
+    package has no compiled extensions (vLLM imports them unconditionally).
+
+    Importing vLLM 0.24.0 with torch 2.11 raises torch's own DeprecationWarnings (e.g.
+    ``torch.jit.script_method`` when vLLM's import-time ``torch.compile`` loads inductor). They
+    come from third-party import machinery, not from the code under test, so they are recorded
+    (``import_warnings``, the pytest header shows them) instead of failing collection.
+    Raises ModuleNotFoundError where no vllm is importable, WrongTree where it is not tree's.
+    """
+    if tree is not None and str(tree) not in sys.path:
+        sys.path.insert(0, str(tree))
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
+    package_dir = Path(spec.origin).parent
+    native = standins.has_compiled_extensions(package_dir)
+    ops = () if native else tuple(standins.install())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import vllm
+
+        for name in VLLM_MODULES:
+            importlib.import_module(name)
+    if tree is not None and not Path(vllm.__file__).is_relative_to(tree):
+        raise WrongTree(f"vllm was imported from {vllm.__file__}, not from the tree {tree}")
+    seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
+    return ImportedVllm(vllm, package_dir, "native" if native else "standin", ops, tuple(seen))
+
+
+def init_workspace() -> None:
+    """FusedMoEKernel.apply takes its buffers from vLLM's workspace manager: set it up once."""
+    from vllm.v1.worker.workspace import init_workspace_manager
+
+    init_workspace_manager(torch.device("cuda"))
+
+
+# -- weights and inputs -------------------------------------------------------------------------
+def random_nvfp4_weights(
+    experts: int,
+    rows: int,
+    cols: int,
+    rms: float,
+    *,
+    device: torch.device | str = "cuda",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random NVFP4 weights as a checkpoint holds them, dequantizing to an RMS of about ``rms``.
+
+    Returns (packed uint8 [E, rows, cols / 2], E4M3 block scales [E, rows, cols / 16], FP32
+    global dequantization factors [E], spread +-50% over the experts)."""
+    packed = torch.randint(
+        0, 256, (experts, rows, cols // 2), dtype=torch.uint8, generator=generator, device=device
+    )
+    block_scales = torch.empty(experts, rows, cols // BLOCK, device=device)
+    block_scales.uniform_(*BLOCK_SCALES, generator=generator)
+    spread = torch.empty(experts, device=device).uniform_(0.5, 1.5, generator=generator)
+    global_scale = spread * (rms / (BLOCK_SCALE_RMS * E2M1_RMS))
+    return packed, block_scales.to(torch.float8_e4m3fn), global_scale
+
+
+def make_moe(shape: MoeShape, seed: int = 0, device: torch.device | str = "cuda") -> Nvfp4Moe:
+    """Seeded random NVFP4 experts of ``shape``, every row of unit RMS norm (weights of RMS
+    1 / sqrt(K)), and the activation scales the oracle leaves for HIDDEN_AMAX and
+    INTERMEDIATE_AMAX (oracle/nvfp4.py: 1 / input_scale, input_scale = amax / (448 * 6))."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    w13 = random_nvfp4_weights(e, 2 * i, h, h**-0.5, device=device, generator=gen)
+    w2 = random_nvfp4_weights(e, h, i, i**-0.5, device=device, generator=gen)
+    return Nvfp4Moe(
+        *w13,
+        *w2,
+        a13_gscale=activation_global_scale(HIDDEN_AMAX, device),
+        a2_gscale=activation_global_scale(INTERMEDIATE_AMAX, device),
+    )
+
+
+def route(
+    tokens: int,
+    experts: int,
+    top_k: int,
+    *,
+    device: torch.device | str = "cuda",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of random logits: (FP32 weights, the softmax over the top k; int32 ids,
+    distinct per token)."""
+    logits = torch.randn(tokens, experts, generator=generator, device=device)
+    top_logits, ids = logits.topk(top_k, dim=-1)
+    return top_logits.softmax(dim=-1), ids.to(torch.int32)
+
+
+def random_inputs(
+    tokens: int,
+    shape: MoeShape,
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cuda",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded hidden states (randn, in ``dtype``), top-k weights and ids."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(tokens, shape.hidden, generator=gen, device=device).to(dtype)
+    weights, ids = route(tokens, shape.experts, shape.top_k, device=device, generator=gen)
+    return hidden, weights, ids
+
+
+# -- vLLM's experts and kernel ------------------------------------------------------------------
+def moe_config(
+    experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    local_experts: int | None = None,
+    max_num_tokens: int | None = None,
+) -> Any:
+    """A single-GPU (no TP/DP/EP) FusedMoEConfig for a SiLU-gated MoE layer."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
+    )
+
+    fields = {f.name for f in dataclasses.fields(FusedMoEConfig)}
+    # 0.24.0 takes the full intermediate size; 0.21.0 the per-partition one (same with TP=1).
+    size_field = (
+        "intermediate_size" if "intermediate_size" in fields else "intermediate_size_per_partition"
+    )
+    optional = {} if max_num_tokens is None else {"max_num_tokens": max(max_num_tokens, 1)}
+    return FusedMoEConfig(
+        num_experts=experts,
+        experts_per_token=top_k,
+        hidden_dim=hidden,
+        num_local_experts=experts if local_experts is None else local_experts,
+        num_logical_experts=experts,
+        activation=MoEActivation.SILU,
+        device="cuda",
+        routing_method=RoutingMethodType.TopK,
+        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+        in_dtype=dtype,
+        **{size_field: intermediate},
+        **optional,
+    )
+
+
+def modular_kernel(experts: Any) -> Any:
+    """The no-DP/EP prepare/finalize (what a single-GPU FusedMoE uses) around ``experts``."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.prepare_finalize import (
+        make_moe_prepare_and_finalize_no_dp_ep,
+    )
+
+    return mk.FusedMoEKernel(make_moe_prepare_and_finalize_no_dp_ep(use_monolithic=False), experts)
+
+
+def kernel_forward(
+    kernel: Any,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``FusedMoEKernel.apply`` as a SiLU FusedMoE layer calls it (no expert map)."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    return kernel.apply(
+        hidden_states=x,
+        w1=w1,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        activation=MoEActivation.SILU,
+        global_num_experts=w1.shape[0],
+        expert_map=None,
+        apply_router_weight_on_input=False,
+    )
+
+
+def nvfp4_quant_config(moe: Nvfp4Moe, local: torch.Tensor | slice = slice(None)) -> Any:
+    """vLLM's NVFP4 quant config for ``moe``'s experts ``local`` (all by default)."""
+    from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
+
+    return nvfp4_moe_quant_config(
+        g1_alphas=moe.w13_gscale[local],
+        g2_alphas=moe.w2_gscale[local],
+        a1_gscale=moe.a13_gscale,
+        a2_gscale=moe.a2_gscale,
+        w1_scale=moe.w13_scale[local],
+        w2_scale=moe.w2_scale[local],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Experts:
+    """A vLLM experts object and the weights its ``apply`` takes."""
+
+    experts: Any  # a FusedMoEExpertsModular
+    w1: torch.Tensor
+    w2: torch.Tensor
+    expert_map: torch.Tensor | None = None  # global expert id -> local index, -1 elsewhere
+
+
+def nvfp4_emulation_experts(
+    moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int, local: torch.Tensor | None = None
+) -> Experts:
+    """vLLM's NVFP4 emulation experts over ``moe`` (the overlay's fused kernel where patch 0002
+    is applied); with ``local``, only those experts, as one rank of expert parallelism."""
+    from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
+        Nvfp4QuantizationEmulationTritonExperts,
+    )
+
+    pick: torch.Tensor | slice = slice(None) if local is None else local
+    config = moe_config(
+        shape.experts,
+        shape.top_k,
+        shape.hidden,
+        shape.intermediate,
+        local_experts=None if local is None else local.numel(),
+        max_num_tokens=max_num_tokens,
+    )
+    experts = Nvfp4QuantizationEmulationTritonExperts(config, nvfp4_quant_config(moe, pick))
+    expert_map = None
+    if local is not None:
+        expert_map = torch.full((shape.experts,), -1, dtype=torch.int32, device="cuda")
+        expert_map[local] = torch.arange(local.numel(), dtype=torch.int32, device="cuda")
+    return Experts(experts, moe.w13[pick], moe.w2[pick], expert_map)
+
+
+def bf16_triton_experts(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Experts:
+    """vLLM's unquantized TritonExperts over ``moe``'s weights dequantized to BF16."""
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+
+    config = moe_config(
+        shape.experts,
+        shape.top_k,
+        shape.hidden,
+        shape.intermediate,
+        max_num_tokens=max_num_tokens,
+    )
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    w1 = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device=moe.w13.device)
+    w2 = torch.empty(e, h, i, dtype=torch.bfloat16, device=moe.w2.device)
+    for expert in range(e):  # one at a time: all experts' FP32 weights take gigabytes
+        w1[expert], w2[expert] = moe.dequantized(expert, torch.bfloat16)
+    return Experts(TritonExperts(config, FUSED_MOE_UNQUANTIZED_CONFIG), w1, w2)
+
+
+class MoeLayer:
+    """One MoE layer's experts and its static buffers: ``apply`` calls the experts' own
+    ``apply`` (what FusedMoEKernel calls after its prepare step) on the same tensors every
+    time, so that it can be captured in a CUDA graph and replayed after ``refill``."""
+
+    def __init__(
+        self, moe: Nvfp4Moe, shape: MoeShape, tokens: int, experts: Experts, seed: int = 1
+    ) -> None:
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+        self.moe, self.shape, self.experts = moe, shape, experts
+        self.hidden, self.topk_weights, self.topk_ids = random_inputs(tokens, shape, seed)
+        ws13, ws2, out = experts.experts.workspace_shapes(
+            tokens,
+            2 * shape.intermediate,
+            shape.hidden,
+            shape.top_k,
+            shape.experts,
+            experts.w1.shape[0],
+            None,
+            MoEActivation.SILU,
+        )
+        self.ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
+        self.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
+        self.output = torch.empty(out, dtype=torch.bfloat16, device="cuda")
+
+    def refill(self, seed: int) -> None:
+        """New hidden states and routing in the same tensors."""
+        hidden, weights, ids = random_inputs(self.hidden.size(0), self.shape, seed)
+        self.hidden.copy_(hidden)
+        self.topk_weights.copy_(weights)
+        self.topk_ids.copy_(ids)
+
+    def apply(self, unfused: bool = False) -> torch.Tensor:
+        """``run``, the output filled with NaN first: every element must be written."""
+        self.output.fill_(float("nan"))
+        return self.run(unfused)
+
+    def run(self, unfused: bool = False) -> torch.Tensor:
+        """The layer's output; ``unfused``: patch 0002's fallback, 0.24.0's dequantize-all path."""
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+        kwargs: dict[str, Any] = dict(
+            output=self.output,
+            hidden_states=self.hidden,
+            w1=self.experts.w1,
+            w2=self.experts.w2,
+            topk_weights=self.topk_weights,
+            topk_ids=self.topk_ids,
+            activation=MoEActivation.SILU,
+            global_num_experts=self.shape.experts,
+            expert_map=self.experts.expert_map,
+            workspace13=self.ws13,
+            workspace2=self.ws2,
+            expert_tokens_meta=None,
+            apply_router_weight_on_input=False,
+        )
+        if unfused:
+            self.experts.experts._apply_dequantized(**kwargs)
+        else:
+            self.experts.experts.apply(a1q_scale=None, a2_scale=None, **kwargs)
+        return self.output

@@ -1,0 +1,266 @@
+"""The one pure-torch NVFP4 reference: the format, its quantizers, and the MoE that vLLM's
+TritonExperts and NVFP4 emulation compute.
+
+NVFP4: E2M1 elements (two a byte along K, even k in the low nibble, sign in bit 3), one
+FP8-E4M3 scale per block of 16 elements, one FP32 global scale per tensor (per expert).
+Nothing here imports vLLM or needs a GPU: the CPU tests check it (tests/test_nvfp4_reference.py),
+and the GPU tests, the benchmarks and the engine check's checkpoint writer use it.
+
+Two producers of NVFP4 data, two conventions for the global scale, each reproduced to the bit:
+- weights as ModelOpt writes them (``quantize_weights``): the global scale is the
+  dequantization factor, ``weight_scale_2 = amax / (6 * 448)``, and a block's scale is
+  ``amax_block / 6 / weight_scale_2``;
+- activations as vLLM's emulation fake-quantizes them (``quant_dequant``, vLLM 0.24.0's
+  ``_nvfp4_quant_dequant_kernel``): the global scale is the quantization factor,
+  ``448 * 6 / amax``, and a block's scale is ``global_scale * (amax_block * (1 / 6))``.
+Each function reproduces the arithmetic of what it stands for step by step, in the same
+dtypes, so that the tests can say which differences remain (summation order only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Rounding thresholds between neighbouring E2M1 magnitudes; a tie goes to the even code
+# (vLLM's _round_to_fp4 and cast_to_fp4 use the same thresholds).
+E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+SIGN_BIT = 8
+
+
+# -- E2M1 elements ------------------------------------------------------------------------------
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes (sign in bit 3) of the nearest E2M1 value, ties to the even code;
+    magnitudes over 6 saturate to 6."""
+    magnitude = x.abs().clamp(max=E2M1_MAX)
+    midpoints = torch.tensor(E2M1_MIDPOINTS, device=x.device, dtype=magnitude.dtype)
+    code = torch.bucketize(magnitude, midpoints)  # a tie lands on the lower code
+    tie = magnitude == midpoints[code.clamp(max=len(E2M1_MIDPOINTS) - 1)]
+    code = code + (tie & (code % 2 == 1)).long()
+    return (code | torch.where(x < 0, SIGN_BIT, 0)).to(torch.uint8)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """FP32 values of E2M1 codes (code 8, negative zero, decodes to -0.0)."""
+    table = torch.tensor(E2M1_VALUES, device=codes.device)
+    codes = codes.long()
+    return table[codes & 7] * (1.0 - 2.0 * (codes >> 3))
+
+
+def e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest E2M1 value (ties to the even code), FP32."""
+    return e2m1_decode(e2m1_codes(x))
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes -> [..., K / 2] bytes, element 2i in the low nibble of byte i."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack``: [..., K / 2] bytes -> [..., K] codes."""
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+
+
+# -- whole tensors ------------------------------------------------------------------------------
+def dequantize(
+    packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor | float
+) -> torch.Tensor:
+    """Packed NVFP4 [..., N, K / 2] -> FP32 [..., N, K]: e2m1 * (block_scale * global_scale).
+
+    ``global_scale`` is the dequantization factor and broadcasts over the block scales
+    [..., N, K / 16] (per expert of [E, N, K / 16]: pass it as [E, 1, 1])."""
+    step = block_scales.float() * global_scale
+    return e2m1_decode(unpack(packed)) * step.repeat_interleave(BLOCK, dim=-1)
+
+
+def weight_global_scale(*weights: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's weight_scale_2 per expert, amax / (6 * 448), over every weight given (gate
+    and up share one). Weights are [E, N, K]; the result is [E, 1, 1]."""
+    amax = torch.stack([w.abs().amax(dim=(-2, -1)) for w in weights]).amax(dim=0)
+    return (amax / (E2M1_MAX * E4M3_MAX)).reshape(-1, 1, 1)
+
+
+def quantize_weights(
+    w: torch.Tensor, weight_scale_2: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] -> packed codes uint8 [..., N, K / 2] and E4M3 block scales [..., N, K / 16],
+    as ModelOpt quantizes weights for the dequantization factor ``weight_scale_2`` (broadcast
+    over [..., N, K / 16])."""
+    blocks = w.float().unflatten(-1, (-1, BLOCK))
+    amax = blocks.abs().amax(dim=-1)
+    scale = (amax / E2M1_MAX / weight_scale_2).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    step = (scale.float() * weight_scale_2).unsqueeze(-1)
+    scaled = torch.where(step == 0, torch.zeros_like(blocks), blocks / step)
+    return pack(e2m1_codes(scaled).flatten(-2)), scale
+
+
+def activation_global_scale(
+    amax: torch.Tensor | float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The quantization factor vLLM's emulation uses for activations of this amax: 448 * 6 /
+    amax (the oracle's 1 / input_scale, input_scale = amax / (448 * 6)). FP32, on amax's
+    device (a tensor) or ``device``."""
+    return torch.as_tensor(E4M3_MAX * E2M1_MAX / amax, dtype=torch.float32, device=device)
+
+
+def _scaled_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x in blocks of 16 (FP32), each scaled by global_scale / its E4M3 scale, and the scales:
+    vLLM's kernel up to its division (torch's is exact; see move_off_e2m1_ties)."""
+    blocks = x.float().unflatten(-1, (-1, BLOCK))
+    gs = global_scale.float().reshape(())
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = (gs * (amax * (1.0 / E2M1_MAX))).clamp(-E4M3_MAX, E4M3_MAX)
+    scale = scale.to(torch.float8_e4m3fn).float()
+    to_e2m1 = torch.where(scale == 0, torch.zeros_like(scale), gs / scale)
+    return blocks * to_e2m1, scale, gs
+
+
+def quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """Fake NVFP4 quantization along the last dim, as vLLM's emulation does it to activations;
+    FP32 out (cast it to x's dtype as the kernel stores it).
+
+    Per block of 16: scale = E4M3(global_scale * amax / 6); elements are scaled by
+    global_scale / scale, clamped to +-6 and rounded to E2M1; the result is
+    e2m1 * scale / global_scale."""
+    scaled, scale, gs = _scaled_blocks(x, global_scale)
+    codes = e2m1_round(scaled.clamp(-E2M1_MAX, E2M1_MAX))
+    return (codes * (scale / gs)).flatten(-2)
+
+
+def move_off_e2m1_ties(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """x (bf16/fp16), with each element that NVFP4 quantization would scale to within 8 ulp of
+    an E2M1 rounding threshold moved one step of x's dtype away from zero.
+
+    vLLM's Triton quantize-dequantize divides with Triton's default fp32 ``/``, PTX
+    ``div.full.f32`` (up to 2 ulp off), where torch divides exactly: an element that lands on
+    or next to a threshold (ties are frequent, the scales being short binary fractions) may
+    round the other way. Away from the thresholds both round alike, bit for bit.
+    """
+    thresholds = torch.tensor(E2M1_MIDPOINTS, device=x.device)
+    for _ in range(8):
+        scaled = _scaled_blocks(x, global_scale)[0].abs()
+        gap = (scaled.unsqueeze(-1) - thresholds).abs().amin(dim=-1)
+        near = (gap <= scaled * 2**-20).flatten(-2)
+        if not near.any():
+            return x
+        step_up = (x.view(torch.int16) + 1).view(x.dtype)  # next magnitude of x's dtype
+        x = torch.where(near, step_up, x)
+    raise AssertionError("could not move x off the E2M1 rounding thresholds")
+
+
+# -- FP8 ----------------------------------------------------------------------------------------
+def fp8_max(dtype: torch.dtype) -> float:
+    # vLLM clamps to 224, not torch's 240, for the fnuz type on ROCm (quant_utils.get_fp8_min_max).
+    return 224.0 if dtype == torch.float8_e4m3fnuz else float(torch.finfo(dtype).max)
+
+
+def fp8_quant_dequant(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Static per-tensor FP8: what a GEMM sees after quantizing x with ``scale`` (FP32 out)."""
+    limit = fp8_max(dtype)
+    q = (x.float() * (1.0 / scale.float())).clamp(-limit, limit).to(dtype)
+    return q.float() * scale.float()
+
+
+def quantize_fp8_per_expert(
+    w: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor FP8 of each expert of [E, N, K]: (FP8 weights, FP32 scales [E])."""
+    scale = w.abs().amax(dim=(-2, -1)) / fp8_max(dtype)
+    return (w / scale[:, None, None]).to(dtype), scale
+
+
+# -- the MoE ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Nvfp4Moe:
+    """One MoE layer's NVFP4 experts as vLLM 0.24.0's emulation takes them (oracle/nvfp4.py,
+    EMULATION): w13 [E, 2I, H / 2] and w2 [E, H, I / 2] packed, block scales [E, N, K / 16]
+    (not swizzled), per-expert FP32 global dequantization factors [E], and the activations'
+    global quantization factors (0-dim)."""
+
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w13_gscale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    w2_gscale: torch.Tensor
+    a13_gscale: torch.Tensor
+    a2_gscale: torch.Tensor
+
+    def dequantized(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``expert``'s (w13, w2) as the emulation dequantizes them: FP32, rounded to
+        ``dtype``, returned in FP32."""
+        e = expert
+        w13 = dequantize(self.w13[e], self.w13_scale[e], self.w13_gscale[e])
+        w2 = dequantize(self.w2[e], self.w2_scale[e], self.w2_gscale[e])
+        return w13.to(dtype).float(), w2.to(dtype).float()
+
+
+def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
+    """SwiGLU in h's dtype: silu(gate) rounded to that dtype, times up (vLLM's op)."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate.float()).to(h.dtype) * up
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    quantize_input: Callable[[torch.Tensor], torch.Tensor],
+    quantize_intermediate: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The fused MoE of vLLM's TritonExperts, one expert at a time.
+
+    ``expert_weights(e)`` gives expert e's (w13 [2I, H], w2 [H, I]) in FP32, as the kernel's
+    GEMMs read them. ``quantize_*`` return FP32 values equal to what the GEMMs read of their
+    input. GEMMs accumulate in FP32 and round to x's dtype, as the Triton kernel stores its
+    tiles; the routing weight is applied in FP32 before that rounding; the top-k partial
+    outputs are summed and rounded once.
+    """
+    dtype = x.dtype
+    xq = quantize_input(x)
+    partial = torch.zeros(*topk_ids.shape, x.shape[-1], dtype=dtype, device=x.device)
+    for expert in torch.unique(topk_ids).tolist():
+        token, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
+        w13, w2 = expert_weights(expert)
+        h = (xq[token].float() @ w13.T).to(dtype)
+        a = quantize_intermediate(silu_and_mul(h))
+        o = (a.float() @ w2.T) * topk_weights[token, slot, None].float()
+        partial[token, slot] = o.to(dtype)
+    return partial.float().sum(dim=1).to(dtype)
+
+
+def nvfp4_moe_reference(
+    moe: Nvfp4Moe, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """vLLM 0.24.0's unfused NVFP4 emulation in plain torch: weights dequantized (FP32, then
+    x's dtype), NVFP4 quantize-dequantize of the input and of silu_and_mul's output, each
+    rounded to x's dtype, then ``moe_reference``'s GEMMs."""
+    dtype = x.dtype
+
+    def input_qdq(t: torch.Tensor) -> torch.Tensor:
+        return quant_dequant(t, moe.a13_gscale).to(dtype).float()
+
+    def intermediate_qdq(t: torch.Tensor) -> torch.Tensor:
+        return quant_dequant(t, moe.a2_gscale).to(dtype).float()
+
+    return moe_reference(
+        x,
+        topk_weights,
+        topk_ids,
+        lambda e: moe.dequantized(e, dtype),
+        input_qdq,
+        intermediate_qdq,
+    )
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.float().pow(2).mean().sqrt().item()

@@ -1,0 +1,297 @@
+"""`overlay pack` and the deploy without a checkout: the wheel it builds (exact contents, the
+same bytes twice), installed into a fresh virtual environment beside a real vllm 0.24.0 (the
+PyPI wheel's files), and `vllm-patchset overlay status|apply|verify|diff|revert` run there as
+in a serving image: from a directory outside any checkout, with no git on PATH, the default
+target being that environment's vllm; then vllm reinstalled by pip under the applied overlay."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from support import REPO
+from vllm_install import (
+    LOCK,
+    OVERLAID,
+    PATCHES,
+    Overlay,
+    Pristine,
+    overlay,
+    pristine,
+    record_mismatches,
+)
+from vllm_patchset.cli import main
+
+__all__ = ["overlay", "pristine"]  # fixtures from vllm_install
+
+TOOL_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+# The wheel's declared dependencies and theirs, at the versions this environment runs: the
+# fresh environment gets them from wheels downloaded once into the test cache.
+DEPENDENCIES = (
+    "gitpython",
+    "gitdb",
+    "smmap",
+    "packaging",
+    "rich",
+    "markdown-it-py",
+    "mdurl",
+    "pygments",
+    "tomlkit",
+)
+SERIES = ", ".join(PATCHES)
+
+
+def lock_bytes(overlay: Overlay) -> bytes:
+    return overlay.project.lock_path.read_bytes()
+
+
+def wheel_version(overlay: Overlay) -> str:
+    return f"{TOOL_VERSION}+vllm0.24.0.{hashlib.sha256(lock_bytes(overlay)).hexdigest()[:8]}"
+
+
+def pack(overlay: Overlay, out: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    argv = ["--project", str(overlay.project.root), "overlay", "pack", "--out", str(out)]
+    assert main([*argv, *extra]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    return captured.out
+
+
+def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
+    overlay: Overlay, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    version = wheel_version(overlay)
+    wheel = tmp_path / "a" / f"vllm_patchset-{version}-py3-none-any.whl"
+    assert pack(overlay, tmp_path / "a", capsys) == (
+        f"wrote {wheel}: vllm-patchset with the overlay for vllm 0.24.0 ({SERIES}; 2 file(s))\n"
+        f"in the serving image: pip install {wheel.name} && vllm-patchset overlay apply\n"
+    )
+    info = f"vllm_patchset-{version}.dist-info"
+    code = sorted((REPO / "scripts" / "vllm_patchset").glob("*.py"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.namelist() == [
+            *(f"vllm_patchset/{p.name}" for p in code),
+            "vllm_patchset/_overlay/overlay.lock.json",
+            *(f"vllm_patchset/_overlay/{rel}" for rel in OVERLAID),
+            f"{info}/METADATA",
+            f"{info}/WHEEL",
+            f"{info}/entry_points.txt",
+            f"{info}/RECORD",
+        ]
+        for path in code:
+            assert archive.read(f"vllm_patchset/{path.name}") == path.read_bytes()
+        assert archive.read("vllm_patchset/_overlay/overlay.lock.json") == lock_bytes(overlay)
+        for rel in OVERLAID:
+            assert archive.read(f"vllm_patchset/_overlay/{rel}") == overlay.patched(rel)
+        metadata = archive.read(f"{info}/METADATA").decode()
+        assert metadata.splitlines()[:6] == [
+            "Metadata-Version: 2.1",
+            "Name: vllm-patchset",
+            f"Version: {version}",
+            "Summary: Bug fixes carried on top of a pinned vLLM release: patch series,"
+            " hash-locked overlay, scripted rebase, GPU validation",
+            "License: Apache-2.0",
+            "Requires-Python: >=3.11",
+        ]
+        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")][:4] == [
+            "Requires-Dist: gitpython>=3.1.40",
+            "Requires-Dist: packaging>=23",
+            "Requires-Dist: rich>=13",
+            "Requires-Dist: tomlkit>=0.12",
+        ]
+        assert archive.read(f"{info}/entry_points.txt").decode() == (
+            "[console_scripts]\nvllm-patchset = vllm_patchset.cli:run\n\n"
+            "[vllm.general_plugins]\nvllm_patchset_guard = vllm_patchset.guard:register\n\n"
+        )
+        rows = list(csv.reader(io.StringIO(archive.read(f"{info}/RECORD").decode())))
+        assert [row[0] for row in rows] == archive.namelist()
+        for path, digest, size in rows[:-1]:
+            data = archive.read(path)
+            b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert (digest, size) == (f"sha256={b64}", str(len(data))), path
+        assert rows[-1] == [f"{info}/RECORD", "", ""]
+
+    # The same code and overlay: the same bytes (what an image build caches on).
+    doc = json.loads(pack(overlay, tmp_path / "b", capsys, "--json"))
+    again = tmp_path / "b" / wheel.name
+    assert again.read_bytes() == wheel.read_bytes()
+    assert doc == {
+        "ok": True,
+        "command": "overlay pack",
+        "exit_code": 0,
+        "wheel": str(again),
+        "version": version,
+        "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "vllm": "0.24.0",
+        "patches": list(PATCHES),
+    }
+
+
+def test_pack_refuses_an_overlay_that_is_not_the_lock_s(
+    overlay: Overlay, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "project"
+    shutil.copytree(overlay.project.root, root)
+    edited = root / "overlay" / OVERLAID[0]
+    edited.write_bytes(edited.read_bytes() + b"# edited\n")
+    argv = ["--project", str(root), "overlay", "pack", "--out", str(tmp_path / "dist")]
+    assert main(argv) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"vllm-patchset: {edited} does not match the lock's patched sha256: rebuild it with"
+        " `vllm-patchset overlay build`\n",
+    )
+    assert not (tmp_path / "dist").exists()
+
+
+# -- the wheel in a serving environment ----------------------------------------------------------
+def dependency_wheels(cache_dir: Path) -> list[Path]:
+    """The dependencies' wheels, downloaded once per cache (pip, from the package index)."""
+    folder = cache_dir / "wheels" / "tool-deps"
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in DEPENDENCIES]
+    marker = folder / "pins.txt"
+    if not marker.is_file() or marker.read_text() != "\n".join(pins):
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--dest", str(folder), *pins],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )  # fmt: skip
+        marker.write_text("\n".join(pins))
+    return sorted(folder.glob("*.whl"))
+
+
+def pip(python: Path, *args: str) -> None:
+    """This interpreter's pip acting on the fresh environment (`pip --python`)."""
+    env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), *args],
+        check=True,
+        capture_output=True,
+        env={**env, "PIP_NO_CACHE_DIR": "1"},
+    )
+
+
+def header(command: str, outcome: str, site: Path) -> str:
+    return f"overlay {command}: {outcome} ({site}/vllm, 0.24.0; overlay for 0.24.0: {SERIES})"
+
+
+def test_the_packed_wheel_deploys_without_the_checkout(
+    overlay: Overlay,
+    pristine: Pristine,
+    cache_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pack(overlay, tmp_path / "dist", capsys)
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    env_root = tmp_path / "serving"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_root)], check=True)
+    python = env_root / "bin" / "python"
+    pip(
+        python,
+        "install",
+        "--no-index",
+        "--no-deps",
+        str(wheel),
+        *map(str, dependency_wheels(cache_dir)),
+    )
+    site = next(env_root.glob("lib/python*/site-packages")).resolve()
+    # vllm 0.24.0 as pip installs it: the PyPI wheel's files, hard links to the cached install.
+    for name in ("vllm", "vllm-0.24.0.dist-info"):
+        shutil.copytree(pristine.root / name, site / name, copy_function=os.link)
+    elsewhere = tmp_path / "elsewhere"  # no checkout at or above it
+    elsewhere.mkdir()
+    # As in an image: no git (GitPython will not even import without it), no checkout.
+    env = {"PATH": str(env_root / "bin"), "HOME": str(tmp_path / "home"), "LC_ALL": "C.UTF-8"}
+
+    def tool(*args: str) -> tuple[int, str, str]:
+        done = subprocess.run(
+            [str(env_root / "bin" / "vllm-patchset"), *args],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    def report(command: str, outcome: str, word: str, *notes: str) -> str:
+        files = [f"  {word:10} {rel}" for rel in OVERLAID]
+        return "\n".join([header(command, outcome, site), *files, *notes]) + "\n"
+
+    assert tool("--version") == (
+        0,
+        f"vllm-patchset {wheel_version(overlay)} (overlay for vllm 0.24.0: {SERIES})\n",
+        "",
+    )
+    assert tool("overlay", "status") == (0, report("status", "not applied", "pristine"), "")
+    assert tool("overlay", "apply") == (0, report("apply", "applied", "patch"), "")
+    for rel in OVERLAID:
+        assert (site / rel).read_bytes() == overlay.patched(rel)
+    assert tool("overlay", "verify") == (0, report("verify", "verified", "patched"), "")
+    assert tool("overlay", "status") == (0, report("status", "applied", "patched"), "")
+    assert tool("overlay", "diff") == (0, "", "")
+    plugins = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; from vllm_patchset import guard;"
+         " print([e.value for e in m.entry_points(group='vllm.general_plugins', name='vllm_patchset_guard')]);"
+         f" print(guard.check(__import__('pathlib').Path({str(site)!r})).message)"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert plugins == (
+        "['vllm_patchset.guard:register']\n"
+        f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} (2 files)\n"
+    )
+
+    # A command that needs the checkout says so, naming --project.
+    assert tool("overlay", "build") == (
+        2,
+        "",
+        f"vllm-patchset: not in a vllm-patchset checkout (no pyproject.toml with"
+        f" [tool.vllm-patchset] at or above {elsewhere}): run it in one, or pass --project DIR\n",
+    )
+
+    # pip reinstalls vllm under the applied overlay: status says so, apply puts it back.
+    wheel_file = next((cache_dir / "wheels").glob("vllm-0.24.0-*.whl"))
+    pip(
+        python,
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--force-reinstall",
+        str(wheel_file),
+    )
+    assert record_mismatches(site, pristine.record) == []
+    gone = (
+        f"  note: the overlay applied to vllm 0.24.0 ({SERIES}) is gone from the files (vllm was"
+        " reinstalled over it): `vllm-patchset overlay apply` applies this lock's overlay again,"
+        " `vllm-patchset overlay revert` removes the stale record"
+    )
+    assert tool("overlay", "status") == (1, report("status", "gone", "pristine", gone), "")
+    code, out, err = tool("overlay", "diff")
+    assert (code, err) == (0, "")
+    assert [line for line in out.splitlines() if line.startswith("+++ ")] == [
+        f"+++ b/{rel}" for rel in OVERLAID
+    ]
+    code, out, err = tool("overlay", "apply")
+    assert (code, out.splitlines()[0], err) == (0, header("apply", "applied", site), "")
+    assert tool("overlay", "verify")[0] == 0
+    assert tool("overlay", "revert") == (0, report("revert", "reverted", "restore"), "")
+    assert record_mismatches(site, pristine.record) == []
+    assert not (site / ".vllm-patchset").exists()
+    assert overlay.lock == LOCK
