@@ -8,33 +8,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import http.server
 import json
 import os
 import pty
+import random
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import REPO
-from vllm_install import OVERLAID, PATCHES, Overlay, Pristine, overlay, pristine, target
+from support import export_committed
+from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
+from vllm_install import OVERLAID, PATCHES, Overlay, Pristine
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
 from vllm_patchset.config import Project
 from vllm_patchset.kit import write_kit
-from vllm_patchset.upstream import Mirror
-
-__all__ = ["overlay", "pristine", "target"]  # fixtures from vllm_install
 
 SERIES = ", ".join(PATCHES)
-FIX1 = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
-FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
-FUSED = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 HEAD = ("ok", "command", "exit_code")
 
 
@@ -151,9 +144,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     ids=" ".join,
 )
 def test_global_options_before_or_after_the_command(
-    project: Project, capsys: pytest.CaptureFixture[str], order: tuple[str, ...]
+    tiny: Project, capsys: pytest.CaptureFixture[str], order: tuple[str, ...]
 ) -> None:
-    code, out, err = cli(capsys, *(a.format(root=project.root) for a in order))
+    code, out, err = cli(capsys, *(a.format(root=tiny.root) for a in order))
     assert (code, err) == (0, "")
     assert json.loads(out)["lock"] == "fresh"
 
@@ -221,8 +214,8 @@ def _kit(tmp_path: Path) -> Path:
 JSON_COMMANDS = [
     ("status", (), 0, ["pin", "patches", "disagreements", "parked", "lock"]),
     ("check", (), 0, ["patches", "problems"]),
-    ("matrix", ("0.24.0",), 0, ["versions", "details"]),
-    ("fetch", ("0.24.0",), 0, ["label", "version", "tag", "commit", "source"]),
+    ("matrix", ("1.0",), 0, ["versions", "details"]),
+    ("fetch", ("1.0",), 0, ["label", "version", "tag", "commit", "source"]),
     ("overlay build", (), 0, ["version", "dir", "patches", "files"]),
     ("tree", ("{tmp}/tree",), 0, ["dest", "kind"]),
     ("queue import", (), 0, ["path", "base", "patches"]),
@@ -236,7 +229,7 @@ JSON_COMMANDS = [
 
 @pytest.mark.parametrize(("command", "args", "code", "keys"), JSON_COMMANDS, ids=lambda v: str(v))
 def test_every_command_prints_one_json_document(
-    project: Project,
+    tiny: Project,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     command: str,
@@ -244,20 +237,18 @@ def test_every_command_prints_one_json_document(
     code: int,
     keys: list[str],
 ) -> None:
-    shutil.copytree(REPO / "tests" / "gpu", project.root / "tests" / "gpu")  # for validate, bundle
+    export_committed(["tests/gpu"], tiny.root)  # for validate, bundle
     kit = _kit(tmp_path) if command == "kit verify" else None
     words = [*command.split(), *(a.format(tmp=tmp_path, kit=kit) for a in args)]
-    got, out, _ = cli(capsys, "--project", project.root, *words, "--json")
+    got, out, _ = cli(capsys, "--project", tiny.root, *words, "--json")
     doc = json.loads(out)
     assert (got, list(doc)) == (code, [*HEAD, *keys])
     assert (doc["ok"], doc["command"], doc["exit_code"]) == (code == 0, command, code)
 
 
-def test_an_error_is_a_json_document_too(
-    project: Project, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_error_is_a_json_document_too(tiny: Project, capsys: pytest.CaptureFixture[str]) -> None:
     message = "not a vLLM version: 'latest' (expected e.g. 0.24.0)"
-    assert cli(capsys, "matrix", "latest", "--project", project.root, "--json") == (
+    assert cli(capsys, "matrix", "latest", "--project", tiny.root, "--json") == (
         2,
         json.dumps({"ok": False, "command": "matrix", "exit_code": 2, "error": message}, indent=2)
         + "\n",
@@ -266,38 +257,37 @@ def test_an_error_is_a_json_document_too(
 
 
 # -- the matrix -------------------------------------------------------------------------------
+# The synthetic story's (tests/synthetic.py): one column of each kind of cell.
 MATRIX = f"""\
-version  U0001     0001        0002
-0.24.0   upstream  applies     applies
-0.25.0   upstream  upstream *  conflict (rewritten) *
-U0001  patches/{FIX1}
-0001   patches/{FIX2}
-0002   patches/{FUSED}
+version  U0001     0001                    0002
+1.0      upstream  applies                 applies
+1.1      upstream  upstream *              conflict
+1.2      upstream  conflict (rewritten) *  conflict (rewritten) *
+U0001  patches/upstreamed/{STORY_ARCHIVED.name}
+0001   patches/{STORY_FIX.name}
+0002   patches/{STORY_LOCAL.name}
 states: applies (needed, applies cleanly), upstream (the version has the fix), absent (the code it
   fixes is not there), conflict (needed, does not apply); (verdict) when finer, * a note below
-* 0.25.0 0001: hunk 1 (vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py): code
-    present, surrounding text differs
-* 0.25.0 0001: hunk 3 (vllm/model_executor/layers/fused_moe/experts/triton_moe.py): code matches
-    upstream, comment lines differ
-* 0.25.0 0002: text says absent, trailers say applies: the code it changes is gone (rewritten or
+* 1.1 0001: hunk 1 (vllm/layers/moe.py): code matches upstream, comment lines differ
+* 1.2 0001: text says absent, trailers say applies: the code it changes is gone (rewritten or
+    removed upstream)
+* 1.2 0002: text says absent, trailers say applies: the code it changes is gone (rewritten or
     removed upstream)
 """
 
 
-def test_the_matrix_reads_in_100_columns(
-    project: Project, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, out, err = cli(capsys, "--project", project.root, "matrix", "0.25.0", "0.24.0")
+def test_the_matrix_reads_in_100_columns(tiny: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "--project", tiny.root, "matrix", "1.2", "1.1", "1.0")
     assert (code, out) == (0, MATRIX)
     assert max(len(line) for line in out.splitlines()) <= 100
-    assert err.startswith("matrix: 2 trees x 3 patches in ")
+    assert err.startswith("matrix: 3 trees x 3 patches in ")
 
 
 @pytest.mark.parametrize(("env", "coloured"), [({}, True), ({"NO_COLOR": "1"}, False)])
 def test_matrix_states_are_coloured_on_a_terminal(
-    project: Project, env: dict[str, str], coloured: bool
+    tiny: Project, env: dict[str, str], coloured: bool
 ) -> None:
-    argv = ("--project", project.root, "matrix", "0.25.0", "0.24.0")
+    argv = ("--project", tiny.root, "matrix", "1.2", "1.1", "1.0")
     code, shown = on_a_terminal(*argv, env=env, stream="stdout")
     text = shown.decode().replace("\r\n", "\n")
     assert code == 0
@@ -358,71 +348,57 @@ def test_overlay_diff_is_coloured_on_a_terminal(
 
 
 # -- progress ----------------------------------------------------------------------------------
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def index_with_the_pin(mirror: Mirror, tmp_path: Path) -> Iterator[str]:
-    """A local package index (PEP 691 JSON) serving the real vllm 0.24.0 sdist."""
-    name = "vllm-0.24.0.tar.gz"
-    data = (mirror.sdists / name).read_bytes()
-    root = tmp_path / "index"
-    (root / "files").mkdir(parents=True)
-    (root / "files" / name).write_bytes(data)
-    handler = lambda *a, **k: _Quiet(*a, directory=str(root), **k)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    url = f"http://127.0.0.1:{server.server_port}"
-    (root / "simple" / "vllm").mkdir(parents=True)
-    files = [{"filename": name, "url": f"{url}/files/{name}",
-              "hashes": {"sha256": hashlib.sha256(data).hexdigest()}}]  # fmt: skip
-    (root / "simple" / "vllm" / "index.html").write_text(json.dumps({"files": files}))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"{url}/simple"
-    server.shutdown()
-    server.server_close()
+def index_with_the_pin(story: Story, tmp_path: Path) -> Iterator[str]:
+    """A local package index serving the story's pin as an sdist of a few MB (a model's data
+    file beside the package: a download long enough to show its progress)."""
+    files = {
+        **story.upstream.files("1.0"),
+        "vllm/data/table.txt": random.Random(0).randbytes(1536 << 10).hex(),
+    }
+    with LocalIndex(tmp_path / "index") as index:
+        index.publish("vllm-1.0.tar.gz", sdist_bytes("1.0", files))
+        yield index.url
 
 
 def test_a_download_shows_its_progress_on_a_terminal_only(
-    project: Project, index_with_the_pin: str, tmp_path: Path
+    tiny: Project, index_with_the_pin: str, tmp_path: Path
 ) -> None:
-    text = project.pyproject.read_text().replace("https://pypi.org/simple", index_with_the_pin)
-    project.pyproject.write_text(text)
-    argv = ("--project", project.root, "fetch", "0.24.0", "--cache-dir")
+    text = tiny.pyproject.read_text().replace(tiny.index_url, index_with_the_pin)
+    tiny.pyproject.write_text(text)
+    argv = ("--project", tiny.root, "fetch", "1.0", "--cache-dir")
     code, shown = on_a_terminal(*argv, tmp_path / "cache-a", env={}, stream="stderr")
     assert code == 0
     terminal = shown.decode("utf-8", "replace")
-    assert "downloading vllm-0.24.0.tar.gz" in terminal
+    assert "downloading vllm-1.0.tar.gz" in terminal
     assert " MB" in terminal  # bytes, as rich's download column shows them
-    assert "importing vllm-0.24.0.tar.gz into the mirror" in terminal
+    assert "importing vllm-1.0.tar.gz into the mirror" in terminal
     code, out, err = tool(*argv, tmp_path / "cache-b")
-    assert (code, err) == (0, "downloaded vllm-0.24.0.tar.gz, sha256 verified\n")
-    assert out.startswith("0.24.0: v0.24.0 ")
+    assert (code, err) == (0, "downloaded vllm-1.0.tar.gz, sha256 verified\n")
+    assert out.startswith("1.0: v1.0 ")
 
 
 # -- the remaining faults ----------------------------------------------------------------------
 def test_validate_only_an_unknown_tree_is_refused_before_building(
-    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     work = tmp_path / "work"
-    assert cli(capsys, "--project", project.root, "validate", "--only", "nope", "--work", work) == (
+    assert cli(capsys, "--project", tiny.root, "validate", "--only", "nope", "--work", work) == (
         2,
         "",
-        "vllm-patchset: validate --only nope: no such tree (the trees: pristine-0.24.0,"
-        " overlay-0.24.0, buggy-0001-0.21.0, fixed-0001-0.21.0)\n",
+        "vllm-patchset: validate --only nope: no such tree (the trees: pristine-1.0,"
+        " overlay-1.0, buggy-0001-1.0, fixed-0001-1.0)\n",
     )
     assert not work.exists()
 
 
 def test_validate_without_torch_says_so_in_one_line(
-    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True)
     python = tmp_path / "v" / "bin" / "python"
     work = tmp_path / "work"
-    argv = ("--project", project.root, "validate", "--python", python, "--work", work)
+    argv = ("--project", tiny.root, "validate", "--python", python, "--work", work)
     assert cli(capsys, *argv) == (
         2,
         "",
@@ -434,10 +410,10 @@ def test_validate_without_torch_says_so_in_one_line(
 
 
 def test_fetch_from_a_missing_repository_keeps_git_s_fatal_line(
-    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "MISSING"
-    argv = ("--project", project.root, "fetch", "--git", missing, "--ref", "v0.24.0")
+    argv = ("--project", tiny.root, "fetch", "--git", missing, "--ref", "v1.0")
     assert cli(capsys, *argv) == (
         2,
         "",
@@ -447,11 +423,11 @@ def test_fetch_from_a_missing_repository_keeps_git_s_fatal_line(
 
 
 def test_fetch_from_something_that_is_not_python_prints_no_script(
-    project: Project, capsys: pytest.CaptureFixture[str]
+    tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # echo prints its arguments: the probe's script among them, which must not be shown.
     echo = shutil.which("echo")
-    assert cli(capsys, "--project", project.root, "fetch", "--python", echo) == (
+    assert cli(capsys, "--project", tiny.root, "fetch", "--python", echo) == (
         2,
         "",
         f"vllm-patchset: cannot run --python {echo}: no answer (is it a Python interpreter?)\n",
