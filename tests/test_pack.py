@@ -28,13 +28,9 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
-    overlay,
-    pristine,
     record_mismatches,
 )
 from vllm_patchset.cli import main
-
-__all__ = ["overlay", "pristine"]  # fixtures from vllm_install
 
 TOOL_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 # The wheel's declared dependencies and theirs, at the versions this environment runs: the
@@ -75,7 +71,7 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
     version = wheel_version(overlay)
     wheel = tmp_path / "a" / f"vllm_patchset-{version}-py3-none-any.whl"
     assert pack(overlay, tmp_path / "a", capsys) == (
-        f"wrote {wheel}: vllm-patchset with the overlay for vllm 0.24.0 ({SERIES}; 2 file(s))\n"
+        f"wrote {wheel}: vllm-patchset with the overlay for vllm 0.24.0 ({SERIES}; {len(OVERLAID)} file(s))\n"
         f"in the serving image: pip install {wheel.name} && vllm-patchset overlay apply\n"
     )
     info = f"vllm_patchset-{version}.dist-info"
@@ -254,7 +250,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     ).stdout  # fmt: skip
     assert plugins == (
         "['vllm_patchset.guard:register']\n"
-        f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} (2 files)\n"
+        f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} ({len(OVERLAID)} files)\n"
     )
 
     # A command that needs the checkout says so, naming --project.
@@ -266,7 +262,6 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     )
 
     # pip reinstalls vllm under the applied overlay: status says so, apply puts it back.
-    wheel_file = next((cache_dir / "wheels").glob("vllm-0.24.0-*.whl"))
     pip(
         python,
         "install",
@@ -274,7 +269,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         "--no-deps",
         "--no-compile",
         "--force-reinstall",
-        str(wheel_file),
+        str(pristine.wheel),
     )
     assert record_mismatches(site, pristine.record) == []
     gone = (
