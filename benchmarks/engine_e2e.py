@@ -111,8 +111,8 @@ MODELS = {  # folder -> (format, layers)
     "bf16-L12": ("bf16", 12),
     "fp8-L2": ("fp8", 2),
 }
-NUMERICS = {"logprobs": True, "greedy": True}
-SPEED = {"batches": (1, 8, 32)}
+NUMERICS: dict[str, Any] = {"logprobs": True, "greedy": True}
+SPEED: dict[str, Any] = {"batches": (1, 8, 32)}
 # A phase: runs one after the other on GPUs of their own, and the state the vLLM install must
 # be in ("pristine", "overlay" or "any"). Phases given together run side by side when there
 # are GPUs enough.
@@ -311,21 +311,21 @@ def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[st
     for proc, log, out in procs:
         log.close()
         text = Path(log.name).read_text(errors="replace")
-        rank: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
-        rank["exit_code"] = proc.returncode
-        rank["guard"] = sorted(
+        report: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+        report["exit_code"] = proc.returncode
+        report["guard"] = sorted(
             {
                 line.split("vllm-patchset: ", 1)[1]
                 for line in text.splitlines()
                 if "vllm-patchset: " in line
             }
         )
-        rank["capture_errors"] = sorted({m.group(0) for m in CAPTURE_ERRORS.finditer(text)})
+        report["capture_errors"] = sorted({m.group(0) for m in CAPTURE_ERRORS.finditer(text)})
         if frame := failing_frame(text):
-            rank["failing_frame"] = frame
-        if proc.returncode != 0 and "startup_error" not in rank:
-            rank["error_tail"] = text.splitlines()[-15:]
-        ranks.append(rank)
+            report["failing_frame"] = frame
+        if proc.returncode != 0 and "startup_error" not in report:
+            report["error_tail"] = text.splitlines()[-15:]
+        ranks.append(report)
     result = {
         **ranks[0],
         "name": name,
@@ -701,10 +701,15 @@ def _host(work: Path) -> Host:
     return Host(site if (site / "vllm").is_dir() else None, work / "models", work / "results")
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    worker(_run_from_json(args.spec), args.model, args.out)
+    return 0
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     """Assemble a native-ops kit into WORK/native and install vllm-patchset into its site/."""
     sys.path.insert(0, str(REPO / "scripts" / "vllm_patchset"))
-    import kitparts
+    import kitparts  # type: ignore[import-not-found]  # from the path above, as on the host
 
     dest = kitparts.assemble(args.kit, args.work / "native")
     site = dest / "site"
@@ -853,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec")
     p.add_argument("model", type=Path)
     p.add_argument("out", type=Path)
-    p.set_defaults(func=lambda a: worker(_run_from_json(a.spec), a.model, a.out) or 0)
+    p.set_defaults(func=cmd_worker)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -296,12 +296,10 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
         chosen = {}
         for kind, tiles in (("w13", W13[bm]), ("w2", W2[bm])):
             floor = {sh: min(us(sh, kind, bm, naive, qdq, g) for g in tiles) for sh in shapes}
-            chosen[kind] = min(
-                tiles,
-                key=lambda g, kind=kind, floor=floor: sum(
-                    us(sh, kind, bm, naive, qdq, g) / floor[sh] for sh in shapes
-                ),
-            )
+            cost = {
+                g: sum(us(sh, kind, bm, naive, qdq, g) / floor[sh] for sh in shapes) for g in tiles
+            }
+            chosen[kind] = min(tiles, key=cost.__getitem__)
         totals = {
             sh: us(sh, "w13", bm, naive, qdq, chosen["w13"])
             + us(sh, "w2", bm, naive, qdq, chosen["w2"])
@@ -435,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     if args.write_table:
+        assert K.__file__ is not None  # a module loaded from its file
         write_table(Path(K.__file__), table)
         print(f"wrote the table into {K.__file__}")
     print(table_source(table))

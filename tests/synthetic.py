@@ -28,6 +28,7 @@ import json
 import shutil
 import tarfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,7 +167,7 @@ class SyntheticUpstream:
     def release(
         self,
         version: str,
-        changes: dict[str, str | None],
+        changes: Mapping[str, str | None],
         *,
         base: str | None = None,
         renames: dict[str, str] | None = None,

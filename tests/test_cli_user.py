@@ -427,6 +427,7 @@ def test_fetch_from_something_that_is_not_python_prints_no_script(
 ) -> None:
     # echo prints its arguments: the probe's script among them, which must not be shown.
     echo = shutil.which("echo")
+    assert echo is not None
     assert cli(capsys, "--project", tiny.root, "fetch", "--python", echo) == (
         2,
         "",

@@ -738,7 +738,7 @@ def compile_unchecked(source: Path, optimization: int | str = "") -> Path:
         str(source),
         cfile=str(pyc),
         doraise=True,
-        optimize=optimization or -1,
+        optimize=int(optimization or -1),
         invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
     )
     return pyc

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the checkpoint writer runs torch (pip install torch)")
+pytest.importorskip("torch", reason="the checkpoint writer runs torch (pip install torch)")
+import torch
+
 safetensors = pytest.importorskip("safetensors.torch", reason="it writes safetensors files")
 
 REPO = Path(__file__).resolve().parent.parent

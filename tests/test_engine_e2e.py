@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,7 +139,7 @@ def test_failing_frame_and_capture_errors() -> None:
     ]
 
 
-def _run(name: str, **extra: object) -> dict[str, object]:
+def _run(name: str, **extra: object) -> dict[str, Any]:
     return {"name": name, "finished": True, "startup_s": 40.0, "gpus": [0], "guard": ["g"], **extra}
 
 

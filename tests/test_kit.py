@@ -13,6 +13,7 @@ import random
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import pytest
 from vllm_install import install_pristine
@@ -250,7 +251,7 @@ def _repack(kit: Path, edit) -> None:
         (kit / part.name).unlink()
     with (
         kitparts.PartWriter(kit, LIMIT) as parts,
-        lzma.open(parts, "wb", preset=0) as xz,
+        lzma.open(cast(BinaryIO, parts), "wb", preset=0) as xz,
         tarfile.open(fileobj=xz, mode="w") as tar,
     ):
         for name, data in members:

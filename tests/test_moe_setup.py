@@ -10,7 +10,9 @@ import sys
 import pytest
 from support import REPO
 
-torch = pytest.importorskip("torch", reason="the layer setup runs torch (pip install torch)")
+pytest.importorskip("torch", reason="the layer setup runs torch (pip install torch)")
+import torch
+
 GPU_TESTS = REPO / "tests" / "gpu"
 sys.path.insert(0, str(GPU_TESTS))
 

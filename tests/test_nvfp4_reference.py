@@ -10,10 +10,12 @@ import sys
 import pytest
 from support import REPO
 
-torch = pytest.importorskip("torch", reason="the NVFP4 reference runs torch (pip install torch)")
+pytest.importorskip("torch", reason="the NVFP4 reference runs torch (pip install torch)")
+import torch
+
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
-import nvfp4_reference as nvfp4  # noqa: E402
+import nvfp4_reference as nvfp4
 
 F8 = torch.float8_e4m3fn
 

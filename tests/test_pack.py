@@ -113,10 +113,10 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
         )
         rows = list(csv.reader(io.StringIO(archive.read(f"{info}/RECORD").decode())))
         assert [row[0] for row in rows] == archive.namelist()
-        for path, digest, size in rows[:-1]:
-            data = archive.read(path)
+        for name, digest, size in rows[:-1]:
+            data = archive.read(name)
             b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            assert (digest, size) == (f"sha256={b64}", str(len(data))), path
+            assert (digest, size) == (f"sha256={b64}", str(len(data))), name
         assert rows[-1] == [f"{info}/RECORD", "", ""]
 
     # The same code and overlay: the same bytes (what an image build caches on).

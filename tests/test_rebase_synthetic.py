@@ -41,7 +41,7 @@ from synthetic import (
     rewritten,
     write_patches,
 )
-from vllm_patchset import rebase
+from vllm_patchset import rebase, swap
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.fsio import KILL_ENV
@@ -494,7 +494,7 @@ def test_upstream_reverted_an_archived_fix(
     key = f"upstreamed/{FIX.name}"
     assert doc["versions"] == {"git:v1.2": {key: "applies"}}
     assert doc["warnings"] == [f"{key}: text says applies, trailers say upstream"]
-    assert [d["options"] for d in doc["decisions"]] == [  # type: ignore[union-attr]
+    assert [d["options"] for d in doc["decisions"]] == [  # type: ignore[attr-defined]
         ["--keep upstreamed/0001", "--drop upstreamed/0001"]
     ]
     doc = rebase_json(capsys, root, *onto(upstream, "1.2"), "--keep", "upstreamed/0001")
@@ -691,7 +691,7 @@ def test_signal_during_the_swap(
     to this process there (the swap itself runs as it is)."""
     root = tiny.root
     before = sha256s(root)
-    real_swap_in = rebase.swap_in
+    real_swap_in = swap.swap_in
 
     def swap_in_interrupted(folder: Path, at: Path, paths: Sequence[str]) -> None:
         real_swap_in(folder, at, paths[:1])  # patches/ moved in ...
@@ -730,7 +730,7 @@ def test_signal_while_staging_changes_nothing(
     starts): the checkout is as it was, and the message says so and what cleans up."""
     root = tiny.root
     before = sha256s(root)
-    real_stage = rebase.stage_project
+    real_stage = swap.stage_project
 
     def stage_interrupted(*args: object) -> object:
         os.kill(os.getpid(), signum)

@@ -103,7 +103,10 @@ def test_check_tree_rows() -> None:
             gpurun.Expectation("tests/gpu/test_b.py::test_v", "red", "bug"),
         ),
     )
-    report = {"vllm": {"mode": "standin", "version": "0.24.0"}, "outcomes": OUTCOMES}
+    report: dict[str, object] = {
+        "vllm": {"mode": "standin", "version": "0.24.0"},
+        "outcomes": OUTCOMES,
+    }
     rows = [
         (r.test.split("::")[1], r.expect, r.got, r.met) for r in gpurun.check_tree(spec, report)
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -182,7 +183,7 @@ MOE_OPS = {
 }
 
 
-def _register(namespace: str, ops: dict[str, object], dispatch_key: str) -> None:
+def _register(namespace: str, ops: Mapping[str, object], dispatch_key: str) -> None:
     lib = torch.library.Library(namespace, "FRAGMENT")
     _LIBRARIES.append(lib)
     for schema, fn in ops.items():

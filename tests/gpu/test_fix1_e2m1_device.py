@@ -7,26 +7,28 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+pytest.importorskip("torch", reason="the GPU tests need torch")
+import torch
+
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_setup import (  # noqa: E402
+from moe_setup import (
     kernel_forward,
     modular_kernel,
     moe_config,
     random_nvfp4_weights,
     route,
 )
-from nvfp4_reference import E2M1_MAX, E4M3_MAX  # noqa: E402
-from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (  # noqa: E402
+from nvfp4_reference import E2M1_MAX, E4M3_MAX
+from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (
     NvFp4MoeBackend,
     backend_to_kernel_cls,
     convert_to_nvfp4_moe_kernel_format,
     make_nvfp4_moe_quant_config,
 )
-from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (  # noqa: E402
+from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (
     kE2M1ToFloat_handle,
 )
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+pytest.importorskip("torch", reason="the GPU tests need torch")
+import torch
+
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_setup import kernel_forward, modular_kernel, moe_config, route  # noqa: E402
-from nvfp4_reference import (  # noqa: E402
+from moe_setup import kernel_forward, modular_kernel, moe_config, route
+from nvfp4_reference import (
     fp8_max,
     fp8_quant_dequant,
     moe_reference,
@@ -22,9 +24,9 @@ from nvfp4_reference import (  # noqa: E402
     rms,
     silu_and_mul,
 )
-from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config  # noqa: E402
-from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts  # noqa: E402
-from vllm.platforms import current_platform  # noqa: E402
+from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
+from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+from vllm.platforms import current_platform
 
 pytestmark = pytest.mark.gpu
 

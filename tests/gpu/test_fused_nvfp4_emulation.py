@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 if not torch.cuda.is_available():
     pytest.skip("no CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-import moe_setup  # noqa: E402
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference  # noqa: E402
-from vllm.model_executor.layers.fused_moe.experts import (  # noqa: E402
+import moe_setup
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from vllm.model_executor.layers.fused_moe.experts import (
     nvfp4_emulation_moe,
 )
 

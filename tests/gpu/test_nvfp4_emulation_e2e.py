@@ -10,12 +10,14 @@ import dataclasses
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+pytest.importorskip("torch", reason="the GPU tests need torch")
+import torch
+
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
-from moe_setup import (  # noqa: E402
+from moe_setup import (
     kernel_forward,
     modular_kernel,
     moe_config,
@@ -23,7 +25,7 @@ from moe_setup import (  # noqa: E402
     random_nvfp4_weights,
     route,
 )
-from nvfp4_reference import (  # noqa: E402
+from nvfp4_reference import (
     Nvfp4Moe,
     activation_global_scale,
     move_off_e2m1_ties,
@@ -32,7 +34,7 @@ from nvfp4_reference import (  # noqa: E402
     rms,
     silu_and_mul,
 )
-from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
     Nvfp4QuantizationEmulationTritonExperts,
 )
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+pytest.importorskip("torch", reason="the GPU tests need torch")
+import torch
+
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 pytest.importorskip("quark", reason="vLLM's OCP MX emulation needs amd-quark (not installed)")
 
-from moe_setup import kernel_forward, modular_kernel, moe_config, route  # noqa: E402
-from nvfp4_reference import e2m1_decode, moe_reference, rms, unpack  # noqa: E402
-from vllm.model_executor.layers.fused_moe.config import ocp_mx_moe_quant_config  # noqa: E402
+from moe_setup import kernel_forward, modular_kernel, moe_config, route
+from nvfp4_reference import e2m1_decode, moe_reference, rms, unpack
+from vllm.model_executor.layers.fused_moe.config import ocp_mx_moe_quant_config
 
 experts_module = pytest.importorskip(
     "vllm.model_executor.layers.fused_moe.experts.ocp_mx_emulation_moe",
