@@ -50,12 +50,13 @@ def test_installed_wheel_agrees_with_sdist(
 
 
 def test_modified_install_is_refused(
-    mirror: Mirror, target: Path, project: Project, capsys: pytest.CaptureFixture[str]
+    target: Path, tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = target / OVERLAID[0]
     replace_file(path, path.read_bytes() + b"# local edit\n")
+    mirror = Mirror(tiny.cache_dir)
     before = mirror.repo.tags("*")
-    assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 2
+    assert main(["--project", str(tiny.root), "fetch", "--target", str(target)]) == 2
     assert capsys.readouterr().err == (
         f"vllm-patchset: {path} does not match its RECORD hash: the installed vllm 0.24.0 was modified\n"
     )
@@ -63,9 +64,9 @@ def test_modified_install_is_refused(
 
 
 def test_target_without_vllm(
-    tmp_path: Path, project: Project, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--project", str(project.root), "fetch", "--target", str(tmp_path)]) == 2
+    assert main(["--project", str(tiny.root), "fetch", "--target", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
         f"vllm-patchset: {tmp_path} holds no vllm package (vllm/__init__.py is missing)\n"
     )
