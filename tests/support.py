@@ -71,7 +71,14 @@ def _archive(repo: Path, paths: tuple[str, ...]) -> bytes:
 
 
 def _git_bytes(cwd: Path, *args: str) -> bytes:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True).stdout
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the tests read the project as committed in {cwd} (git {' '.join(args[:2])}"
+            f" failed: {done.stderr.decode(errors='replace').strip()}): run them in a git"
+            " checkout"
+        )
+    return done.stdout
 
 
 def make_upstream_repo(mirror: Mirror, version: str, path: Path, edits: dict[str, bytes]) -> Path:
