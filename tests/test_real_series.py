@@ -369,7 +369,6 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     """The series as it grew: fix 1 on a nightly pin, archived on 0.24.0; fix 2 and 0002
     joined there; 0.25.0 merged fix 2 and rewrote what 0002 replaces (parked, `--keep`);
     0.33.0 needs no decision. (`--drop` on the real series: test_rebase_pin_to_0_33_0.)"""
-    rule = "--keep"
     root = pinned.root
     real = {name: committed(f"patches/{name}") for name in (FIX2, NVFP4)}
     real_fix1 = committed(f"patches/upstreamed/{FIX1}")
@@ -442,7 +441,7 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     # 2. 0.24.0 -> 0.25.0: fix 2 is upstream (trailer 0.25.0 kept), archived byte-identical;
     # 0.25.0 rewrote the emulation 0002 replaces: a stop for a decision, then the decision.
     expect_decision_on_0002(capsys, root, "0.25.0")
-    doc = rebase_json(capsys, root, "--onto", "0.25.0", rule, "0002")
+    doc = rebase_json(capsys, root, "--onto", "0.25.0", "--keep", "0002")
     assert doc["versions"] == {
         "0.25.0": {f"upstreamed/{FIX1}": "upstream", FIX2: "upstream", NVFP4: "conflict"}
     }
@@ -464,37 +463,35 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     nvfp4 = doc["patches"][NVFP4]  # type: ignore[index]
     assert (nvfp4["verdict"], nvfp4["action"], nvfp4["decision"], nvfp4["trailer_state"]) == (
         "rewritten",
-        "parked" if rule == "--keep" else "dropped",
-        rule[2:],
+        "parked",
+        "keep",
         "applies",
     )
     assert doc["warnings"] == [
         f"{NVFP4}: it applied on the old pin; the code it changes is gone from 0.25.0"
         " (rewritten or removed upstream)"
     ]
-    assert doc["changelog"] == entry("0.25.0", "0.24.0", rule)
+    assert doc["changelog"] == entry("0.25.0", "0.24.0", "--keep")
     assert (patches / "upstreamed" / FIX2).read_bytes() == real[FIX2]
     assert (patches / "upstreamed" / FIX1).read_bytes() == real_fix1
     assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"
     assert (patches / "series").read_text() == ""
-    kept = rule == "--keep"
     assert sorted(p.relative_to(patches).as_posix() for p in patches.rglob("*.patch")) == [
-        *([f"parked/{NVFP4}"] if kept else []),
+        f"parked/{NVFP4}",
         f"upstreamed/{FIX1}",
         f"upstreamed/{FIX2}",
     ]
-    if kept:
-        assert (patches / "parked" / NVFP4).read_bytes() == real[NVFP4]
-        assert (patches / "parked" / "series").read_text() == parked_series("0.24.0", "0.25.0")
+    assert (patches / "parked" / NVFP4).read_bytes() == real[NVFP4]
+    assert (patches / "parked" / "series").read_text() == parked_series("0.24.0", "0.25.0")
     assert (root / "CHANGELOG.md").read_text() == (
-        HEADER + entry("0.25.0", "0.24.0", rule) + "\n" + ENTRY_0_24_0
+        HEADER + entry("0.25.0", "0.24.0", "--keep") + "\n" + ENTRY_0_24_0
     )
     assert '"vllm==0.25.0"' in (root / "pyproject.toml").read_text()
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.25.0")
     lock = Lock.load(pinned.lock_path)
     assert (lock.version, lock.patches, lock.entries) == ("0.25.0", (), ())
-    check(capsys, root, 3 if kept else 2)
+    check(capsys, root, 3)
     commit_all(root, "rebase onto 0.25.0")
 
     # 3. 0.25.0 -> 0.33.0: no decision left to make; the archive keeps guarding, a parked
@@ -507,19 +504,9 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
             "rebase 0.25.0 -> 0.33.0: done",
             f"  {f'upstreamed/{FIX1}'.ljust(width)}  upstream  stays in patches/upstreamed/",
             f"  {f'upstreamed/{FIX2}'.ljust(width)}  upstream  stays in patches/upstreamed/",
-            *(
-                [f"  {f'parked/{NVFP4}'.ljust(width)}  conflict  stays in patches/parked/"]
-                if kept
-                else []
-            ),
-            *(
-                [
-                    f"WARNING: parked/{NVFP4}: text says absent, trailers say applies: the code it"
-                    " changes is gone (rewritten or removed upstream)"
-                ]
-                if kept
-                else []
-            ),
+            f"  {f'parked/{NVFP4}'.ljust(width)}  conflict  stays in patches/parked/",
+            f"WARNING: parked/{NVFP4}: text says absent, trailers say applies: the code it"
+            " changes is gone (rewritten or removed upstream)",
             "3 cosmetic note(s) on upstreamed code (--verbose shows them)",
             "pin: vllm 0.33.0 (was 0.25.0); patches/, overlay/overlay.lock.json and CHANGELOG.md"
             " rewritten, `check` passes; review and commit them",
@@ -531,7 +518,7 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
         HEADER
         + entry("0.33.0", "0.25.0", "", fix2=False)
         + "\n"
-        + entry("0.25.0", "0.24.0", rule)
+        + entry("0.25.0", "0.24.0", "--keep")
         + "\n"
         + ENTRY_0_24_0
     )
@@ -541,18 +528,16 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.33.0")
     assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"
-    if kept:
-        assert (patches / "parked" / NVFP4).read_bytes() == real[NVFP4]
-        assert (patches / "parked" / "series").read_text() == parked_series("0.24.0", "0.25.0")
+    assert (patches / "parked" / NVFP4).read_bytes() == real[NVFP4]
+    assert (patches / "parked" / "series").read_text() == parked_series("0.24.0", "0.25.0")
     lock = Lock.load(pinned.lock_path)
     assert (lock.version, lock.patches, lock.entries) == ("0.33.0", (), ())
-    check(capsys, root, 3 if kept else 2)
+    check(capsys, root, 3)
 
 
 def test_rebase_pin_to_0_33_0(pinned: Project, capsys: pytest.CaptureFixture[str]) -> None:
     """The daily sync's next run, `--drop` (`--keep`: the chain above). Before: it exited 0 with "done", CHANGELOG.md said 0002 was
     "still carried", the rebuilt lock was empty and `check` failed."""
-    rule = "--drop"
     root = pinned.root
     before = sha256s(root)
     code, out, err = cli(capsys, root, "rebase", "--onto", "0.33.0")
@@ -581,10 +566,10 @@ def test_rebase_pin_to_0_33_0(pinned: Project, capsys: pytest.CaptureFixture[str
     )
     assert sha256s(root) == before
     assert not (root / ".rebase").exists()
-    doc = rebase_json(capsys, root, "--onto", "0.33.0", rule, "0002")
+    doc = rebase_json(capsys, root, "--onto", "0.33.0", "--drop", "0002")
     assert doc["versions"] == {
         "0.33.0": {f"upstreamed/{FIX1}": "upstream", FIX2: "upstream", NVFP4: "conflict"}
     }
-    assert doc["changelog"] == entry("0.33.0", "0.24.0", rule)
-    assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.33.0", "0.24.0", rule)
-    check(capsys, root, 3 if rule == "--keep" else 2)
+    assert doc["changelog"] == entry("0.33.0", "0.24.0", "--drop")
+    assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.33.0", "0.24.0", "--drop")
+    check(capsys, root, 2)

@@ -5,13 +5,12 @@ wheel's RECORD.
 The deploy tests work on the part of that install the tool reads and writes (`pristine`: the
 package's `__init__.py` and `envs.py`, every file of each folder that holds an overlaid file,
 the dist-info with its RECORD cut to those files) and on a wheel of that part (the wheel's own
-files and hashes, for pip): the same bytes in 60 files instead of 5,000, so that a copy per test
-and a walk over it before and after cost little. `full_pristine` is the whole install. Tests get
-a copy (hard links: the tool only ever replaces files, and any write in place would show as a
-RECORD mismatch in `record_mismatches`).
+files and hashes, for pip): the same bytes in about 40 files instead of 4,400, so that a copy
+per test and a walk over it before and after cost little. `full_pristine` is the whole install.
+Tests get a copy (hard links: the tool only ever replaces files, and any write in place would
+show as a RECORD mismatch in `record_mismatches`).
 
-Imported by test_deploy.py, test_guard.py, test_hostile.py and test_upstream.py (fixtures
-defined here are used by name there).
+The fixtures are registered for every test module by tests/conftest.py.
 """
 
 from __future__ import annotations
