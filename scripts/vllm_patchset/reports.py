@@ -23,19 +23,12 @@ def verdict_json(verdict: Verdict) -> dict[str, object]:
         "warnings": list(verdict.warnings),
         "disagreements": list(verdict.disagreements),
         "hunks": [
+            # The expected and found lines only where the hunk does not apply.
             {
-                "file": h.file,
-                "number": h.number,
-                "header": h.header,
-                "applies_at": h.applies_at,
-                "offset": h.offset,
-                "result_present": h.result_present,
-                "located": h.located,
-                **(
-                    {"expected": list(h.expected), "found": list(h.found), "found_at": h.found_at}
-                    if h.applies_at is None and not h.result_present
-                    else {}
-                ),
+                k: v
+                for k, v in h.to_doc().items()
+                if (h.applies_at is None and not h.result_present)
+                or k not in ("expected", "found", "found_at")
             }
             for h in verdict.hunks
         ],

@@ -70,6 +70,20 @@ class HunkFinding:
     found: tuple[str, ...]  # the closest window of the target (when not exact)
     found_at: int | None
 
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "number": self.number,
+            "header": self.header,
+            "applies_at": self.applies_at,
+            "offset": self.offset,
+            "result_present": self.result_present,
+            "located": self.located,
+            "expected": list(self.expected),
+            "found": list(self.found),
+            "found_at": self.found_at,
+        }
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -114,21 +128,7 @@ class Verdict:
             "reason": self.reason.value,
             "text_state": self.text_state.value,
             "trailer_state": self.trailer_state.value if self.trailer_state else None,
-            "hunks": [
-                {
-                    "file": h.file,
-                    "number": h.number,
-                    "header": h.header,
-                    "applies_at": h.applies_at,
-                    "offset": h.offset,
-                    "result_present": h.result_present,
-                    "located": h.located,
-                    "expected": list(h.expected),
-                    "found": list(h.found),
-                    "found_at": h.found_at,
-                }
-                for h in self.hunks
-            ],
+            "hunks": [h.to_doc() for h in self.hunks],
             "warnings": list(self.warnings),
             "cosmetic": list(self.cosmetic),
             "three_way": self.three_way,
