@@ -212,7 +212,7 @@ def _kit(tmp_path: Path) -> Path:
 
 # (command, its arguments, exit code, the report's keys after "ok", "command", "exit_code")
 JSON_COMMANDS = [
-    ("status", (), 0, ["pin", "patches", "disagreements", "parked", "lock"]),
+    ("status", (), 0, ["pin", "patches", "warnings", "disagreements", "parked", "lock"]),
     ("check", (), 0, ["patches", "problems"]),
     ("matrix", ("1.0",), 0, ["versions", "details"]),
     ("fetch", ("1.0",), 0, ["label", "version", "tag", "commit", "source"]),
@@ -261,19 +261,24 @@ def test_an_error_is_a_json_document_too(tiny: Project, capsys: pytest.CaptureFi
 MATRIX = f"""\
 version  U0001     0001                    0002
 1.0      upstream  applies                 applies
-1.1      upstream  upstream *              conflict
+1.1      upstream  upstream                conflict
 1.2      upstream  conflict (rewritten) *  conflict (rewritten) *
 U0001  patches/upstreamed/{STORY_ARCHIVED.name}
 0001   patches/{STORY_FIX.name}
 0002   patches/{STORY_LOCAL.name}
 states: applies (needed, applies cleanly), upstream (the version has the fix), absent (the code it
-  fixes is not there), conflict (needed, does not apply); (verdict) when finer, * a note below
-* 1.1 0001: hunk 1 (vllm/layers/moe.py): code matches upstream, comment lines differ
-* 1.2 0001: text says absent, trailers say applies: the code it changes is gone (rewritten or
-    removed upstream)
-* 1.2 0002: text says absent, trailers say applies: the code it changes is gone (rewritten or
-    removed upstream)
+  fixes is not there), conflict (needed, does not apply); (verdict) when finer, * a warning below
+* WARNING 1.2 0001: text says absent, trailers say applies: the code it changes is gone (rewritten
+    or removed upstream)
+* WARNING 1.2 0002: text says absent, trailers say applies: the code it changes is gone (rewritten
+    or removed upstream)
+1 cosmetic note(s) on upstreamed code (--verbose shows them)
 """
+# With --verbose the cosmetic note is shown where the count was.
+MATRIX_VERBOSE = MATRIX.replace(
+    "1 cosmetic note(s) on upstreamed code (--verbose shows them)\n",
+    "  note 1.1 0001: hunk 1 (vllm/layers/moe.py): code matches upstream, comment lines differ\n",
+)
 
 
 def test_the_matrix_reads_in_100_columns(tiny: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,6 +286,8 @@ def test_the_matrix_reads_in_100_columns(tiny: Project, capsys: pytest.CaptureFi
     assert (code, out) == (0, MATRIX)
     assert max(len(line) for line in out.splitlines()) <= 100
     assert err.startswith("matrix: 3 trees x 3 patches in ")
+    code, out, _ = cli(capsys, "--project", tiny.root, "matrix", "1.2", "1.1", "1.0", "--verbose")
+    assert (code, out) == (0, MATRIX_VERBOSE)
 
 
 @pytest.mark.parametrize(("env", "coloured"), [({}, True), ({"NO_COLOR": "1"}, False)])

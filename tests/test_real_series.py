@@ -110,6 +110,7 @@ def test_status_and_check_on_the_pin(project: Project, capsys: pytest.CaptureFix
         "exit_code": 0,
         "pin": "0.24.0",
         "patches": {ARCHIVED_FIX1: "upstream", FIX2: "applies", NVFP4: "applies"},
+        "warnings": {ARCHIVED_FIX1: [], FIX2: [], NVFP4: []},
         "disagreements": {ARCHIVED_FIX1: [], FIX2: [], NVFP4: []},
         "parked": {},
         "lock": "fresh",

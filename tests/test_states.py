@@ -105,6 +105,7 @@ def test_status_and_check_on_the_pin(tiny: Project, capsys: pytest.CaptureFixtur
         "exit_code": 0,
         "pin": "1.0",
         "patches": {ARCHIVED: "upstream", FIX: "applies", LOCAL: "applies"},
+        "warnings": {ARCHIVED: [], FIX: [], LOCAL: []},
         "disagreements": {ARCHIVED: [], FIX: [], LOCAL: []},
         "parked": {},
         "lock": "fresh",

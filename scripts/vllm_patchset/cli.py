@@ -31,7 +31,7 @@ from vllm_patchset.overlay import (
     walk,
 )
 from vllm_patchset.queue import export_queue, import_queue
-from vllm_patchset.reports import matrix_json, matrix_table, state_cell
+from vllm_patchset.reports import matrix_json, matrix_table, note_lines, state_cell
 from vllm_patchset.series import read_series_entries
 from vllm_patchset.states import Verdict, classify
 from vllm_patchset.upstream import (
@@ -75,11 +75,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     for verdict in verdicts:
         why = f" (parked: {reasons[verdict.patch]})" if verdict.patch in reasons else ""
         lines.append(f"  {verdict.patch}: {state_cell(verdict)}{why}")
-        lines += [f"    * {note}" for note in verdict.disagreements]
+    lines += note_lines([(v.patch, v) for v in verdicts], verbose=args.verbose)
     lines.append(f"lock: {freshness}")
     body = {
         "pin": project.pin,
         "patches": {v.patch: v.state.value for v in verdicts},
+        "warnings": {v.patch: list(v.warnings) for v in verdicts},
         "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
         "parked": reasons,
         "lock": freshness,
@@ -124,7 +125,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             columns[base.label] = walk(mirror, base, patches).verdicts
             step.advance()
     elapsed = time.perf_counter() - started
-    text = matrix_table(columns, colour=colours())
+    text = matrix_table(columns, colour=colours(), verbose=args.verbose)
     code = emit(args, text, json.loads(matrix_json(columns)))
     print(
         f"matrix: {len(columns)} trees x {len(patches)} patches in {elapsed:.1f} s",

@@ -55,16 +55,29 @@ def state_cell(verdict: Verdict) -> str:
         cell += f" ({verdict.reason.value})"
     if verdict.offsets and verdict.state.value == "applies":
         cell += f" (offset {','.join(f'{o:+d}' for o in verdict.offsets)})"
-    if verdict.disagreements:
+    if verdict.warnings:
         cell += " *"
     return cell
+
+
+def note_lines(notes: Sequence[tuple[str, Verdict]], *, verbose: bool) -> list[str]:
+    """The notes of (where, verdict) pairs: each warning (a disagreement that changes a
+    decision) on a `* WARNING` line; the cosmetic ones (comments or surrounding text differ on
+    an upstreamed patch) one a line with `verbose`, else folded into a count."""
+    lines = [f"* WARNING {where}: {note}" for where, v in notes for note in v.warnings]
+    cosmetic = [f"  note {where}: {note}" for where, v in notes for note in v.cosmetic]
+    if verbose:
+        lines += cosmetic
+    elif cosmetic:
+        lines.append(f"{len(cosmetic)} cosmetic note(s) on upstreamed code (--verbose shows them)")
+    return lines
 
 
 STATE_STYLES = {"applies": "green", "upstream": "cyan", "absent": "dim", "conflict": "bold red"}
 LEGEND = (
     "states: applies (needed, applies cleanly), upstream (the version has the fix), absent"
     " (the code it fixes is not there), conflict (needed, does not apply); (verdict) when finer,"
-    " * a note below"
+    " * a warning below"
 )
 
 
@@ -85,7 +98,9 @@ def _wrap(text: str, indent: str) -> list[str]:
     )
 
 
-def matrix_table(columns: dict[str, Sequence[Verdict]], *, colour: bool = False) -> str:
+def matrix_table(
+    columns: dict[str, Sequence[Verdict]], *, colour: bool = False, verbose: bool = False
+) -> str:
     """Versions as rows, patches as columns under their short ids, a legend of both; states
     coloured when `colour`. Fits 100 columns for a few patches (long notes are wrapped)."""
     patches = list(dict.fromkeys(v.patch for vs in columns.values() for v in vs))
@@ -111,10 +126,9 @@ def matrix_table(columns: dict[str, Sequence[Verdict]], *, colour: bool = False)
     key = max(len(i) for i in ids.values()) if ids else 0
     lines += [f"{ids[p].ljust(key)}  patches/{p}" for p in patches if ids[p] != p]
     lines += _wrap(LEGEND, "  ")
-    for label, verdicts in columns.items():
-        for v in verdicts:
-            for note in v.disagreements:
-                lines += _wrap(f"* {label} {ids[v.patch]}: {note}", "    ")
+    notes = [(f"{label} {ids[v.patch]}", v) for label, vs in columns.items() for v in vs]
+    for line in note_lines(notes, verbose=verbose):
+        lines += _wrap(line, "    ")
     return "\n".join(lines)
 
 
