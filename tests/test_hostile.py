@@ -36,7 +36,7 @@ from vllm_install import (
 )
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
-from vllm_patchset.fsio import KILL_ENV, LOCK_TIMEOUT_ENV
+from vllm_patchset.fsio import KILL_ENV, LOCK_TIMEOUT_ENV, child
 from vllm_patchset.lock import Lock
 from vllm_patchset.upstream import Mirror
 
@@ -891,6 +891,20 @@ def test_git_dies_with_a_killed_run(tiny: Project, tmp_path: Path) -> None:
     while _running(git_pid):  # not a timing assertion: anything below the bound passes
         assert time.monotonic() < deadline, f"git (pid {git_pid}) outlived the killed run"
         time.sleep(0.05)
+
+
+def test_a_child_whose_run_is_gone_never_starts() -> None:
+    """setpriv sets the parent-death signal only once it runs: a run killed before then sends
+    none, so the child checks that its parent is still the run before it execs the command.
+    Given a pid that is not its parent (1), it does not start; given the run's, it does."""
+    argv, preexec = child(["sh", "-c", "echo started"])
+    if preexec is not None:
+        pytest.skip("no setpriv here: the preexec_fn checks the parent itself")
+    at = argv.index(str(os.getpid()))
+    done = subprocess.run([*argv[:at], "1", *argv[at + 1 :]], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (1, "")
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "started\n")
 
 
 def _is_fetch(pid: int) -> bool:
