@@ -6,14 +6,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import os
 import stat
 import subprocess
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from vllm_patchset.cli import main
 from vllm_patchset.upstream import Mirror
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_FILES = (
@@ -139,3 +145,19 @@ def snapshot(root: Path, *, skip_git: bool = False) -> dict[str, tuple[object, .
             else:
                 found[rel] = (stat.S_IFMT(info.st_mode), mode)
     return found
+
+
+# -- the command line, as a test runs it -----------------------------------------------------------
+def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["--project", str(root), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rebase_json(
+    capsys: pytest.CaptureFixture[str], root: Path, *args: str, code: int = 0
+) -> dict[str, object]:
+    got, out, err = cli(capsys, root, "rebase", *args, "--json")
+    assert (got, err) == (code, ""), err
+    doc: dict[str, object] = json.loads(out)
+    return doc

@@ -18,7 +18,16 @@ import json
 from pathlib import Path
 
 import pytest
-from support import NIGHTLY_LINE_BUGGY, NIGHTLY_LINE_FIXED, ORACLE, committed, export_committed, git
+from support import (
+    NIGHTLY_LINE_BUGGY,
+    NIGHTLY_LINE_FIXED,
+    ORACLE,
+    cli,
+    committed,
+    export_committed,
+    git,
+    rebase_json,
+)
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock, sha256_file
@@ -292,21 +301,6 @@ def parked_series(old: str, new: str) -> str:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
-    code = main(["--project", str(root), *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def rebase_json(
-    capsys: pytest.CaptureFixture[str], root: Path, *args: str, code: int = 0
-) -> dict[str, object]:
-    got, out, err = cli(capsys, root, "rebase", *args, "--json")
-    assert (got, err) == (code, ""), err
-    doc: dict[str, object] = json.loads(out)
-    return doc
-
-
 def sha256s(root: Path) -> dict[str, str]:
     """Every file of the checkout (git's own and the rebase's state dirs aside)."""
     return {

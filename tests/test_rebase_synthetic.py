@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from support import git
+from support import cli, git, rebase_json
 from synthetic import (
     BASE,
     BUGGY,
@@ -42,7 +42,6 @@ from synthetic import (
     write_patches,
 )
 from vllm_patchset import rebase, swap
-from vllm_patchset.cli import main
 from vllm_patchset.config import Project
 from vllm_patchset.fsio import KILL_ENV
 from vllm_patchset.lock import Lock
@@ -73,21 +72,6 @@ OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self
 @pytest.fixture(autouse=True)
 def _fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
-
-
-def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
-    code = main(["--project", str(root), *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def rebase_json(
-    capsys: pytest.CaptureFixture[str], root: Path, *args: str, code: int = 0
-) -> dict[str, object]:
-    got, out, err = cli(capsys, root, "rebase", *args, "--json")
-    assert (got, err) == (code, ""), err
-    doc: dict[str, object] = json.loads(out)
-    return doc
 
 
 def sha256s(root: Path) -> dict[str, str]:
