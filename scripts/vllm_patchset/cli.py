@@ -536,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             note = fsio.interrupted_note()
             left = f"; {note}" if note else ""
             message = f"{exc.strerror or exc}{where}{left}"
-            return _failed(message, 1, command=command, as_json=as_json)
+            return _failed(message, INTERNAL_ERROR, command=command, as_json=as_json)
         except Exception as exc:  # a bug: still one line, and an exit code of its own
             if verbose:
                 traceback.print_exc()

@@ -120,8 +120,8 @@ def _settings(pyproject: Path) -> dict[str, Any]:
     opened), UTF-8 and TOML; one line naming the file otherwise."""
     try:
         data = read_regular(pyproject, limit=MAX_PYPROJECT + 1)
-    except PatchsetError as exc:
-        raise BadInput(f"{pyproject}: {exc}") from None
+    except PatchsetError as exc:  # it names the file
+        raise BadInput(str(exc)) from None
     if data is None:
         raise BadInput(f"{pyproject} is missing: not a vllm-patchset checkout")
     if len(data) > MAX_PYPROJECT:

@@ -81,6 +81,15 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(extra or {})}
 
 
+def git_argv(args: list[str], env: dict[str, str]) -> list[str]:
+    """The command line of a git child. GitPython starts every child with the caller's whole
+    environment updated by the one given (it cannot drop a variable), so the caller's GIT_*
+    variables that `env` lacks are unset by env(1) in front of git."""
+    dropped = sorted(k for k in os.environ if k.startswith("GIT_") and k not in env)
+    unset = ["env", *(f"--unset={k}" for k in dropped), "--"] if dropped else []
+    return [*unset, "git", *args]
+
+
 def check_source(source: str, what: str = "a git source") -> str:
     """`source` when it is a URL of a known scheme, an scp-like address or a local path, never
     something git could read as an option; else BadInput naming it."""
@@ -130,7 +139,9 @@ class Repo:
             try:
                 # A killed run leaves no git running (fsio.child).
                 argv, preexec = child(
-                    ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args]
+                    git_argv(
+                        ["-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args], full_env
+                    )
                 )
                 out = cmd.execute(
                     argv,
@@ -183,14 +194,15 @@ class Repo:
         git = _gitpython()
         args = ["grep", "-l", "-z", "-F", "-e", text, check_rev(rev), "--", pathspec]
         cmd = git.Git(str(self.path))
-        argv, preexec = child(["git", "-c", "core.quotepath=off", *args])
+        env = git_env()
+        argv, preexec = child(git_argv(["-c", "core.quotepath=off", *args], env))
         status, out, err = cmd.execute(
             argv,
             preexec_fn=preexec,
             with_extended_output=True,
             with_exceptions=False,
             stdout_as_string=False,
-            env=git_env(),
+            env=env,
         )
         if status not in (0, 1):  # 1: no file matches
             raise GitError("grep", err if isinstance(err, str) else err.decode("utf-8", "replace"))

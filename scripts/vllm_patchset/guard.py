@@ -77,7 +77,12 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
         sizes = {str(k): v for k, v in sizes.items() if isinstance(v, int)}
     except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        why = f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        if isinstance(exc, OSError):
+            why = exc.strerror or type(exc).__name__
+        elif isinstance(exc, PatchsetError | jsonfile.BadJson):
+            why = str(exc)  # in words, naming what is wrong
+        else:
+            why = type(exc).__name__  # a field missing or of another type
         return Outcome(
             False,
             f"vllm-patchset: unreadable record {state / RECORD} ({why}): the overlay cannot be"

@@ -192,8 +192,10 @@ def verify(kit: Path) -> Manifest:
         if PurePosixPath(part.name).name != part.name or part.name in ("", ".", ".."):
             raise KitError(f"{kit / MANIFEST}: part name {part.name!r} is not a plain file name")
         path = kit / part.name
-        if not path.is_file() or path.is_symlink():
-            raise KitError(f"kit part {part.name} is missing from {kit} (or not a regular file)")
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise KitError(f"kit part {part.name} in {kit} is not a regular file")
+        if not path.is_file():
+            raise KitError(f"kit part {part.name} is missing from {kit}")
         size = path.stat().st_size
         if size != part.size:
             raise KitError(
