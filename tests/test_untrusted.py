@@ -26,8 +26,8 @@ from typing import BinaryIO, cast
 
 import pytest
 from support import REPO, git, snapshot
-from synthetic import LocalIndex, Story, sdist_bytes
-from vllm_install import EDITED, EDITED_DIR, EDITED_MODULE, Overlay
+from synthetic import MOE, STORY_FIX, LocalIndex, Story, sdist_bytes
+from vllm_install import EDITED, EDITED_DIR, EDITED_MODULE, Overlay, Pristine, record_mismatches
 from vllm_patchset import bundle, cli, kitparts
 from vllm_patchset.cli import main
 from vllm_patchset.config import Project
@@ -1192,3 +1192,122 @@ def test_the_deep_json_reader_is_cheap() -> None:
     deep_ok = b"[" * 32 + b"]" * 32
     assert jsonfile.parse(deep_ok, expect=list) == json.loads(deep_ok)
     assert hashlib.sha256(DEEP).hexdigest()  # the bytes are what the rows above write
+
+
+# -- 9. patches whose headers say one thing and do another ----------------------------------------------
+def headers_disagree(project: Project, tmp: Path) -> tuple[list[str], int, str]:
+    """`+++ b/...` names another file than `diff --git`: one line, never a traceback."""
+    patch = project.patches_dir / STORY_FIX.name
+    patch.write_text(patch.read_text().replace(f"+++ b/{MOE}", "+++ b/vllm/other.py", 1))
+    return ["status"], 2, f"git apply failed: error: {MOE}: does not exist in index"
+
+
+def symlink_out_of_the_tree(project: Project, tmp: Path) -> tuple[list[str], int, str]:
+    """Was: `tree DEST` for a patch that creates a symlink out ended in a traceback."""
+    patch = project.patches_dir / STORY_FIX.name
+    text = patch.read_text()
+    link = (
+        "diff --git a/vllm/evil b/vllm/evil\nnew file mode 120000\nindex 0000000..1111111\n"
+        "--- /dev/null\n+++ b/vllm/evil\n@@ -0,0 +1 @@\n+/etc\n\\ No newline at end of file\n"
+    )
+    at = text.index("diff --git")
+    patch.write_text(text[:at] + link + text[at:])
+    return ["tree", str(tmp / "dest")], 2, "'vllm/evil', a symbolic link to '/etc': refused"
+
+
+def symlink_pristine_tree(project: Project, tmp: Path) -> tuple[list[str], int, str]:
+    """The pristine tree needs no patch: it is written whatever the series holds."""
+    symlink_out_of_the_tree(project, tmp)
+    return ["tree", "--pristine", str(tmp / "dest")], 0, ""
+
+
+PATCH_HEADERS = (headers_disagree, symlink_out_of_the_tree, symlink_pristine_tree)
+
+
+@pytest.mark.parametrize("make", PATCH_HEADERS)
+def test_patches_that_lead_out_are_one_line(
+    tiny: Project,
+    tmp_path: Path,
+    make: Callable[[Project, Path], tuple[list[str], int, str]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv, code, tail = make(tiny, tmp_path)
+    before = snapshot(tmp_path, skip_git=True)
+    got = main(["--project", str(tiny.root), *argv])
+    out, err = capsys.readouterr()
+    assert got == code
+    if code == 0:
+        assert (err, out) == ("", f"wrote pristine tree to {tmp_path / 'dest'}\n")
+        assert not any(p.is_symlink() for p in (tmp_path / "dest").rglob("*"))
+        return
+    assert (out, err.count("\n")) == ("", 1)
+    assert err.startswith("vllm-patchset: ") and tail in err
+    assert snapshot(tmp_path, skip_git=True) == before
+
+
+KIT_DISK_FULL = """\
+import os, subprocess, sys
+folder, kitparts, kit = sys.argv[1:4]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", folder], check=True)
+done = subprocess.run([sys.executable, "-I", kitparts, "assemble", kit, "--dest",
+                       os.path.join(folder, "native")], capture_output=True, text=True)
+print(done.returncode, os.listdir(folder))
+print(done.stderr, end="")
+"""
+
+
+def test_kitparts_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    """Was: kitparts.py (run on GPU hosts without vllm-patchset) ended in a traceback."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip(
+            "a full disk is a small tmpfs mounted in a private namespace: needs root and unshare(1)"
+        )
+    big = _member("site/vllm/_C.abi3.so", os.urandom(3 << 20))
+    kit = _kit(tmp_path / "kit", _tar([big]))
+    script = tmp_path / "script"  # kitparts.py with the two modules it imports, as a bundle has
+    script.mkdir()
+    for name in ("kitparts.py", "archives.py", "jsonfile.py"):
+        shutil.copy2(Path(kitparts.__file__).parent / name, script / name)
+    folder = tmp_path / "small"
+    folder.mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", sys.executable, "-c", KIT_DISK_FULL, str(folder),
+         str(script / "kitparts.py"), str(kit)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    first, *rest = done.stdout.splitlines()
+    assert first == "1 []"  # nothing left on the full disk: the staging folder is removed
+    assert len(rest) == 1
+    assert rest[0].startswith(f"kitparts: cannot assemble the kit in {folder / 'native'}: No space")
+
+
+def test_an_unremovable_pyc_never_wedges_the_target(
+    overlay: Overlay, target: Path, pristine: Pristine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: a directory where a stale pyc was made `apply` stop half-way; then status, revert,
+    revert --force and apply --force all exited 1. Now revert restores every original it holds
+    and says what it could not remove; apply refuses before it changes anything."""
+    assert main([str(a) for a in deploy(overlay, "apply", "--target", target)]) == 0
+    capsys.readouterr()
+    pyc = target / EDITED_DIR / "__pycache__" / f"{EDITED_MODULE}.cpython-311.pyc"
+    pyc.mkdir(parents=True)
+    for command in ("revert", "revert --force"):
+        if command == "revert --force":  # once more from an applied target, with --force
+            os.rmdir(pyc)
+            assert main([str(a) for a in deploy(overlay, "apply", "--target", target)]) == 0
+            pyc.mkdir()
+        code = main([str(a) for a in deploy(overlay, *command.split(), "--target", target)])
+        out, err = capsys.readouterr()
+        assert (code, err) == (0, "")
+        assert out.splitlines()[-1] == f"  note: could not remove {pyc}: remove it by hand"
+        assert record_mismatches(target, pristine.record) == []
+        assert not (target / STATE).exists()
+    before = snapshot(target)
+    code = main([str(a) for a in deploy(overlay, "apply", "--target", target)])
+    assert (code, capsys.readouterr().err) == (
+        1,
+        f"vllm-patchset: cannot remove the stale bytecode {pyc} (it is a directory): remove it,"
+        " then apply; nothing was changed\n",
+    )
+    assert snapshot(target) == before
+    assert main([str(a) for a in deploy(overlay, "status", "--target", target)]) == 0

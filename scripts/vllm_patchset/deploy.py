@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib.util
 import json
 import os
@@ -180,7 +181,20 @@ def _sha(data: bytes | None) -> str | None:
 
 
 def _file_sha(target: Target, rel: str) -> str | None:
-    return _sha(_read(package_path(target, rel)))
+    """The sha256 of an installed file, streamed in chunks (a large file is never held whole),
+    or None when it is missing; a FIFO or a link is refused before it is opened."""
+    path = package_path(target, rel)
+    digest = hashlib.sha256()
+    try:
+        for chunk in fsio.read_chunks(path):
+            digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        raise fsio.ReadFailed(path, exc) from None
+    return digest.hexdigest()
 
 
 # -- the record and the journal -----------------------------------------------------------------
@@ -858,7 +872,7 @@ def _plan_revert(
     refused: list[str] = []
     for entry in applied.entries:
         path = package_path(target, entry.path)
-        sha = _sha(_read(path))
+        sha = _file_sha(target, entry.path)
         original = record.originals.get(entry.path) if record else None
         if sha == (original or entry.pristine_sha256):
             files.append(FileState(entry.path, "pristine", sha))

@@ -320,8 +320,11 @@ class Repo:
         from vllm_patchset import archives
 
         data = self.run_bytes("archive", "--format=tar", check_rev(rev))
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            archives.extract(tar, dest, what=f"the tree of {rev[:12]}")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                archives.extract(tar, dest, what=f"the tree of {rev[:12]}")
+        except archives.ArchiveRefused as exc:
+            raise BadInput(str(exc)) from None
 
     def fetch(self, url: str, ref: str) -> str:
         """Fetch `ref` of the repository at `url` (a path or URL) and return its commit."""
