@@ -551,8 +551,18 @@ def kit_a_member_twice(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], 
     return members, "the kit's archive holds 'site/a.py' twice: refused"
 
 
+def kit_link_inside(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], str]:
+    """A link that stays inside: tarfile's data filter lets it through; a wheel has none."""
+    members = [
+        _member("site/b.py", b"x\n"),
+        _member("site/a.py", type=tarfile.SYMTYPE, linkname="b.py"),
+    ]
+    return members, "the kit's archive holds 'site/a.py', a symbolic link to 'b.py': refused"
+
+
 KIT_MEMBERS = (
     kit_link_then_through_it,
+    kit_link_inside,
     kit_dot_dot,
     kit_absolute,
     kit_hard_link,
@@ -1021,7 +1031,7 @@ def test_deploy_state_is_checked(
         code,
         f"vllm-patchset: {line}\n",
         target,
-        process=True,
+        process=make is state_lock_a_fifo,  # a FIFO could block: in a process of its own
     )
     run_case(case, monkeypatch, capsys)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vllm_patchset import jsonfile
 from vllm_patchset.errors import BadInput
-from vllm_patchset.fsio import read_regular
+from vllm_patchset.fsio import read_chunks, read_regular
 
 LOCK_SCHEMA = 1
 
@@ -20,7 +20,11 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    return sha256_bytes(path.read_bytes())
+    """Streamed in chunks: a large file is never held whole."""
+    digest = hashlib.sha256()
+    for chunk in read_chunks(path):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
