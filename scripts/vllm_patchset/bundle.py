@@ -157,13 +157,15 @@ def make_bundle(
     # A kit already where the archive's kit goes (`kit build`'s default output, beside the
     # default archive) stays as it is: it is the input, never copied onto itself or removed.
     in_place = kit is not None and fsio.same_path(kit, kit_copy)
+    kit_files: list[str] = []
     if kit is not None:
         if kit_copy.exists() and not in_place:
             raise BadInput(f"{kit_copy} exists already")
         try:
-            kitparts.verify(kit)
+            manifest = kitparts.verify(kit)
         except kitparts.KitError as exc:
             raise by_exit_code(str(exc), exc.exit_code) from None
+        kit_files = [kitparts.MANIFEST, *(part.name for part in manifest.parts)]
     with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
         root = Path(tmp) / NAME
         with progress("bundle: building the trees"):
@@ -205,8 +207,12 @@ def make_bundle(
         partial.unlink()
         raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
     if kit is not None and not in_place:
+        # What verify checked, and only that: kit.json and its parts (regular files, each
+        # lstat-checked), nothing else the folder may hold.
         with progress(f"bundle: copying the kit to {kit_copy}"):
-            shutil.copytree(kit, kit_copy)
+            kit_copy.mkdir(parents=True)
+            for name in kit_files:
+                shutil.copyfile(kit / name, kit_copy / name, follow_symlinks=False)
     partial.replace(archive)
     return archive
 

@@ -86,7 +86,7 @@ def git_argv(args: list[str], env: dict[str, str]) -> list[str]:
     environment updated by the one given (it cannot drop a variable), so the caller's GIT_*
     variables that `env` lacks are unset by env(1) in front of git."""
     dropped = sorted(k for k in os.environ if k.startswith("GIT_") and k not in env)
-    unset = ["env", *(f"--unset={k}" for k in dropped), "--"] if dropped else []
+    unset = ["env", *(a for k in dropped for a in ("-u", k))] if dropped else []
     return [*unset, "git", *args]
 
 
