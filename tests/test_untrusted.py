@@ -320,6 +320,11 @@ OPTION_VALUES = [  # (fetch arguments, what the one line says)
         ["--git", "{upstream}", "--ref", "v1.0:refs/heads/x"],
         "a git ref 'v1.0:refs/heads/x' is not a git ref or commit",
     ),
+    (
+        ["--git", "ssh://-oProxyCommand=touch%20{tmp}/pwned/vllm.git", "--ref", "main"],
+        "a git source 'ssh://-oProxyCommand=touch%20{tmp}/pwned/vllm.git' is not a URL"
+        " ({schemes}), user@host:path or a local path",
+    ),
 ]
 
 

@@ -70,7 +70,8 @@ TRANSPORT_ENV = frozenset(
 # Sources a git repository is fetched from: a URL of one of these schemes, an scp-like
 # `user@host:path`, or a local path.
 URL_SCHEMES = ("https", "http", "ssh", "git", "file")
-_SCP_LIKE = re.compile(r"^[\w.-]+@[\w.-]+:[^-]")
+# [user@]host:path, as git reads it; never `<transport>::<address>` (`ext::` runs a command).
+_SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!:)[^-]")
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
 
@@ -95,8 +96,12 @@ def check_source(source: str, what: str = "a git source") -> str:
     something git could read as an option; else BadInput naming it."""
     scheme = _URL.match(source)
     plain = not any(c in source for c in "\x00\n\r") and source.strip() == source
-    if scheme is not None:
-        ok = scheme.group(1) in URL_SCHEMES and plain
+    if scheme is not None:  # no host that ssh could read as an option (`ssh://-oProxy…`)
+        host = (
+            source[scheme.end() :].rpartition("@")[2] if "@" in source else source[scheme.end() :]
+        )
+        ok = scheme.group(1) in URL_SCHEMES and plain and not host.startswith("-")
+        ok = ok and not source[scheme.end() :].startswith("-")
     else:
         ok = plain and bool(source) and not source.startswith("-")
         ok = ok and ("://" not in source)
