@@ -235,7 +235,13 @@ class Mirror:
                         f"{site}: RECORD lists {path} without a sha256: the installed"
                         f" {self.package} {version} cannot be checked"
                     )
-                data = read_regular(no_symlink_below(site, parts))
+                bound = archives.TREE_BOUNDS.member  # what an sdist member may be, too
+                data = read_regular(no_symlink_below(site, parts), limit=bound + 1)
+                if data is not None and len(data) > bound:
+                    raise BadInput(
+                        f"{site / path} is over the bound of {bound} bytes a file: refusing"
+                        " this install"
+                    )
                 if data is None or _record_digest(data) != digest:
                     what = "is missing" if data is None else "does not match its RECORD hash"
                     raise BadInput(
