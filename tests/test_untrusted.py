@@ -556,6 +556,25 @@ def kit_a_member_twice(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], 
     return members, "the kit's archive holds 'site/a.py' twice: refused"
 
 
+def kit_realpath_overflow(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], str]:
+    """CVE-2025-4517 itself: folders and links nested past PATH_MAX, where os.path.realpath
+    stops resolving, so that tarfile's data filter sees `escape` inside the folder while the
+    kernel resolves it outside. On this machine's Python 3.11.7, `extractall(filter="data")`
+    of these members (without the `site/` prefix) writes `pwned.txt` beside the destination."""
+    comp, steps = "d" * 247, "abcdefghijklmnop"
+    members, path = [], "site"
+    for step in steps:
+        members.append(_member(f"{path}/{comp}", type=tarfile.DIRTYPE, mode=0o755))
+        members.append(_member(f"{path}/{step}", type=tarfile.SYMTYPE, linkname=comp))
+        path = f"{path}/{comp}"
+    linkpath = "site/" + "/".join(steps) + "/" + "l" * 254
+    members.append(_member(linkpath, type=tarfile.SYMTYPE, linkname="../" * len(steps)))
+    escape = linkpath.removeprefix("site/") + "/../" * 2
+    members.append(_member("site/escape", type=tarfile.SYMTYPE, linkname=escape))
+    members.append(_member("site/escape/pwned.txt", b"pwned\n"))
+    return members, f"the kit's archive holds 'site/a', a symbolic link to '{comp}': refused"
+
+
 def kit_link_inside(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], str]:
     """A link that stays inside: tarfile's data filter lets it through; a wheel has none."""
     members = [
@@ -566,6 +585,7 @@ def kit_link_inside(tmp: Path) -> tuple[list[tuple[tarfile.TarInfo, bytes]], str
 
 
 KIT_MEMBERS = (
+    kit_realpath_overflow,
     kit_link_then_through_it,
     kit_link_inside,
     kit_dot_dot,
@@ -591,6 +611,7 @@ def test_kit_members_are_refused_before_extraction(
     case = Case(["kit", "assemble", kit, "--dest", dest], 1, f"vllm-patchset: {why}\n", tmp_path)
     run_case(case, monkeypatch, capsys)
     assert not dest.exists() and not [p for p in tmp_path.iterdir() if ".partial" in p.name]
+    assert not list(tmp_path.parent.glob("pwned.txt"))
 
 
 @pytest.fixture
