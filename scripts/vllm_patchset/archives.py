@@ -197,3 +197,5 @@ def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
         except FileExistsError:
             if path.is_symlink() or not path.is_dir():
                 raise ArchiveRefused(f"{path} is in the way of a folder: refused") from None
+            continue
+        os.chmod(path, 0o755)  # whatever the umask

@@ -188,9 +188,7 @@ def _file_sha(target: Target, rel: str) -> str | None:
     try:
         for chunk in fsio.read_chunks(path):
             digest.update(chunk)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise fsio.ReadFailed(path, exc) from None

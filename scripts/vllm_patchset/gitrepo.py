@@ -97,11 +97,10 @@ def check_source(source: str, what: str = "a git source") -> str:
     scheme = _URL.match(source)
     plain = not any(c in source for c in "\x00\n\r") and source.strip() == source
     if scheme is not None:  # no host that ssh could read as an option (`ssh://-oProxy…`)
-        host = (
-            source[scheme.end() :].rpartition("@")[2] if "@" in source else source[scheme.end() :]
-        )
-        ok = scheme.group(1) in URL_SCHEMES and plain and not host.startswith("-")
-        ok = ok and not source[scheme.end() :].startswith("-")
+        rest = source[scheme.end() :]
+        host = rest.rpartition("@")[2]
+        ok = scheme.group(1) in URL_SCHEMES and plain
+        ok = ok and not rest.startswith("-") and not host.startswith("-")
     else:
         ok = plain and bool(source) and not source.startswith("-")
         ok = ok and ("://" not in source)
@@ -115,8 +114,9 @@ def check_source(source: str, what: str = "a git source") -> str:
 
 
 def check_rev(rev: str, what: str = "a revision") -> str:
-    """`rev` when git cannot read it as an option (no leading `-`, no space, control character
-    or `:` that would change a refspec); else BadInput naming it."""
+    """`rev` when git cannot read it as an option (no leading `-`, no space or control
+    character); else BadInput naming it. (A ref to fetch may not hold `:` either: see
+    `fetch`.)"""
     if not rev or rev.startswith("-") or any(c.isspace() or ord(c) < 32 for c in rev):
         raise BadInput(f"{what} {rev!r} is not a git ref or commit")
     return rev
@@ -327,7 +327,7 @@ class Repo:
         data = self.run_bytes("archive", "--format=tar", check_rev(rev))
         try:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                archives.extract(tar, dest, what=f"the tree of {rev[:12]}")
+                archives.extract(tar, dest, what=f"the tree {rev[:12]}")
         except archives.ArchiveRefused as exc:
             raise BadInput(str(exc)) from None
 
