@@ -320,8 +320,10 @@ def test_corrupt_record_is_bad_input(cli: Cli, target: Path) -> None:
     for command in ("apply", "revert"):
         code, out, err = cli(command, "--target", str(target))
         assert (code, out) == (2, "")
-        assert err.startswith(f"vllm-patchset: {record}: not a valid record (JSONDecodeError(")
-        assert err.endswith("); move it away to continue\n")
+        assert err == (
+            f"vllm-patchset: {record}: not a valid record (not JSON (Expecting property name"
+            " enclosed in double quotes at line 1 column 2)); move it away to continue\n"
+        )
     assert tree_state(target) == before
 
 

@@ -167,8 +167,8 @@ def test_overlay_not_active_warns_loudly_or_stops_under_strict(
 
 
 def test_the_guards_own_failures_never_stop_vllm(target: Path) -> None:
-    # A `vllm` module whose location cannot even be read: the guard logs and lets vLLM go on,
-    # under strict mode too (strict is about the overlay, not about the guard's own trouble).
+    # A `vllm` module whose location cannot even be read: the guard logs and lets vLLM go on;
+    # under strict mode an overlay it cannot confirm, whatever the reason, stops the start.
     prelude = (
         "import types\n"
         "class Odd(types.ModuleType):\n"
@@ -176,16 +176,17 @@ def test_the_guards_own_failures_never_stop_vllm(target: Path) -> None:
         "    def __file__(self): raise RuntimeError('no location')\n"
         "sys.modules['vllm'] = Odd('vllm')"
     )
-    for strict in (False, True):
-        assert start(target, strict=strict, prelude=prelude) == (
-            0,
-            [
-                "WARNING vllm.vllm_patchset: vllm-patchset: could not check the overlay"
-                " (RuntimeError: no location)",
-                "vLLM goes on",
-            ],
-            "",
-        )
+    message = "vllm-patchset: could not check the overlay (RuntimeError: no location)"
+    assert start(target, prelude=prelude) == (
+        0,
+        [f"WARNING vllm.vllm_patchset: {message}", "vLLM goes on"],
+        "",
+    )
+    code, out, err = start(target, strict=True, prelude=prelude)
+    assert (code, out) == (1, [])
+    assert err.splitlines()[-1] == (
+        f"vllm_patchset.guard.OverlayNotActive: {message} [{guard.STRICT_ENV}=1]"
+    )
 
 
 def test_pristine_vllm_found_through_sys_modules_like_inside_vllm(

@@ -404,8 +404,8 @@ def record_fifo(target: Path, overlay: Overlay) -> tuple[int, str, str]:
     fifo(record)
     message = f"vllm-patchset: refusing {record}: it is a FIFO, not a regular file\n"
     guard = (
-        f"vllm-patchset: unreadable record {record} (UnsafePath): the overlay cannot be"
-        " confirmed (run `vllm-patchset overlay status`)"
+        f"vllm-patchset: unreadable record {record} (refusing {record}: it is a FIFO, not a"
+        " regular file): the overlay cannot be confirmed (run `vllm-patchset overlay status`)"
     )
     return 1, message, guard
 

@@ -156,7 +156,13 @@ def test_write_verify_assemble(wheel: Path, kit: Path, tmp_path: Path) -> None:
         assert (site / name).read_bytes() == expected
     assert not (site / "vllm" / "vllm-rs").exists()
     assert (site / "tinydep" / "__init__.py").read_bytes() == b"VALUE = 42\n"  # pip installed it
-    assert (dest / kitparts.COMPLETE).read_text() == manifest.to_json()
+    complete = json.loads((dest / kitparts.COMPLETE).read_text())
+    assert complete["manifest"] == manifest.to_json()
+    assert set(complete["files"]) == {
+        p.relative_to(dest).as_posix()
+        for p in dest.rglob("*")
+        if p.is_file() and p.name != kitparts.COMPLETE
+    }
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
     # Assembled already from the same kit: a no-op.
     before = listing(dest)

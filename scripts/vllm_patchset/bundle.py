@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from vllm_patchset import gpurun, kitparts
+from vllm_patchset import archives, fsio, gpurun, jsonfile, kitparts
 from vllm_patchset.config import Project
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, Finding, by_exit_code
@@ -65,8 +65,11 @@ RUN_SH = """\
 set -e
 cd "$(dirname "$0")"
 PY=${{PYTHON:-python3}}
+# Folders of its own, made by mktemp -d (mode 0700, a name no other user can take first),
+# never a fixed path under /tmp; VLLM_PATCHSET_SITE and VLLM_PATCHSET_NATIVE name others.
+TMP=${{TMPDIR:-/tmp}}
 if ls wheels/*.whl >/dev/null 2>&1; then
-    SITE=${{VLLM_PATCHSET_SITE:-/tmp/vllm-patchset-site}}
+    SITE=${{VLLM_PATCHSET_SITE:-$(mktemp -d "$TMP/vllm-patchset-site.XXXXXXXX")}}
     "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \\
         --target "$SITE" wheels/*.whl
     PYTHONPATH="$SITE${{PYTHONPATH:+:$PYTHONPATH}}"
@@ -74,7 +77,7 @@ if ls wheels/*.whl >/dev/null 2>&1; then
 fi
 KIT=${{VLLM_PATCHSET_KIT:-../{kit}}}
 if [ -f "$KIT/kit.json" ]; then
-    NATIVE=${{VLLM_PATCHSET_NATIVE:-/tmp/vllm-patchset-native}}
+    NATIVE=${{VLLM_PATCHSET_NATIVE:-$(mktemp -d "$TMP/vllm-patchset-native.XXXXXXXX")/kit}}
     "$PY" kitparts.py assemble "$KIT" --dest "$NATIVE"
     exec "$PY" gpurun.py . --native "$NATIVE/site" "$@"
 fi
@@ -89,11 +92,11 @@ Run on a host with python3, torch and a CUDA or ROCm GPU (no network needed):
 
     tar -xJf {archive} && sh {name}/run.sh
 
-run.sh installs wheels/ (if any) into /tmp/vllm-patchset-site, then gpurun.py runs tests/gpu
-against each tree in trees/ (VLLM_PATCHSET_VLLM_TREE=trees/NAME), with vLLM's compiled ops if
-the tree has them, else the stand-ins of tests/gpu/standins.py, and checks manifest.json's
-red/green expectations. It prints a table and exits 1 if one is unmet; logs and per-tree
-reports are in results/. One tree: sh run.sh --only pristine-0.24.0.
+run.sh installs wheels/ (if any) into a new folder of its own (mktemp -d), then gpurun.py
+runs tests/gpu against each tree in trees/ (VLLM_PATCHSET_VLLM_TREE=trees/NAME), with vLLM's
+compiled ops if the tree has them, else the stand-ins of tests/gpu/standins.py, and checks
+manifest.json's red/green expectations. It prints a table and exits 1 if one is unmet; logs
+and per-tree reports are in results/. One tree: sh run.sh --only pristine-0.24.0.
 
 With a native-ops kit beside the archive (vllm-patchset-kit/: kit.json and its parts), run.sh
 first checks every part and reassembles the pin's vLLM with its compiled ops
@@ -151,19 +154,25 @@ def make_bundle(
     if not 0 <= level <= 9:
         raise BadInput(f"xz level {level} is not in 0..9")
     kit_copy = archive.with_name(KIT_NAME)
+    # A kit already where the archive's kit goes (`kit build`'s default output, beside the
+    # default archive) stays as it is: it is the input, never copied onto itself or removed.
+    in_place = kit is not None and fsio.same_path(kit, kit_copy)
+    kit_files: list[str] = []
     if kit is not None:
-        if kit_copy.exists():
+        if kit_copy.exists() and not in_place:
             raise BadInput(f"{kit_copy} exists already")
         try:
-            kitparts.verify(kit)
+            manifest = kitparts.verify(kit)
         except kitparts.KitError as exc:
             raise by_exit_code(str(exc), exc.exit_code) from None
+        kit_files = [kitparts.MANIFEST, *(part.name for part in manifest.parts)]
     with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
         root = Path(tmp) / NAME
         with progress("bundle: building the trees"):
             built = build_trees(project, root)
         shutil.copy2(Path(gpurun.__file__), root / "gpurun.py")
-        shutil.copy2(Path(kitparts.__file__), root / "kitparts.py")
+        for module in (kitparts, archives, jsonfile):  # kitparts imports the other two
+            shutil.copy2(Path(module.__file__ or ""), root / Path(module.__file__ or "").name)
         if wheels:
             with progress("bundle: downloading the wheels"):
                 download_wheels(root / "wheels", python_version)
@@ -197,9 +206,13 @@ def make_bundle(
     if size >= LIMIT:
         partial.unlink()
         raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
-    if kit is not None:
+    if kit is not None and not in_place:
+        # What verify checked, and only that: kit.json and its parts (regular files, each
+        # lstat-checked), nothing else the folder may hold.
         with progress(f"bundle: copying the kit to {kit_copy}"):
-            shutil.copytree(kit, kit_copy)
+            kit_copy.mkdir(parents=True)
+            for name in kit_files:
+                shutil.copyfile(kit / name, kit_copy / name, follow_symlinks=False)
     partial.replace(archive)
     return archive
 
@@ -216,10 +229,11 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     project = Project.load(args.project, args.cache_dir)
-    out = args.out or project.root / "build" / f"{NAME}.tar.xz"
-    if args.out is None:
-        out.unlink(missing_ok=True)  # our own build output: replace it
-        shutil.rmtree(out.with_name(KIT_NAME), ignore_errors=True)
+    out = args.out or fsio.build_dir(project.root) / f"{NAME}.tar.xz"
+    if args.out is None:  # our own build outputs, in the build folder we marked: replace them
+        fsio.remove_output(out)
+        if args.kit is None or not fsio.same_path(args.kit, out.with_name(KIT_NAME)):
+            fsio.remove_output(out.with_name(KIT_NAME))
     archive = make_bundle(
         project,
         out,

@@ -23,7 +23,7 @@ from vllm_patchset import bundle, deploy, fsio, kit, pack, rebase, validate
 from vllm_patchset.checks import lock_freshness, problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.console import colours, emit, print_json, progress
-from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
 from vllm_patchset.overlay import (
     build_overlay,
     export_tree,
@@ -236,6 +236,7 @@ exit codes:
   0        success
   1        a finding: a mismatch, a conflict, drift, a decision needed
   2        bad usage or input (nothing was changed)
+  3        an internal error: a bug of vllm-patchset (--verbose shows the traceback)
   130, 143 interrupted (SIGINT, SIGTERM): the message says what the run left
   141      the reader of stdout went away
 --project, --cache-dir, --verbose and --json go before or after the subcommand."""
@@ -535,7 +536,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             note = fsio.interrupted_note()
             left = f"; {note}" if note else ""
             message = f"{exc.strerror or exc}{where}{left}"
-            return _failed(message, 1, command=command, as_json=as_json)
+            return _failed(message, INTERNAL_ERROR, command=command, as_json=as_json)
+        except Exception as exc:  # a bug: still one line, and an exit code of its own
+            if verbose:
+                traceback.print_exc()
+            note = fsio.interrupted_note()
+            left = f"; {note}" if note else ""
+            hint = "" if verbose else " (a bug of vllm-patchset: --verbose shows the traceback)"
+            message = f"internal error: {internal_words(exc)}{hint}{left}"
+            return _failed(message, INTERNAL_ERROR, command=command, as_json=as_json)
+
+
+def internal_words(exc: BaseException) -> str:
+    """What an unforeseen exception says, in words: its kind and its first line, never a
+    repr (a KeyError's str is its key's repr: the key is named instead)."""
+    kind = type(exc).__name__
+    if isinstance(exc, KeyError) and exc.args:
+        return f"{kind}: no key {exc.args[0]}"
+    lines = str(exc).strip().splitlines()
+    return f"{kind}: {lines[0]}" if lines else kind
 
 
 def run() -> None:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib.util
 import json
 import os
+import stat
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
@@ -30,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset import fsio
+from vllm_patchset import fsio, jsonfile
 from vllm_patchset.config import Project
 from vllm_patchset.console import colours, diff_line_style, emit, paint
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
@@ -179,7 +181,18 @@ def _sha(data: bytes | None) -> str | None:
 
 
 def _file_sha(target: Target, rel: str) -> str | None:
-    return _sha(_read(package_path(target, rel)))
+    """The sha256 of an installed file, streamed in chunks (a large file is never held whole),
+    or None when it is missing; a FIFO or a link is refused before it is opened."""
+    path = package_path(target, rel)
+    digest = hashlib.sha256()
+    try:
+        for chunk in fsio.read_chunks(path):
+            digest.update(chunk)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise fsio.ReadFailed(path, exc) from None
+    return digest.hexdigest()
 
 
 # -- the record and the journal -----------------------------------------------------------------
@@ -210,7 +223,7 @@ def read_record(target: Target) -> Record | None:
     if text is None:
         return None
     try:
-        doc = json.loads(text)
+        doc = jsonfile.parse(text)
         if doc["schema"] != RECORD_SCHEMA:
             raise BadInput(f"{path}: record schema {doc['schema']} is not {RECORD_SCHEMA}")
         return Record(
@@ -218,16 +231,25 @@ def read_record(target: Target) -> Record | None:
             originals={str(k): str(v) for k, v in doc["originals"].items()},
             transaction=str(doc["transaction"]),
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BadInput(f"{path}: not a valid record ({exc!r}); move it away to continue") from None
+    except KeyError as exc:
+        raise BadInput(
+            f"{path}: not a valid record (no {exc.args[0]!r}); move it away to continue"
+        ) from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise BadInput(f"{path}: not a valid record ({exc}); move it away to continue") from None
 
 
-def _write_record(target: Target, lock: Lock, originals: dict[str, str], txid: str) -> None:
+def _write_record(
+    target: Target, lock: Lock, originals: dict[str, str], txid: str, sizes: dict[str, int]
+) -> None:
+    """`sizes`: each patched file's size, so that the start-up guard refuses a file of another
+    size before it reads a byte of it (the lock has only sha256s)."""
     doc = {
         "schema": RECORD_SCHEMA,
         "transaction": txid,
         "lock": json.loads(lock.to_json()),
         "originals": dict(sorted(originals.items())),
+        "patched_sizes": dict(sorted(sizes.items())),
     }
     fsio.atomic_write(_state_path(target, RECORD), (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -237,15 +259,22 @@ def _read_journal(target: Target) -> Journal | None:
     text = _read(path)
     if text is None:
         return None
-    lines = text.decode("utf-8", errors="replace").splitlines()
     try:
-        intent = json.loads(lines[0])
-        steps = tuple(Step(**s) for s in intent["files"])
-        return Journal(str(intent["op"]), str(intent["id"]), steps)
-    except (IndexError, ValueError, KeyError, TypeError) as exc:
+        intent = jsonfile.parse(text.split(b"\n", 1)[0])
+        steps = tuple(_step(s) for s in jsonfile.field(intent, "files", list))
+        op = jsonfile.field(intent, "op", str)
+        return Journal(op, jsonfile.field(intent, "id", str), steps)
+    except ValueError as exc:
         raise BadInput(
-            f"{path}: unreadable journal ({exc!r}): check the files, then remove it"
+            f"{path}: unreadable journal ({exc}): check the files, then remove it"
         ) from None
+
+
+def _step(doc: object) -> Step:
+    if not isinstance(doc, dict):
+        raise jsonfile.BadJson("a file step is not a JSON object")
+    fields = [jsonfile.field(doc, key, str) for key in ("path", "before_sha256", "after_sha256")]
+    return Step(*fields)
 
 
 @contextmanager
@@ -347,7 +376,7 @@ def _put(target: Target, step: Step, *, want: str, other: str) -> bool:
                 f" {target.package}=={target.version} and remove {target.state}"
             )
         fsio.atomic_write(path, _saved_original(target, step.path, want), like=path)
-    _remove_bytecode(path)
+    _remove_bytecode(path, strict=False)
     return current != want
 
 
@@ -426,11 +455,67 @@ def bytecode_files(source: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if p.name.startswith(prefix) and p.suffix == ".pyc")
 
 
-def _remove_bytecode(source: Path) -> None:
+def _remove_bytecode(source: Path, *, strict: bool = True) -> None:
     # Timestamp pycs would be rebuilt, but an unchecked-hash pyc (compileall --invalidation-mode
     # unchecked-hash, common in images) is run without looking at the source: remove them all.
+    # Not `strict` (a revert, a rollback): one that cannot go is left, and the revert says so;
+    # restoring the originals must not stop on it.
     for pyc in bytecode_files(source):
-        fsio.remove_file(pyc)
+        try:
+            fsio.remove_file(pyc)
+        except fsio.WriteFailed:
+            if strict:
+                raise
+
+
+FS_IOC_GETFLAGS = 0x80086601  # Linux: the inode flags of chattr(1)
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+
+
+def _cannot_remove(pyc: Path) -> str | None:
+    """Why `pyc` cannot be removed (a folder in its place, `chattr +i` or `+a`), or None."""
+    try:
+        info = os.lstat(pyc)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return "it is a directory"
+    if not stat.S_ISREG(info.st_mode):
+        return None  # a link, a FIFO: unlink removes it
+    import fcntl
+
+    try:
+        fd = os.open(pyc, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        flags = int.from_bytes(fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))[:4], "little")
+    except OSError:  # a file system without inode flags
+        return None
+    finally:
+        os.close(fd)
+    if flags & (FS_IMMUTABLE_FL | FS_APPEND_FL):
+        return "it is immutable or append-only (chattr +i / +a)"
+    return None
+
+
+def _check_bytecode_removable(sources: Iterable[Path]) -> None:
+    """Every pyc that apply removes can go: checked before anything is changed, so that an
+    apply never stops half-way on one (and then every command would meet it again)."""
+    for source in sources:
+        for pyc in bytecode_files(source):
+            why = _cannot_remove(pyc)
+            if why:
+                raise ReadOnlyTarget(
+                    f"cannot remove the stale bytecode {pyc} ({why}): remove it, then apply;"
+                    " nothing was changed"
+                )
+
+
+def _left_bytecode(sources: Iterable[Path]) -> list[str]:
+    return [
+        f"could not remove {pyc}: remove it by hand" for s in sources for pyc in bytecode_files(s)
+    ]
 
 
 def stale_bytecode(source: Path, data: bytes) -> list[Path]:
@@ -585,6 +670,7 @@ def apply(
         if dry_run or (not steps and record is not None and record.lock == lock):
             outcome = "would apply" if steps else "already applied"
             return _report("apply", outcome, target, lock, files, notes)
+    _check_bytecode_removable(paths.values())
     _check_writable(_dirs_written(target, paths.values()))
     with _locked(target):
         repaired = _recover(target)
@@ -620,10 +706,11 @@ def apply(
                 fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
                 _remove_bytecode(paths[step.path])
                 _journal_done(target, step.path)
-            _write_record(target, lock, originals, txid)
+            for path in paths.values():  # also pycs left beside files that were patched already
+                _remove_bytecode(path)
+            sizes = {e.path: len(overlay[e.path]) for e in lock.entries}
+            _write_record(target, lock, originals, txid, sizes)
             fsio.remove_tree(_state_path(target, UNDO))
-        for path in paths.values():  # also pycs left beside files that were patched already
-            _remove_bytecode(path)
     outcome = "applied" if steps or not lock.entries else "already applied"
     return _report("apply", outcome, target, lock, _after(files, lock, steps), [repaired, *notes])
 
@@ -769,6 +856,7 @@ def revert(target: Target, lock: Lock, *, dry_run: bool = False, force: bool = F
             _forget(target)
             notes.append("the files were pristine already: removed the stale record")
         notes.append(_remove_state_dir(target))
+        notes += _left_bytecode(paths) if steps else []
     files = _after(files, applied, steps)
     return _report("revert", outcome, target, applied, files, [repaired, *notes])
 
@@ -782,7 +870,7 @@ def _plan_revert(
     refused: list[str] = []
     for entry in applied.entries:
         path = package_path(target, entry.path)
-        sha = _sha(_read(path))
+        sha = _file_sha(target, entry.path)
         original = record.originals.get(entry.path) if record else None
         if sha == (original or entry.pristine_sha256):
             files.append(FileState(entry.path, "pristine", sha))

@@ -1,6 +1,7 @@
 """The project's errors. `cli.main` is the one place that turns them into exit codes.
 
-Exit codes: 0 success, 1 a finding (mismatch, conflict, drift), 2 bad usage or input.
+Exit codes: 0 success, 1 a finding (mismatch, conflict, drift), 2 bad usage or input, 3 an
+internal error (a bug of the tool: what no check foresaw).
 """
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ class Finding(PatchsetError):
 
 class BadInput(PatchsetError):
     """Bad usage or input: nothing was changed."""
+
+
+INTERNAL_ERROR = 3  # the exit code of what no check foresaw (never 1: that is a finding)
+
+
+class NoGit(BadInput):
+    """No git executable: the commands that read the upstream mirror need one."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"git is not installed or not on PATH ({detail}): install git (the deploy commands,"
+            " `overlay apply|verify|revert|status`, need none)"
+        )
 
 
 class GitError(BadInput):

@@ -163,6 +163,43 @@ def read_regular(path: Path, *, limit: int | None = None) -> bytes | None:
         os.close(fd)
 
 
+def is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file itself (not a link to one)."""
+    info = _lstat(path)
+    return info is not None and stat.S_ISREG(info.st_mode)
+
+
+def read_chunks(
+    path: Path, *, size: int | None = None, follow: bool = False, chunk: int = 1 << 20
+) -> Iterator[bytes]:
+    """The bytes of the regular file `path`, in chunks (a large file is never held whole),
+    lstat-checked and opened without blocking. With `size`, a file of another size is
+    refused before it is read (UnsafePath). With `follow`, a symlink whose target is a regular
+    file is read through (an install made of links, as uv's `--link-mode symlink` makes:
+    read-only use only). FileNotFoundError when it is missing."""
+    info = os.lstat(path)
+    if follow and stat.S_ISLNK(info.st_mode):
+        info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafePath(f"refusing {path}: it is {kind_of(info.st_mode)}, not a regular file")
+    if size is not None and info.st_size != size:
+        raise UnsafePath(f"{path} is {info.st_size} bytes, not the {size} expected")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"refusing {path}: it is a symlink, not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath(f"refusing {path}: it is not a regular file")
+        while data := os.read(fd, chunk):
+            yield data
+    finally:
+        os.close(fd)
+
+
 # -- writes --------------------------------------------------------------------------------------
 _write_points = [0]
 
@@ -191,7 +228,7 @@ def atomic_write(path: Path, data: bytes, *, like: Path | None = None, mode: int
 
     old = _lstat(like) if like is not None else None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     except OSError as exc:
         raise WriteFailed(path, exc) from None
@@ -213,6 +250,22 @@ def atomic_write(path: Path, data: bytes, *, like: Path | None = None, mode: int
         raise
     fsync_dir(path.parent)
     _test_hook()
+
+
+def make_dirs(path: Path) -> None:
+    """`path` and the folders above it that are missing, each new one mode 0755 whatever the
+    umask (as pip leaves an install: a state dir made under umask 077 would keep the guard of
+    a serving user who is not root from reading the record)."""
+    missing = []
+    while _lstat(path) is None and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            continue
+        os.chmod(folder, 0o755)
 
 
 def fsync_dir(path: Path) -> None:
@@ -323,6 +376,44 @@ def replace_dir(staged: Path, final: Path) -> None:
         remove_tree(aside)
 
 
+# -- build outputs -------------------------------------------------------------------------------
+def build_dir(root: Path) -> Path:
+    """`root`/build, the folder of the tool's default build outputs (`kit build`, `bundle`,
+    `validate`): a real folder that is new, empty or marked as the tool's (`claim_dir`), so
+    that what the tool replaces in it is what it wrote there. A symlinked `build/` or one that
+    holds the user's files is refused with one line, nothing removed."""
+    path = root / "build"
+    claim_dir(path, "the build folder")
+    return path
+
+
+def remove_output(path: Path) -> None:
+    """Remove a default build output in the tool's own build folder (`build_dir`): never
+    through a link (a symlink there is removed itself, not what it points to)."""
+    remove_tree(path)
+
+
+def same_path(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one file or folder (both there, same device and inode)."""
+    one, two = _stat(a), _stat(b)
+    return (
+        one is not None
+        and two is not None
+        and (one.st_dev, one.st_ino)
+        == (
+            two.st_dev,
+            two.st_ino,
+        )
+    )
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
 # -- destinations --------------------------------------------------------------------------------
 def claim_dir(dest: Path, what: str, *, mark: bool = True) -> None:
     """Make `dest` a dir this tool may rewrite: missing or empty (it gets the marker), or
@@ -377,11 +468,15 @@ def locked(
     gets the lock on the removed file sees that it is no longer at `path`, and takes it again."""
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT)
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags |= os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT
     while True:
+        info = _lstat(path)
+        if info is not None and not stat.S_ISREG(info.st_mode):  # a FIFO would block the open
+            raise UnsafePath(f"refusing {path}: it is {kind_of(info.st_mode)}, not a regular file")
         try:
             if not shared:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_dirs(path.parent)
             fd = os.open(path, flags, 0o644)
         except FileNotFoundError:
             if shared:
@@ -393,6 +488,11 @@ def locked(
                 raise UnsafePath(f"refusing {path}: it is a symlink") from None
             raise WriteFailed(path, exc) from None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UnsafePath(f"refusing {path}: it is not a regular file")
+            if info is None and not shared:  # made here: readable by all, whatever the umask
+                with suppress(OSError):
+                    os.fchmod(fd, 0o644)
             _flock(fd, shared, deadline, f"{holder} holds {path} (waited {timeout:g} s)")
             held, now = os.fstat(fd), _lstat(path)
         except BaseException:

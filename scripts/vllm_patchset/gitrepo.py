@@ -3,20 +3,29 @@
 GitPython runs the git command line; its errors become `GitError` with git's own `fatal:` line.
 Commits made here have a fixed identity and date, so the same tree gives the same commit id
 in every mirror.
+
+Git runs with a clean environment: the caller's `GIT_*` variables are dropped (a git hook that
+runs the tool exports `GIT_DIR`, which would make every call act on the hook's repository),
+but for the few that only say how to reach a remote (`TRANSPORT_ENV`). A value from data or
+the command line never reaches git where it could read as an option: a revision or ref that
+starts with `-` is refused, sources are checked (`check_source`), and `--` goes before
+repositories and paths.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from vllm_patchset.errors import GitError
+from vllm_patchset.errors import BadInput, GitError, NoGit
 from vllm_patchset.fsio import child
 
 BOT_NAME = "vllm-patchset"
@@ -43,6 +52,75 @@ FORMAT_PATCH_ARGS = (
     "--subject-prefix=PATCH",
 )
 
+# The caller's GIT_* variables that are kept: how to reach a remote (ssh, a proxy, TLS), none
+# of which says which repository, index, work tree or configuration git uses.
+TRANSPORT_ENV = frozenset(
+    {
+        "GIT_SSH",
+        "GIT_SSH_COMMAND",
+        "GIT_SSH_VARIANT",
+        "GIT_ASKPASS",
+        "GIT_PROXY_COMMAND",
+        "GIT_SSL_CAINFO",
+        "GIT_SSL_CAPATH",
+        "GIT_SSL_NO_VERIFY",
+        "GIT_HTTP_USER_AGENT",
+    }
+)
+# Sources a git repository is fetched from: a URL of one of these schemes, an scp-like
+# `user@host:path`, or a local path.
+URL_SCHEMES = ("https", "http", "ssh", "git", "file")
+# [user@]host:path, as git reads it; never `<transport>::<address>` (`ext::` runs a command).
+_SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!:)[^-]")
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every git child: the caller's without its GIT_* variables (but
+    TRANSPORT_ENV), plain C messages, no prompt, then `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in TRANSPORT_ENV}
+    return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(extra or {})}
+
+
+def git_argv(args: list[str], env: dict[str, str]) -> list[str]:
+    """The command line of a git child. GitPython starts every child with the caller's whole
+    environment updated by the one given (it cannot drop a variable), so the caller's GIT_*
+    variables that `env` lacks are unset by env(1) in front of git."""
+    dropped = sorted(k for k in os.environ if k.startswith("GIT_") and k not in env)
+    unset = ["env", *(a for k in dropped for a in ("-u", k))] if dropped else []
+    return [*unset, "git", *args]
+
+
+def check_source(source: str, what: str = "a git source") -> str:
+    """`source` when it is a URL of a known scheme, an scp-like address or a local path, never
+    something git could read as an option; else BadInput naming it."""
+    scheme = _URL.match(source)
+    plain = not any(c in source for c in "\x00\n\r") and source.strip() == source
+    if scheme is not None:  # no host that ssh could read as an option (`ssh://-oProxy…`)
+        rest = source[scheme.end() :]
+        host = rest.rpartition("@")[2]
+        ok = scheme.group(1) in URL_SCHEMES and plain
+        ok = ok and not rest.startswith("-") and not host.startswith("-")
+    else:
+        ok = plain and bool(source) and not source.startswith("-")
+        ok = ok and ("://" not in source)
+        ok = ok and (bool(_SCP_LIKE.match(source)) or ":" not in source.split("/", 1)[0])
+    if not ok:
+        schemes = ", ".join(f"{s}://" for s in URL_SCHEMES)
+        raise BadInput(
+            f"{what} {source!r} is not a URL ({schemes}), user@host:path or a local path"
+        )
+    return source
+
+
+def check_rev(rev: str, what: str = "a revision") -> str:
+    """`rev` when git cannot read it as an option (no leading `-`, no space or control
+    character); else BadInput naming it. (A ref to fetch may not hold `:` either: see
+    `fetch`.)"""
+    if not rev or rev.startswith("-") or any(c.isspace() or ord(c) < 32 for c in rev):
+        raise BadInput(f"{what} {rev!r} is not a git ref or commit")
+    return rev
+
 
 @dataclass(frozen=True)
 class Repo:
@@ -56,10 +134,8 @@ class Repo:
     def run_bytes(
         self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
     ) -> bytes:
-        import git  # here: GitPython will not import without a git executable, and the deploy
-        # commands (a serving image may have no git) must work without one
-
-        full_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(env or {})}
+        git = _gitpython()
+        full_env = git_env(env)
         cmd = git.Git(str(self.path))
         with tempfile.TemporaryFile() as stdin_file:
             if stdin is not None:
@@ -68,7 +144,9 @@ class Repo:
             try:
                 # A killed run leaves no git running (fsio.child).
                 argv, preexec = child(
-                    ["git", "-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args]
+                    git_argv(
+                        ["-c", "core.quotepath=off", "-c", "core.autocrlf=false", *args], full_env
+                    )
                 )
                 out = cmd.execute(
                     argv,
@@ -78,7 +156,11 @@ class Repo:
                     strip_newline_in_stdout=False,
                     preexec_fn=preexec,
                 )
+            except git.exc.GitCommandNotFound as exc:
+                raise NoGit(str(exc).strip().splitlines()[0]) from None
             except git.exc.GitCommandError as exc:
+                if exc.status == 127:  # the shell of fsio.child found no git
+                    raise NoGit("the shell found no `git` command") from None
                 stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
                 # GitPython quotes git's stderr as "\n  stderr: '<text>'": the text only.
                 raise GitError(
@@ -91,17 +173,19 @@ class Repo:
 
     # -- objects ---------------------------------------------------------------------------
     def resolve(self, rev: str) -> str | None:
+        check_rev(rev)
         try:
             return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
         except GitError:
             return None
 
     def tree_of(self, rev: str) -> str:
+        check_rev(rev)
         return self.run("rev-parse", f"{rev}^{{tree}}").strip()
 
     def read_blob(self, rev: str, path: str) -> bytes | None:
         """File bytes at `rev:path`, or None when the file is not there."""
-        listing = self.run("ls-tree", rev, "--", path).strip()
+        listing = self.run("ls-tree", check_rev(rev), "--", path).strip()
         if not listing:
             return None
         mode_type_sha = listing.split("\t", 1)[0].split()
@@ -112,18 +196,18 @@ class Repo:
     def grep_files(self, rev: str, text: str, pathspec: str) -> list[str]:
         """Paths of the files of `rev` (a commit or tree) under `pathspec` that contain the
         line fragment `text` (fixed string; one git call for the whole tree)."""
-        import git  # see run_bytes
-
-        args = ["grep", "-l", "-z", "-F", "-e", text, rev, "--", pathspec]
+        git = _gitpython()
+        args = ["grep", "-l", "-z", "-F", "-e", text, check_rev(rev), "--", pathspec]
         cmd = git.Git(str(self.path))
-        argv, preexec = child(["git", "-c", "core.quotepath=off", *args])
+        env = git_env()
+        argv, preexec = child(git_argv(["-c", "core.quotepath=off", *args], env))
         status, out, err = cmd.execute(
             argv,
             preexec_fn=preexec,
             with_extended_output=True,
             with_exceptions=False,
             stdout_as_string=False,
-            env={**os.environ, "LC_ALL": "C"},
+            env=env,
         )
         if status not in (0, 1):  # 1: no file matches
             raise GitError("grep", err if isinstance(err, str) else err.decode("utf-8", "replace"))
@@ -133,12 +217,13 @@ class Repo:
 
     def renamed_paths(self, old: str, new: str) -> dict[str, str]:
         """Files git's rename detection (`git diff -M`) sees moved from `old` to `new`."""
-        out = self.run("diff", "-M", "--name-status", "-z", "--diff-filter=R", old, new)
+        args = ("diff", "-M", "--name-status", "-z", "--diff-filter=R", check_rev(old))
+        out = self.run(*args, check_rev(new), "--")
         fields = [f for f in out.split("\0") if f]
         return {fields[i + 1]: fields[i + 2] for i in range(0, len(fields) - 2, 3)}
 
     def list_files(self, rev: str, prefix: str = "") -> list[str]:
-        args = ["ls-tree", "-r", "--name-only", "-z", rev]
+        args = ["ls-tree", "-r", "--name-only", "-z", check_rev(rev)]
         if prefix:
             args += ["--", prefix]
         return [p for p in self.run(*args).split("\0") if p]
@@ -147,10 +232,10 @@ class Repo:
         return self.run("tag", "--list", pattern).split()
 
     def set_tag(self, name: str, commit: str) -> None:
-        self.run("tag", "-f", name, commit)
+        self.run("tag", "-f", check_rev(name, "a tag"), check_rev(commit))
 
     def delete_ref(self, ref: str) -> None:
-        self.run("update-ref", "-d", ref)
+        self.run("update-ref", "-d", check_rev(ref, "a ref"))
 
     def commit_tree(self, tree: str, message: str, parent: str | None = None) -> str:
         args = ["commit-tree", tree, "-m", message]
@@ -160,10 +245,28 @@ class Repo:
 
     # -- building trees without a worktree ---------------------------------------------------
     def tree_from_directory(self, directory: Path) -> str:
-        """Write every file under `directory` as a tree (a temporary index, no worktree)."""
+        """Write every file under `directory` as a tree (a temporary index, no worktree), the
+        bytes as they are: no `.gitattributes` (one inside an sdist could say `text` or
+        `eol=crlf`), filter or config may change what is stored (`hash-object --no-filters`).
+        Only regular files are taken (the tool's own extraction wrote them)."""
+        files = []
+        for folder, dirs, names in os.walk(directory):
+            dirs.sort()
+            for name in names:
+                path = Path(folder) / name
+                if not path.is_symlink() and path.is_file():
+                    files.append(path)
+        files.sort()
+        listing = "".join(f"{p}\n" for p in files).encode("utf-8", "surrogateescape")
+        shas = self.run("hash-object", "-w", "--no-filters", "--stdin-paths", stdin=listing)
+        rows = []
+        for path, sha in zip(files, shas.split(), strict=True):
+            mode = "100755" if os.stat(path).st_mode & 0o111 else "100644"
+            rel = path.relative_to(directory).as_posix()
+            rows.append(f"{mode} {sha}\t{rel}\0")
         with self._temp_index() as env:
-            env = {**env, "GIT_WORK_TREE": str(directory)}
-            self.run("add", "--all", "--force", ".", env=env)
+            stdin = "".join(rows).encode("utf-8", "surrogateescape")
+            self.run("update-index", "--add", "-z", "--index-info", env=env, stdin=stdin)
             return self.run("write-tree", env=env).strip()
 
     def wrap_tree(self, subtree: str, name: str) -> str:
@@ -171,6 +274,7 @@ class Repo:
         return self.run("mktree", stdin=f"040000 tree {subtree}\t{name}\n".encode()).strip()
 
     def subtree(self, rev: str, path: str) -> str | None:
+        check_rev(rev)
         try:
             return self.run("rev-parse", "--verify", "--quiet", f"{rev}:{path}").strip() or None
         except GitError:
@@ -182,7 +286,7 @@ class Repo:
         """The tree that `patch` (undone, with `reverse`) makes of `tree` (no fuzz: context
         must match exactly)."""
         with self._temp_index() as env:
-            self.run("read-tree", tree, env=env)
+            self.run("read-tree", check_rev(tree), env=env)
             args = ["apply", "--cached", "--whitespace=nowarn"]
             if three_way:
                 args.append("--3way")
@@ -195,7 +299,7 @@ class Repo:
         """Whether `patch` applies to `tree` (is undone from it, with `reverse`) with no fuzz,
         and git's words about it."""
         with self._temp_index() as env:
-            self.run("read-tree", tree, env=env)
+            self.run("read-tree", check_rev(tree), env=env)
             args = [
                 "apply",
                 "--cached",
@@ -215,17 +319,27 @@ class Repo:
             yield {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
 
     def archive_to(self, rev: str, dest: Path) -> None:
-        """Write the files of `rev` (a commit or tree) under `dest`."""
-        data = self.run_bytes("archive", "--format=tar", rev)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(dest, filter="data")
+        """Write the files of `rev` (a commit or tree) under `dest`: every member checked by
+        `archives.checked_members` first (a tree from a git source may hold a symlink that
+        leads out, which no tarfile filter of the interpreter is trusted to stop)."""
+        from vllm_patchset import archives
+
+        data = self.run_bytes("archive", "--format=tar", check_rev(rev))
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                archives.extract(tar, dest, what=f"the tree {rev[:12]}")
+        except archives.ArchiveRefused as exc:
+            raise BadInput(str(exc)) from None
 
     def fetch(self, url: str, ref: str) -> str:
         """Fetch `ref` of the repository at `url` (a path or URL) and return its commit."""
         # Into a ref of this process's own: FETCH_HEAD is shared by every process using the
         # mirror, and another fetch could overwrite it between the fetch and the read.
         temp = f"refs/vllm-patchset/fetch/{os.getpid()}"
-        self.run("fetch", "--quiet", "--no-tags", url, f"+{ref}:{temp}")
+        check_source(url)
+        if ":" in check_rev(ref, "a git ref"):
+            raise BadInput(f"a git ref {ref!r} is not a git ref or commit")
+        self.run("fetch", "--quiet", "--no-tags", "--", url, f"+{ref}:{temp}")
         sha = self.resolve(temp)
         self.delete_ref(temp)
         if sha is None:
@@ -248,7 +362,12 @@ class Repo:
         """(file name, bytes) of each commit in base..head, as `git format-patch` writes them."""
         with tempfile.TemporaryDirectory(prefix="vllm-patchset-fp-") as tmp:
             names = self.run(
-                "format-patch", *FORMAT_PATCH_ARGS, "-o", tmp, f"{base}..{head}"
+                "format-patch",
+                *FORMAT_PATCH_ARGS,
+                "-o",
+                tmp,
+                f"{check_rev(base)}..{check_rev(head)}",
+                "--",
             ).split()
             return [(Path(n).name, Path(n).read_bytes()) for n in names]
 
@@ -297,9 +416,9 @@ class Repo:
         """A repository at `path`, at `commit` (detached), that borrows this one's objects
         (`git clone --shared`). Unlike a worktree, nothing of it is registered here: deleting
         `path` removes it whole, even after a kill half way through."""
-        self.run("clone", "--quiet", "--shared", "--no-checkout", "--no-tags", ".", str(path))
+        self.run("clone", "--quiet", "--shared", "--no-checkout", "--no-tags", "--", ".", str(path))
         clone = Repo(path)
-        clone.run("checkout", "--quiet", "--detach", commit)
+        clone.run("checkout", "--quiet", "--detach", check_rev(commit))
         return clone
 
     def git_path(self, name: str) -> Path:
@@ -315,7 +434,17 @@ class Repo:
         return sha
 
     def count(self, base: str, head: str = "HEAD") -> int:
-        return int(self.run("rev-list", "--count", f"{base}..{head}").strip())
+        return int(self.run("rev-list", "--count", f"{check_rev(base)}..{check_rev(head)}").strip())
+
+
+def _gitpython() -> Any:
+    """GitPython, imported at the first git call: it will not import without a git
+    executable, and the deploy commands (a serving image may have no git) need none."""
+    try:
+        import git
+    except ImportError as exc:
+        raise NoGit(str(exc).strip().splitlines()[0] if str(exc).strip() else "no git") from None
+    return git
 
 
 def init_bare(path: Path) -> Repo:

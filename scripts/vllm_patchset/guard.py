@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from vllm_patchset import jsonfile
 from vllm_patchset.errors import PatchsetError
-from vllm_patchset.fsio import read_regular
+from vllm_patchset.fsio import read_chunks, read_regular
 from vllm_patchset.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
 
 STRICT_ENV = "VLLM_PATCHSET_STRICT"
@@ -69,15 +69,24 @@ def check(root: Path, package: str = "vllm") -> Outcome:
                 f"vllm-patchset: NO overlay applied to {package} {version} at {where}: its fixes"
                 " are NOT active (run `vllm-patchset overlay apply`)",
             )
-        lock = json.loads(record)["lock"]
+        doc = jsonfile.parse(record)
+        lock = doc["lock"]
         locked_version = str(lock["version"])
         patches = [str(p) for p in lock["patches"]]
         files = {str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()}
+        sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
+        sizes = {str(k): v for k, v in sizes.items() if isinstance(v, int)}
     except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, OSError):
+            why = exc.strerror or type(exc).__name__
+        elif isinstance(exc, PatchsetError | jsonfile.BadJson):
+            why = str(exc)  # in words, naming what is wrong
+        else:
+            why = type(exc).__name__  # a field missing or of another type
         return Outcome(
             False,
-            f"vllm-patchset: unreadable record {state / RECORD} ({type(exc).__name__}): the"
-            " overlay cannot be confirmed (run `vllm-patchset overlay status`)",
+            f"vllm-patchset: unreadable record {state / RECORD} ({why}): the overlay cannot be"
+            " confirmed (run `vllm-patchset overlay status`)",
         )
     if version != locked_version:
         return Outcome(
@@ -87,7 +96,9 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             f" active (rebase the patch set onto {version} and apply it)",
         )
     unpatched = [
-        rel.rsplit("/", 1)[-1] for rel, sha in files.items() if _sha256(root, package, rel) != sha
+        rel.rsplit("/", 1)[-1]
+        for rel, sha in files.items()
+        if _sha256(root, package, rel, sizes.get(rel)) != sha
     ]
     if unpatched and len(unpatched) == len(files):
         return Outcome(
@@ -110,13 +121,21 @@ def check(root: Path, package: str = "vllm") -> Outcome:
     )
 
 
-def _sha256(root: Path, package: str, rel: str) -> str | None:
+def _sha256(root: Path, package: str, rel: str, size: int | None) -> str | None:
+    """The file's sha256, streamed in chunks (a large file is never held whole), or None: it
+    is missing, not a regular file, or not of the `size` the record gives (not read at all).
+    A symlink to a regular file is read through (an install made of links, as uv's
+    `--link-mode symlink` makes: this only reads)."""
     parts = path_parts(package, rel)
-    try:
-        data = read_regular(root.joinpath(*parts)) if parts else None
-    except (PatchsetError, OSError):  # a FIFO or a symlink: not the patched file
+    if parts is None:
         return None
-    return hashlib.sha256(data).hexdigest() if data is not None else None
+    digest = hashlib.sha256()
+    try:
+        for chunk in read_chunks(root.joinpath(*parts), size=size, follow=True):
+            digest.update(chunk)
+    except (PatchsetError, OSError):  # a FIFO, another size, missing: not the patched file
+        return None
+    return digest.hexdigest()
 
 
 def _installed_root(package: str) -> Path | None:
@@ -138,10 +157,11 @@ def register() -> None:
             if root is not None
             else Outcome(False, "vllm-patchset: vllm is not importable: no overlay to check")
         )
-    except Exception as exc:  # the guard must never be the reason vLLM does not start
-        logger.warning(
-            "vllm-patchset: could not check the overlay (%s: %s)", type(exc).__name__, exc
-        )
+    except Exception as exc:  # the guard must never be the reason vLLM does not start...
+        message = f"vllm-patchset: could not check the overlay ({type(exc).__name__}: {exc})"
+        if strict:  # ...but under STRICT, an overlay it cannot confirm stops it, whatever failed
+            raise OverlayNotActive(f"{message} [{STRICT_ENV}=1]") from None
+        logger.warning("%s", message)
         return
     if outcome.active:
         logger.info("%s", outcome.message)

@@ -22,23 +22,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import lzma
 import shutil
 import tarfile
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from vllm_patchset import kitparts
+from vllm_patchset import fsio, index, kitparts
 from vllm_patchset.bundle import download_wheels
 from vllm_patchset.config import Project
 from vllm_patchset.console import emit, progress
-from vllm_patchset.errors import BadInput, DownloadFailed, by_exit_code
-from vllm_patchset.upstream import _download
+from vllm_patchset.errors import BadInput, by_exit_code
 
 NAME = "vllm-patchset-kit"
 PLATFORM = "manylinux_2_28_x86_64"
@@ -95,42 +91,22 @@ def kit_member(path: str) -> bool:
     return True
 
 
-def _index_wheel(project: Project, platform: str) -> tuple[str, str, str]:
-    """(file name, sha256, url) of the pin's wheel for `platform` on the package index."""
-    url = f"{project.index_url}/{project.package}/"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response)["files"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        raise DownloadFailed(f"cannot read the package index {url} ({exc})") from None
+def _index_wheel(project: Project, platform: str) -> index.IndexFile:
+    """The pin's wheel for `platform` on the package index."""
     prefix = f"{project.package}-{project.pin}-"
-    for entry in files:
-        name = str(entry["filename"])
-        if name.startswith(prefix) and name.endswith(f"-{platform}.whl"):
-            return name, str(entry["hashes"]["sha256"]), str(entry["url"])
+    for entry in index.files(project.index_url, project.package):
+        if entry.filename.startswith(prefix) and entry.filename.endswith(f"-{platform}.whl"):
+            return entry
     raise BadInput(f"the index has no {project.package} {project.pin} wheel for {platform}")
 
 
 def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
     """The pin's wheel in the cache (`<cache>/wheels/`), downloaded once; sha256 checked against
     the index every time the index is reachable, and against the cached check otherwise."""
-    folder = project.cache_dir / "wheels"
-    name, sha256, url = _index_wheel(project, platform)
-    target = folder / name
-    if target.is_file() and kitparts.sha256_file(target) == sha256:
-        return target, sha256
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
-    try:
-        _download(url, partial, name)
-        got = kitparts.sha256_file(partial)
-        if got != sha256:
-            raise DownloadFailed(f"{name}: sha256 {got} is not the index's {sha256}")
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target, sha256
+    entry = _index_wheel(project, platform)
+    wheel = index.fetch(entry, project.cache_dir / "wheels")
+    assert entry.sha256 is not None  # fetch refuses an entry without one
+    return wheel, entry.sha256
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -244,9 +220,9 @@ def _parts(manifest: kitparts.Manifest) -> list[dict[str, object]]:
 
 def cmd_kit_build(args: argparse.Namespace) -> int:
     project = Project.load(args.project, args.cache_dir)
-    out = args.out or project.root / "build" / NAME
-    if args.out is None:
-        shutil.rmtree(out, ignore_errors=True)  # our own build output: replace it
+    out = args.out or fsio.build_dir(project.root) / NAME
+    if args.out is None:  # our own build output, in the build folder we marked: replace it
+        fsio.remove_output(out)
     manifest = build_kit(
         project,
         out,

@@ -40,6 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
+try:
+    from vllm_patchset import archives, jsonfile
+except ImportError:  # in a GPU bundle, without vllm-patchset: the two files beside this one
+    import archives  # type: ignore[import-not-found,no-redef]
+    import jsonfile  # type: ignore[import-not-found,no-redef]
+
 MANIFEST = "kit.json"
 PART_LIMIT = 60 * 2**20  # each part fits a channel of 64 MiB with room for what travels beside
 PART_PREFIX = "kit.tar.xz."
@@ -93,7 +99,7 @@ class Manifest:
     def load(kit: Path) -> Manifest:
         path = kit / MANIFEST
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = jsonfile.load(path, limit=1 << 20)
             if data.get("format") != FORMAT:
                 raise KitError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
             return Manifest(
@@ -109,8 +115,12 @@ class Manifest:
             )
         except FileNotFoundError:
             raise KitUsage(f"no {MANIFEST} in {kit}: not a kit folder") from None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise KitError(f"{path} is unreadable or malformed ({exc})") from None
+        except KeyError as exc:
+            raise KitError(f"{path} is malformed (no {exc.args[0]!r})") from None
+        except OSError as exc:
+            raise KitError(f"{path} is unreadable ({exc.strerror or exc})") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise KitError(f"{path} is malformed ({exc})") from None
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -182,6 +192,8 @@ def verify(kit: Path) -> Manifest:
         if PurePosixPath(part.name).name != part.name or part.name in ("", ".", ".."):
             raise KitError(f"{kit / MANIFEST}: part name {part.name!r} is not a plain file name")
         path = kit / part.name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise KitError(f"kit part {part.name} in {kit} is not a regular file")
         if not path.is_file():
             raise KitError(f"kit part {part.name} is missing from {kit}")
         size = path.stat().st_size
@@ -276,50 +288,125 @@ def _check_wheels(folder: Path, manifest: Manifest) -> list[Path]:
     return found
 
 
+PARTIAL = ".partial-"  # staging folders: .<dest name>.partial-<pid>-<random>
+
+
 @contextmanager
 def _staging(dest: Path) -> Iterator[Path]:
-    """A fresh folder beside `dest`, removed unless the caller renamed it."""
-    staging = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    """A fresh private folder beside `dest` (mkdtemp: mode 0700, a name no one else holds),
+    removed unless the caller renamed it. What killed assemblies left (the pid in the name is
+    gone) is removed first."""
+    import tempfile
+
+    prefix = f".{dest.name}{PARTIAL}"
+    for name in os.listdir(dest.parent):
+        pid = name.removeprefix(prefix).split("-")[0]
+        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            path = dest.parent / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dest.parent))
     try:
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _listing(root: Path) -> dict[str, str]:
+    """Every file below `root` (but the completion marker) and its sha256; KitError for a
+    link or a special file."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                raise KitError(f"{root}/{rel} is a symbolic link: not what the kit assembled")
+            if name in files and rel != COMPLETE:
+                if not path.is_file():
+                    raise KitError(f"{root}/{rel} is not a regular file")
+                found[rel] = sha256_file(path)
+    return found
+
+
+def _assembled(dest: Path, text: str) -> bool:
+    """Whether `dest` is an assembly of this manifest, checked file by file against the list
+    its completion marker holds (a marker alone proves nothing)."""
+    marker = dest / COMPLETE
+    if dest.is_symlink() or not dest.is_dir() or marker.is_symlink() or not marker.is_file():
+        return False
+    try:
+        doc = jsonfile.load(marker)
+    except (OSError, ValueError):
+        return False
+    if doc.get("manifest") != text or not isinstance(doc.get("files"), dict):
+        return False
+    listed = doc["files"]
+    found = _listing(dest)
+    if found != listed:
+        changed = sorted(set(found) ^ set(listed)) or sorted(
+            r for r in found if found[r] != listed.get(r)
+        )
+        raise KitUsage(
+            f"{dest} was assembled from this kit, but {dest}/{changed[0]} is not as assembled:"
+            " remove the folder and assemble again"
+        )
+    return True
+
+
 def assemble(kit: Path, dest: Path, python: str = sys.executable) -> Path:
     """Check every part, unpack, check every file, install the wheels into site/; return
-    `dest`. Already assembled from the same manifest: a no-op. Nothing is written on error."""
+    `dest`. Already assembled from the same manifest, every file as it was written: a no-op.
+    Nothing is written on error."""
     manifest = verify(kit)
     text = manifest.to_json()
-    if dest.exists():
-        marker = dest / COMPLETE
-        if marker.is_file() and marker.read_text(encoding="utf-8") == text:
+    if dest.exists() or dest.is_symlink():
+        if _assembled(dest, text):
             return dest
         raise KitUsage(f"{dest} exists already and holds no assembly of this kit")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _staging(dest) as staging:
-        paths = [kit / p.name for p in manifest.parts]
-        try:
-            with (
-                _Joined(paths) as joined,
-                lzma.open(cast(BinaryIO, joined)) as xz,
-                tarfile.open(fileobj=xz, mode="r|") as tar,
-            ):
-                for member in tar:
-                    top = PurePosixPath(member.name).parts[:1]
-                    if top not in (("site",), ("wheels",)):
-                        raise KitError(f"the kit's archive holds {member.name}")
-                    tar.extract(member, staging, filter="data")
-        except (lzma.LZMAError, tarfile.TarError, EOFError) as exc:
-            raise KitError(f"the kit's archive does not unpack ({exc})") from None
-        _check_site(staging / "site", manifest)
-        wheels = _check_wheels(staging / "wheels", manifest)
-        if wheels:
-            _pip_install(python, wheels, staging / "site")
-        (staging / COMPLETE).write_text(text, encoding="utf-8")
-        staging.rename(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _staging(dest) as staging:
+            paths = [kit / p.name for p in manifest.parts]
+            try:
+                with (
+                    _Joined(paths) as joined,
+                    lzma.open(cast(BinaryIO, joined)) as xz,
+                    tarfile.open(fileobj=xz, mode="r|") as tar,
+                ):
+                    archives.extract(
+                        tar,
+                        staging,
+                        what="the kit's archive",
+                        tops=("site", "wheels"),
+                        bounds=archives.KIT_BOUNDS,
+                        stream=True,
+                    )
+            except archives.ArchiveRefused as exc:
+                raise KitError(str(exc)) from None
+            except (lzma.LZMAError, tarfile.TarError, EOFError) as exc:
+                raise KitError(f"the kit's archive does not unpack ({exc})") from None
+            _check_site(staging / "site", manifest)
+            wheels = _check_wheels(staging / "wheels", manifest)
+            if wheels:
+                _pip_install(python, wheels, staging / "site")
+            done = {"manifest": text, "files": _listing(staging)}
+            (staging / COMPLETE).write_text(json.dumps(done, indent=1) + "\n", encoding="utf-8")
+            os.chmod(staging, 0o755)  # mkdtemp made it 0700
+            staging.rename(dest)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise KitError(f"cannot assemble the kit in {dest}: {exc.strerror or exc}{where}") from None
     return dest
 
 
@@ -352,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
     except KitError as exc:
         print(f"kitparts: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a full disk, a folder that cannot be read: one line
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"kitparts: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     return 0
 
 

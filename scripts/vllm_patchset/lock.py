@@ -8,7 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_patchset import jsonfile
 from vllm_patchset.errors import BadInput
+from vllm_patchset.fsio import read_chunks, read_regular
 
 LOCK_SCHEMA = 1
 
@@ -18,7 +20,11 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    return sha256_bytes(path.read_bytes())
+    """Streamed in chunks: a large file is never held whole."""
+    digest = hashlib.sha256()
+    for chunk in read_chunks(path):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class Lock:
     @staticmethod
     def from_json(text: str, where: str) -> Lock:
         try:
-            doc = json.loads(text)
+            doc = jsonfile.parse(text.encode("utf-8", "surrogateescape"))
             if doc["schema"] != LOCK_SCHEMA:
                 raise BadInput(f"{where}: lock schema {doc['schema']} is not {LOCK_SCHEMA}")
             entries = tuple(
@@ -83,13 +89,16 @@ class Lock:
                 patches=tuple(str(p) for p in doc["patches"]),
                 entries=entries,
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BadInput(f"{where}: not a valid overlay lock ({exc!r})") from None
+        except KeyError as exc:
+            raise BadInput(f"{where}: not a valid overlay lock (no {exc.args[0]!r})") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise BadInput(f"{where}: not a valid overlay lock ({exc})") from None
 
     @staticmethod
     def load(path: Path) -> Lock:
-        if not path.is_file():
+        data = read_regular(path, limit=jsonfile.MAX_BYTES + 1)  # a FIFO is refused, not opened
+        if data is None:
             raise BadInput(
                 f"no overlay lock at {path}: run `vllm-patchset overlay build --update-lock`"
             )
-        return Lock.from_json(path.read_text(encoding="utf-8"), str(path))
+        return Lock.from_json(data.decode("utf-8", "surrogateescape"), str(path))

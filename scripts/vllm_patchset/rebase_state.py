@@ -19,9 +19,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from vllm_patchset import jsonfile
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput
-from vllm_patchset.fsio import atomic_write
+from vllm_patchset.fsio import atomic_write, plain_parts
 from vllm_patchset.states import Verdict
 from vllm_patchset.upstream import Upstream
 
@@ -154,9 +155,7 @@ class RebaseState:
 
     @staticmethod
     def from_json(text: str) -> RebaseState:
-        doc = json.loads(text)
-        if not isinstance(doc, dict):
-            raise TypeError("not a JSON object")
+        doc = jsonfile.parse(text.encode("utf-8", "surrogateescape"))
         if doc["phase"] not in ("running", "stopped", "swap", "done"):
             raise ValueError(f"phase {doc['phase']!r}")
         onto = doc["onto"]
@@ -182,7 +181,7 @@ class RebaseState:
             steps=tuple(Step.from_doc(s) for s in doc["steps"]),
             stop=_optional(doc["stop"]),
             stopped_head=_optional(doc["stopped_head"]),
-            moves=tuple(_string(m) for m in doc["moves"]),
+            moves=tuple(_move(m) for m in doc["moves"]),
         )
 
 
@@ -190,6 +189,15 @@ def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"not a string: {value!r}")
     return value
+
+
+def _move(value: Any) -> str:
+    """A path the swap moves in: plain, relative, inside the checkout and not its `.git` (a
+    tampered journal must not make `--continue` replace a file beside the checkout)."""
+    parts = plain_parts(_string(value))
+    if parts is None or parts[0] == ".git":
+        raise ValueError(f"a move {value!r} is not a plain path inside the checkout")
+    return "/".join(parts)
 
 
 def _optional(value: Any) -> str | None:
@@ -220,12 +228,16 @@ def save(project: Project, state: RebaseState) -> None:
 
 def load(project: Project) -> RebaseState:
     path = state_path(project)
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise BadInput("no rebase in progress (start one with `rebase --onto VERSION`)")
     try:
-        return RebaseState.from_json(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        what = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        return RebaseState.from_json(jsonfile.read(path).decode("utf-8", "surrogateescape"))
+    except KeyError as exc:
+        raise DamagedState(path, f"no {exc.args[0]!r}") from None
+    except OSError as exc:
+        raise DamagedState(path, exc.strerror or str(exc)) from None
+    except (ValueError, TypeError) as exc:
+        what = str(exc) or type(exc).__name__
         raise DamagedState(path, what.splitlines()[0]) from None
 
 

@@ -15,14 +15,14 @@ import re
 import sys
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_patchset import archives, index
 from vllm_patchset.config import Project
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
@@ -156,28 +156,18 @@ class Mirror:
             tree, f"v{version}", version, version, f"pypi:{sdist.name} sha256:{sha256} {url}"
         )
 
-    def _index_files(self) -> list[dict[str, object]]:
-        url = f"{self.index_url}/{self.package}/"
-        request = urllib.request.Request(
-            url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                files = json.load(response)["files"]
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-            raise DownloadFailed(
-                f"cannot read the package index {url} ({exc}) and the release is not cached"
-            ) from None
-        return list(files)
+    def _index_files(self) -> list[index.IndexFile]:
+        unreachable = " and the release is not cached"
+        return index.files(self.index_url, self.package, unreachable=unreachable)
 
     def available_versions(self, *, pre: bool = False) -> list[str]:
         """Releases with an sdist on the index, in PEP 440 order; pre- and dev releases only
         with `pre` (post-releases and patch releases are releases)."""
         prefix = f"{self.package}-"
         versions = {
-            str(f["filename"])[len(prefix) : -len(".tar.gz")]
+            f.filename[len(prefix) : -len(".tar.gz")]
             for f in self._index_files()
-            if str(f["filename"]).endswith(".tar.gz") and not f.get("yanked")
+            if f.filename.startswith(prefix) and f.filename.endswith(".tar.gz") and not f.yanked
         }
         parsed = {v: parse_version(v) for v in versions}
         return sort_versions(
@@ -186,32 +176,13 @@ class Mirror:
 
     def _download_sdist(self, version: str) -> tuple[Path, str, str]:
         name = f"{self.package}-{version}.tar.gz"
-        target = self.sdists / name
-        files = {str(f["filename"]): f for f in self._index_files()}
-        if name not in files:
+        entries = {f.filename: f for f in self._index_files()}
+        if name not in entries:
             raise UnknownVersion(self.package, version, f"{self.index_url} (no sdist {name})")
-        entry = files[name]
-        hashes = entry.get("hashes")
-        assert isinstance(hashes, dict)
-        expected = str(hashes["sha256"])
-        url = str(entry["url"])
-        if target.is_file() and _sha256(target) == expected:
-            return target, expected, url
-        self.sdists.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".part")
-        try:
-            _download(url, partial, name)
-            got = _sha256(partial)
-            if got != expected:
-                raise DownloadFailed(
-                    f"{name}: sha256 {got} does not match the index's {expected}"
-                    " (truncated or altered download; nothing was imported)"
-                )
-            partial.replace(target)
-            print(f"downloaded {name}, sha256 verified", file=sys.stderr)
-        finally:
-            partial.unlink(missing_ok=True)
-        return target, expected, url
+        entry = entries[name]
+        target = index.fetch(entry, self.sdists)
+        assert entry.sha256 is not None  # fetch refuses an entry without one
+        return target, entry.sha256, entry.url
 
     # -- git ----------------------------------------------------------------------------------
     def git_ref(self, url: str, ref: str) -> Upstream:
@@ -264,7 +235,13 @@ class Mirror:
                         f"{site}: RECORD lists {path} without a sha256: the installed"
                         f" {self.package} {version} cannot be checked"
                     )
-                data = read_regular(no_symlink_below(site, parts))
+                bound = archives.TREE_BOUNDS.member  # what an sdist member may be, too
+                data = read_regular(no_symlink_below(site, parts), limit=bound + 1)
+                if data is not None and len(data) > bound:
+                    raise BadInput(
+                        f"{site / path} is over the bound of {bound} bytes a file: refusing"
+                        " this install"
+                    )
                 if data is None or _record_digest(data) != digest:
                     what = "is missing" if data is None else "does not match its RECORD hash"
                     raise BadInput(
@@ -277,52 +254,29 @@ class Mirror:
         return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _record_digest(data: bytes) -> str:
     raw = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def _download(url: str, dest: Path, name: str) -> None:
-    """Download, with its bytes and speed on stderr on a terminal."""
-    try:
-        with urllib.request.urlopen(url, timeout=120) as response, dest.open("wb") as out:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with progress(f"downloading {name}", total, unit="bytes") as step:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    step.advance(len(chunk))
-    except (urllib.error.URLError, OSError) as exc:
-        raise DownloadFailed(f"download of {url} failed: {exc}") from None
-
-
 def _extract_package(sdist: Path, dest: Path, package: str) -> None:
-    """Extract `<name>-<version>/<package>/**` of the sdist into dest/<package>/."""
+    """Extract `<name>-<version>/<package>/**` of the sdist into dest/<package>/: the regular
+    files, each checked and bounded before it is written (`archives`), in one pass."""
+
+    def select(member: tarfile.TarInfo) -> tuple[str, ...] | None:
+        parts = tuple(member.name.split("/"))
+        if len(parts) < 3 or parts[1] != package or not member.isreg():
+            return None
+        return parts[1:] if _kept("/".join(parts[1:])) else None
+
     try:
-        with tarfile.open(sdist, "r:gz") as tar:
-            for member in tar:
-                parts = PurePosixPath(member.name).parts
-                if len(parts) < 3 or parts[1] != package or not member.isfile():
-                    continue
-                rel = "/".join(parts[1:])
-                if plain_parts(rel, package) is None or not _kept(rel):
-                    continue
-                handle = tar.extractfile(member)
-                assert handle is not None
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(handle.read())
-                if member.mode & 0o111:
-                    out.chmod(0o755)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DownloadFailed(f"{sdist} is not a readable sdist ({exc})") from None
+        with tarfile.open(sdist, "r|gz") as tar:
+            archives.extract(tar, dest, what=str(sdist), select=select, stream=True)
+    except archives.ArchiveRefused as exc:
+        raise DownloadFailed(str(exc)) from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DownloadFailed(f"{sdist} is not a readable sdist ({why})") from None
     if not (dest / package / "__init__.py").is_file():
         raise DownloadFailed(f"{sdist} holds no {package}/ package")
 

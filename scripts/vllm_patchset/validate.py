@@ -222,9 +222,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not args.build_only:
         _require_torch(args.python)
     work = args.work
-    if work is None:
-        work = project.root / "build" / "gpu"
-        shutil.rmtree(work, ignore_errors=True)  # our own build folder: start clean
+    if work is None:  # our own build output, in the build folder we marked: start clean
+        work = fsio.build_dir(project.root) / "gpu"
+        fsio.remove_output(work)
     with progress("validate: building the trees"):
         built = build_trees(project, work)
     for spec in built.specs:
