@@ -4,6 +4,7 @@ Hopper), BF16 TritonExperts, an upstream release's emulation, and the NVFP4 weig
 
     python benchmarks/bench_nvfp4_moe.py --pristine DIR --overlay DIR [--upstream DIR ...]
     python benchmarks/bench_nvfp4_moe.py --replot benchmarks/results/nvfp4_moe_h200.json
+    python benchmarks/bench_nvfp4_moe.py --merge A.json B.json   (runs of other --columns)
 
 Each DIR holds a pure-Python (or installed-layout) ``vllm/`` package, with vLLM's compiled
 extensions beside its Python files where the real ops are to run (a native-ops kit's ``.so``
@@ -667,6 +668,24 @@ def replot(path: Path) -> list[Path]:
     return written
 
 
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of the same benchmark on other columns (one GPU command each, say) as one run:
+    rows, breakdowns, trees, skipped and failed columns together, the first run's meta
+    otherwise (its copy bandwidth), the bound recomputed."""
+    meta = dict(parts[0]["meta"])
+    meta["trees"], meta["skipped"], meta["failed"] = {}, {}, []
+    rows, breakdowns = [], []
+    for part in parts:
+        for role, tree in part["meta"]["trees"].items():
+            meta["trees"][role if role not in meta["trees"] else f"{role}+"] = tree
+        meta["skipped"].update(part["meta"].get("skipped", {}))
+        meta["failed"] += part["meta"].get("failed", [])
+        rows += [r for r in part["rows"] if r["impl"] != BOUND]
+        breakdowns += part.get("breakdown", [])
+    meta["merged_from"] = [p["meta"].get("date") for p in parts]
+    return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": breakdowns}
+
+
 def output_name(name: str, meta: dict[str, Any]) -> str:
     """The headline name when every tree ran vLLM's real ops, else ``<name>_standin``."""
     ops = {tree["ops"] for tree in meta["trees"].values()}
@@ -712,6 +731,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="only write the Markdown and PNG of JSON"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="only merge these results (runs of other columns) into one, under --out/--name",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kinds", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
@@ -719,7 +745,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.breakdown_tokens is None:
         args.breakdown_tokens = list(args.tokens)
-    if args.replot is None and args.worker is None:
+    if args.replot is None and args.worker is None and args.merge is None:
         needs_pristine = {"pristine", "bf16", "marlin"} & set(args.columns)
         needs_overlay = {"overlay", "portable"} & set(args.columns)
         if (needs_pristine and args.pristine is None) or (needs_overlay and args.overlay is None):
@@ -743,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot is not None:
         for path in replot(args.replot):
+            print(f"wrote {path}")
+        return 0
+    if args.merge is not None:
+        data = merge([json.loads(p.read_text()) for p in args.merge])
+        for path in write_reports(data, args.out, output_name(args.name, data["meta"])):
             print(f"wrote {path}")
         return 0
     if args.worker:

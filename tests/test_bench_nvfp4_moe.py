@@ -186,3 +186,22 @@ def test_replot(tmp_path: Path) -> None:
     assert (done.returncode, done.stderr, done.stdout.splitlines()) == (0, "", want)
     data = fake_run()
     assert md.read_text() == bench.markdown(data, bench.title_of(data["meta"]))
+
+
+def test_merge() -> None:
+    first, second = fake_run(), fake_run()
+    second["rows"] = [_row(MARLIN, 8, 80.0, "marlin")]
+    second["meta"]["trees"] = {"pristine": {**first["meta"]["trees"]["pristine"], "ops": "native"}}
+    second["breakdown"] = []
+    data = bench.merge([first, second])
+    assert sorted(data["meta"]["trees"]) == ["overlay", "pristine", "pristine+"]
+    cells = {(r["impl"], r["tokens"]): r["graph_us"] for r in data["rows"]}
+    assert cells == {
+        (OVERLAY, 1): 50.0,
+        (OVERLAY, 8): 150.0,
+        (MARLIN, 1): 40.0,
+        (MARLIN, 8): 80.0,
+        (bench.BOUND, 1): pytest.approx(8 * 2654208 / 4.5e12 * 1e6),
+        (bench.BOUND, 8): pytest.approx(64 * 2654208 / 4.5e12 * 1e6),
+    }
+    assert len(data["breakdown"]) == 2
