@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,9 @@ def worker(
         "vllm": vllm.module.__version__,
         "mode": vllm.mode,
         "portable_env": os.environ.get(PORTABLE_ENV),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": _triton_version(),
         "rows": [],
         "skipped": {},
         "failed": [],
@@ -311,6 +315,14 @@ def measure(
     return row
 
 
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)
+
+
 def _copy_bandwidth() -> float:
     import torch
 
@@ -349,10 +361,16 @@ class Options:
     breakdown_tokens: list[int]
 
 
-def run_trees(trees: list[Tree], opts: Options) -> dict[str, Any]:
-    """Every tree's worker, one after the other; the merged results (rows, bounds, meta)."""
+def run_trees(
+    trees: list[Tree],
+    opts: Options,
+    meta: dict[str, Any],
+    after_each: Callable[[dict[str, Any]], None] = lambda data: None,
+) -> dict[str, Any]:
+    """Every tree's worker, one after the other; the merged results (rows, bounds, ``meta``
+    with the trees'), given to ``after_each`` after every tree (a run cut short keeps them)."""
     rows: list[dict[str, Any]] = []
-    meta: dict[str, Any] = {"trees": {}, "skipped": {}, "failed": [], "bandwidth_bytes_per_s": None}
+    meta.update(trees={}, skipped={}, failed=[], bandwidth_bytes_per_s=None)
     parts: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, tree in enumerate(trees):
@@ -384,10 +402,13 @@ def run_trees(trees: list[Tree], opts: Options) -> dict[str, Any]:
                 **({PORTABLE_ENV: result["portable_env"]} if tree.role == "portable" else {}),
             }
             meta["bandwidth_bytes_per_s"] = meta["bandwidth_bytes_per_s"] or result.get("bandwidth")
+            for key in ("device", "torch", "triton"):
+                meta.setdefault(key, result.get(key))
             meta["skipped"].update(result["skipped"])
             meta["failed"] += result["failed"]
             rows += result["rows"]
             parts += result["breakdown"]
+            after_each({"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts})
     return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts}
 
 
@@ -648,12 +669,13 @@ def title_of(meta: dict[str, Any]) -> str:
     return f"NVFP4 MoE on {meta.get('device', '?')} (E=128, top-8, BF16 input)"
 
 
-def write_reports(data: dict[str, Any], out: Path, name: str) -> list[Path]:
+def write_reports(data: dict[str, Any], out: Path, name: str, quiet: bool = False) -> list[Path]:
+    """JSON, Markdown and PNG (``quiet``: JSON and Markdown only, no line)."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / f"{name}.json", out / f"{name}.md"]
     written[0].write_text(json.dumps(data, indent=1) + "\n")
     written[1].write_text(markdown(data, title_of(data["meta"])))
-    if plot(data, out / f"{name}.png", title_of(data["meta"])):
+    if not quiet and plot(data, out / f"{name}.png", title_of(data["meta"])):
         written.append(out / f"{name}.png")
     return written
 
@@ -789,16 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     opts = Options(args.tokens, args.shapes, args.reps, tuple(args.columns), args.breakdown_tokens)
-    data = run_trees(trees_of(args), opts)
-
-    import torch
-    import triton
-
     doc = __doc__ or ""
-    data["meta"].update(
-        device=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        triton=triton.__version__,
+    meta: dict[str, Any] = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         reps=args.reps,
         method=doc.split("Method: ")[1].split("\n\nOutput")[0],
@@ -808,6 +822,11 @@ def main(argv: list[str] | None = None) -> int:
             " before each replay, median µs."
         ),
     )
+
+    def save(data: dict[str, Any]) -> None:  # after every tree: a run cut short keeps them
+        write_reports(data, args.out, output_name(args.name, data["meta"]), quiet=True)
+
+    data = run_trees(trees_of(args), opts, meta, save)
     print_table(data)
     for path in write_reports(data, args.out, output_name(args.name, data["meta"])):
         print(f"wrote {path}")
