@@ -167,6 +167,9 @@ def breakdown(call: Any, reps: int, flush: Any) -> dict[str, Any]:
         launches, whole, floor = cuda_graphs.kernel_breakdown(call.run, reps, flush)
     except cuda_graphs.BreakdownUnavailable as exc:
         return {"error": str(exc)}
+    except Exception as exc:  # an extra of the run: it must not end the run
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
     rows = [dataclasses.asdict(launch) for launch in launches]
     try:
         profiled = cuda_graphs.profiled_kernels(call.run)
@@ -257,11 +260,15 @@ def worker(
                     flush=True,
                 )
                 if t in breakdown_tokens:
-                    layer = moe_setup.MoeLayer(moe, shape, t, kernel.experts, seed=t)
-                    parts = breakdown(moe_setup.KernelCall(kernel, layer), reps, flush)
+                    try:
+                        layer = moe_setup.MoeLayer(moe, shape, t, kernel.experts, seed=t)
+                        parts = breakdown(moe_setup.KernelCall(kernel, layer), reps, flush)
+                        del layer
+                    except Exception as exc:  # an extra of the run: it must not end the run
+                        traceback.print_exc()
+                        parts = {"error": f"{type(exc).__name__}: {exc}"}
                     parts.update(shape=shape.name, tokens=t, impl=label, kind=kind, ops=vllm.mode)
                     result["breakdown"].append(parts)
-                    del layer
                 save()
                 torch.cuda.empty_cache()
             del kernel

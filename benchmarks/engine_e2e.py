@@ -284,6 +284,7 @@ class MoeDump:
     count the calls of the overlay's unfused fallback (``_apply_dequantized``)."""
 
     def __init__(self) -> None:
+        self.error = ""
         self.phase = "batch"
         self.calls: dict[str, list[dict[str, Any]]] = {"batch": [], "single": []}
         self.layers: dict[str, dict[str, Any]] = {}
@@ -291,7 +292,10 @@ class MoeDump:
     @classmethod
     def install(cls, llm: Any) -> MoeDump:
         dump = cls()
-        llm.apply_model(dump.hook)  # in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0
+        try:
+            llm.apply_model(dump.hook)  # in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0
+        except Exception as exc:  # the dump is a diagnosis: the logprob check goes on
+            dump.error = f"hooks not installed: {type(exc).__name__}: {exc}"
         return dump
 
     def hook(self, model: Any) -> int:
@@ -339,8 +343,14 @@ class MoeDump:
     def finish(self, path: Path) -> dict[str, Any]:
         import torch
 
+        if self.error:
+            return {"error": self.error}
         torch.save({"layers": self.layers, "calls": self.calls}, path)
-        return {"file": str(path), "layers": self.layers, **compare_dumps(self.calls)}
+        try:
+            summary = compare_dumps(self.calls)
+        except Exception as exc:  # the tensors are saved: compare them offline
+            summary = {"error": f"comparison failed: {type(exc).__name__}: {exc}"}
+        return {"file": str(path), "layers": self.layers, **summary}
 
 
 def _moe_modules(model: Any) -> list[tuple[str, Any]]:
