@@ -7,7 +7,11 @@
 - vLLM's experts and ``FusedMoEKernel`` built as a single-GPU ``FusedMoE`` layer builds them
   (``moe_config``, ``modular_kernel``, ``kernel_forward``), the workspace manager that
   ``FusedMoEKernel.apply`` takes its buffers from (``init_workspace``), and one experts'
-  ``apply`` on static buffers, graph-capturable (``MoeLayer``).
+  ``apply`` on static buffers, graph-capturable (``MoeLayer``), and ``FusedMoEKernel.apply`` on
+  the same buffers (``KernelCall``);
+- Marlin (W4A16) over the same NVFP4 weights, built by 0.24.0's oracle as its ModelOpt method
+  builds it on Hopper (``marlin_kernel``), and the overlay's portable-path switch
+  (``PORTABLE_ENV``, ``has_portable_switch``).
 
 vLLM is imported inside the functions that use it, never when this module is imported: the
 caller picks the tree and the ops first (tests/gpu/conftest.py does it for pytest, the
