@@ -200,13 +200,18 @@ def kernel_breakdown(
             name, grid, block = driver.name_of(params), tuple(params.grid), tuple(params.block)
         launches.append((node, label, name, grid, block))
     exec_ = ctypes.c_void_p()
-    driver("cuGraphInstantiateWithFlags", ctypes.byref(exec_), ctypes.c_void_p(raw), 0)
+    driver(
+        "cuGraphInstantiateWithFlags",
+        ctypes.byref(exec_),
+        ctypes.c_void_p(raw),
+        ctypes.c_ulonglong(0),
+    )
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def enable(only: int | None, every: bool = False) -> None:
         for node, *_ in launches:
             on = every or node == only
-            driver("cuGraphNodeSetEnabled", exec_, ctypes.c_void_p(node), int(on))
+            driver("cuGraphNodeSetEnabled", exec_, ctypes.c_void_p(node), ctypes.c_uint(on))
 
     def replay() -> None:
         driver("cuGraphLaunch", exec_, stream)
