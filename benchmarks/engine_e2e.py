@@ -99,6 +99,13 @@ class Run:
     logprobs: bool = False
     greedy: bool = False
     batches: tuple[int, ...] = ()
+    # Controls of the logprob check (VARIANCE_RUNS): no torch.compile and no CUDA graphs
+    # (enforce_eager), torch.compile off (compilation mode 0), CUDA graphs off, and a dump of
+    # every MoE layer's inputs and outputs in the batch and the one-by-one runs.
+    eager: bool = False
+    compile: bool = True
+    graphs: bool = True
+    dump: bool = False
 
     @property
     def gpus(self) -> int:
@@ -174,7 +181,7 @@ def engine_kwargs(run: Run, model: Path) -> dict[str, Any]:
         kwargs["moe_backend"] = run.backend
     if run.lora:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=8)
-    return kwargs
+    return control_kwargs(run, kwargs)
 
 
 # -- the worker: one engine, in a process of its own -------------------------------------------
@@ -182,6 +189,8 @@ def worker(run: Run, model: Path, out: Path) -> None:
     """Start the engine, measure what the run asks for, write the result to `out`."""
     result: dict[str, Any] = {"run": dataclasses.asdict(run), "kwargs": engine_kwargs(run, model)}
     started = time.monotonic()
+    if run.dump:  # the engine core in this process: the dump's hooks run where the model is
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     try:
@@ -191,6 +200,7 @@ def worker(run: Run, model: Path, out: Path) -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
         return
     result["startup_s"] = round(time.monotonic() - started, 1)
+    dump = MoeDump.install(llm) if run.dump else None
 
     def generate(batch: list[list[int]], params: Any) -> list[Any]:
         return list(llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False))
@@ -201,7 +211,11 @@ def worker(run: Run, model: Path, out: Path) -> None:
         result["logprobs_batch"] = [
             _prompt_logprobs(o, p) for o, p in zip(generate(texts, params), texts, strict=True)
         ]
+        if dump is not None:
+            dump.phase = "single"
         result["logprobs_single"] = [_prompt_logprobs(generate([p], params)[0], p) for p in texts]
+        if dump is not None:
+            result["moe_dump"] = dump.finish(out.with_suffix(".dump.pt"))
     if run.greedy:
         texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
         params = SamplingParams(
@@ -231,6 +245,190 @@ def worker(run: Run, model: Path, out: Path) -> None:
         result["throughput"] = throughput
     result["finished"] = True
     out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def control_kwargs(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the run's controls: ``enforce_eager=True`` (no torch.compile, no CUDA
+    graphs), compilation ``mode`` 0 (CompilationMode.NONE in 0.24.0's config/compilation.py:
+    the model runs as plain PyTorch; ``level`` is its deprecated name), ``cudagraph_mode``
+    NONE (torch.compile kept)."""
+    compilation = dict(kwargs["compilation_config"])
+    if not run.compile:
+        compilation["mode"] = 0
+    if not run.graphs:
+        compilation["cudagraph_mode"] = "NONE"
+    kwargs = {**kwargs, "compilation_config": compilation}
+    if run.eager:
+        kwargs["enforce_eager"] = True
+    return kwargs
+
+
+# (name, what it rules in or out) of the MoE layer's dumped tensors, in the order they are made.
+DUMP_OPS = (
+    ("x", "the MoE layer's input hidden states"),
+    ("topk_ids", "the router's expert ids"),
+    ("topk_weights", "the router's weights"),
+    ("out", "the routed experts' output"),
+)
+
+
+class MoeDump:
+    """Every MoE layer's inputs and output (hidden states, top-k ids and weights, the routed
+    experts' output), call by call, in the batch run and in the one-by-one runs of the logprob
+    check; the two compared row by row (``compare_dumps``).
+
+    The hooks wrap each RoutedExperts module's ``forward_modular`` (vLLM 0.24.0: what the MoE
+    runner calls, inside the ``moe_forward`` custom op, so Python runs it even with
+    torch.compile on; calls inside a CUDA graph capture are not recorded, and replays run no
+    Python: prefill of more tokens than the largest capture size runs outside graphs), and
+    count the calls of the overlay's unfused fallback (``_apply_dequantized``)."""
+
+    def __init__(self) -> None:
+        self.error = ""
+        self.phase = "batch"
+        self.calls: dict[str, list[dict[str, Any]]] = {"batch": [], "single": []}
+        self.layers: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def install(cls, llm: Any) -> MoeDump:
+        dump = cls()
+        try:
+            llm.apply_model(dump.hook)  # in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0
+        except Exception as exc:  # the dump is a diagnosis: the logprob check goes on
+            dump.error = f"hooks not installed: {type(exc).__name__}: {exc}"
+        return dump
+
+    def hook(self, model: Any) -> int:
+        for name, module in _moe_modules(model):
+            forward = getattr(module, "forward_modular", None)
+            method = getattr(module, "quant_method", None)
+            if forward is None or method is None:
+                continue
+            module.forward_modular = self._recorded(name, forward)
+            experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+            self.layers[name] = {
+                "quant_method": type(method).__name__,
+                "experts": type(experts).__name__,
+                "unfused_calls": {"batch": 0, "single": 0},
+            }
+            if experts is not None and hasattr(experts, "_apply_dequantized"):
+                experts._apply_dequantized = self._counted(name, experts._apply_dequantized)
+        return len(self.layers)
+
+    def _recorded(self, name: str, forward: Any) -> Any:
+        import torch
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            if torch.cuda.is_current_stream_capturing():
+                return out
+            given = dict(zip(("x", "topk_weights", "topk_ids"), args, strict=False)) | kwargs
+            result = out[0] if isinstance(out, tuple) else out
+            tensors = {k: given[k] for k in ("x", "topk_weights", "topk_ids")} | {"out": result}
+            call = {k: t.detach().cpu().clone() for k, t in tensors.items()}
+            info = self.layers[name]
+            info.setdefault("x_layout", f"{tuple(given['x'].stride())} {given['x'].dtype}")
+            self.calls[self.phase].append({"layer": name, **call})
+            return out
+
+        return recorded
+
+    def _counted(self, name: str, fallback: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.layers[name]["unfused_calls"][self.phase] += 1
+            return fallback(*args, **kwargs)
+
+        return counted
+
+    def finish(self, path: Path) -> dict[str, Any]:
+        import torch
+
+        if self.error:
+            return {"error": self.error}
+        torch.save({"layers": self.layers, "calls": self.calls}, path)
+        try:
+            summary = compare_dumps(self.calls)
+        except Exception as exc:  # the tensors are saved: compare them offline
+            summary = {"error": f"comparison failed: {type(exc).__name__}: {exc}"}
+        return {"file": str(path), "layers": self.layers, **summary}
+
+
+def _moe_modules(model: Any) -> list[tuple[str, Any]]:
+    """(name, module) of the model's modules that have ``forward_modular``: sub-modules, and
+    attributes of modules (a runner may hold its RoutedExperts outside ``_modules``)."""
+    found: dict[int, tuple[str, Any]] = {}
+    for name, module in model.named_modules():
+        candidates = [(name, module)] + [
+            (f"{name}.{attr}", value)
+            for attr, value in vars(module).items()
+            if attr != "_modules" and hasattr(value, "forward_modular")
+        ]
+        for label, candidate in candidates:
+            if hasattr(candidate, "forward_modular"):
+                found.setdefault(id(candidate), (label, candidate))
+    return list(found.values())
+
+
+def _rows(calls: list[dict[str, Any]], layer: str, key: str) -> Any:
+    import torch
+
+    return torch.cat([c[key].reshape(c[key].shape[0], -1) for c in calls if c["layer"] == layer])
+
+
+def nearest_rows(single: Any, batch: Any) -> tuple[Any, float]:
+    """For each row of ``single``, the index of the nearest row of ``batch`` (L2, FP32), and
+    the fraction matched exactly: a token's row of the batch run is the one closest to its
+    row in its own run (different tokens' hidden states are far apart)."""
+    import torch
+
+    batch = batch.float()
+    index, exact = [], 0
+    for chunk in single.float().split(256):
+        distance = torch.cdist(chunk, batch)
+        best = distance.min(dim=1)
+        index.append(best.indices)
+        exact += int((best.values == 0).sum())
+    return torch.cat(index), exact / max(1, single.shape[0])
+
+
+def compare_dumps(calls: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Batch vs one by one, layer by layer (in the order the batch run called them) and op by
+    op (DUMP_OPS): the fraction of token rows bitwise identical, the largest |Δ|, the rows
+    whose MoE output differs although all its inputs are identical, and the first (layer, op)
+    where any row differs."""
+    layers = list(dict.fromkeys(c["layer"] for c in calls["batch"]))
+    if not layers or not calls["single"]:
+        return {"error": "no MoE call recorded in the batch or the one-by-one runs"}
+    match, exact = nearest_rows(
+        _rows(calls["single"], layers[0], "x"), _rows(calls["batch"], layers[0], "x")
+    )
+    report: list[dict[str, Any]] = []
+    first = None
+    for layer in layers:
+        row: dict[str, Any] = {"layer": layer}
+        same = {}
+        for op, what in DUMP_OPS:
+            b, s = _rows(calls["batch"], layer, op), _rows(calls["single"], layer, op)
+            if b.shape[0] <= int(match.max()) or s.shape[0] != match.shape[0]:
+                row[op] = {"error": f"{b.shape[0]} batch rows, {s.shape[0]} single rows"}
+                continue
+            b = b[match]
+            same[op] = (b == s).all(dim=1)
+            delta = (b.float() - s.float()).abs().max().item() if b.numel() else 0.0
+            row[op] = {"identical_rows": same[op].float().mean().item(), "max_abs": delta}
+            if first is None and not bool(same[op].all()):
+                first = {"layer": layer, "op": op, "what": what, **row[op]}
+        if len(same) == len(DUMP_OPS):
+            inputs = same["x"] & same["topk_ids"] & same["topk_weights"]
+            row["output_differs_with_same_inputs"] = int((inputs & ~same["out"]).sum())
+        report.append(row)
+    return {
+        "rows_batch": int(_rows(calls["batch"], layers[0], "x").shape[0]),
+        "rows_single": int(match.shape[0]),
+        "first_layer_input_matched_exactly": exact,
+        "per_layer": report,
+        "first_difference": first,
+    }
 
 
 def _prompt_logprobs(output: Any, prompt: list[int]) -> list[float]:
@@ -695,6 +893,105 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+# -- the engine's batch variance: controls of the logprob check --------------------------------
+# On the 2-layer model, each the logprob check (batch of 32 vs one by one) with one control;
+# `variance` runs them on the install as it is (pristine or overlay) beside the plain check.
+VARIANCE_RUNS = (
+    Run("emulation-L2", "nvfp4-L2", logprobs=True),
+    Run("emulation-L2-eager", "nvfp4-L2", logprobs=True, eager=True),
+    Run("emulation-L2-nocompile", "nvfp4-L2", logprobs=True, compile=False),
+    Run("emulation-L2-nographs", "nvfp4-L2", logprobs=True, graphs=False),
+    Run("emulation-L2-dump", "nvfp4-L2", logprobs=True, dump=True),
+    Run("emulation-L2-eager-dump", "nvfp4-L2", logprobs=True, eager=True, dump=True),
+)
+
+
+def variance_summary(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variance run found (either install): batch vs one by one, and the dump's verdict."""
+    rows = []
+    for state in ("pristine", "overlay"):
+        for run in VARIANCE_RUNS:
+            r = results.get(f"{state}-{run.name}")
+            if r is None:
+                continue
+            row: dict[str, Any] = {"run": f"{state}-{run.name}", "ok": _ok(r)}
+            row["kwargs"] = {k: r.get("kwargs", {}).get(k) for k in ("enforce_eager",)}
+            row["compilation_config"] = r.get("kwargs", {}).get("compilation_config")
+            if r.get("logprobs_batch") and r.get("logprobs_single"):
+                row.update(compare_logprobs(r["logprobs_batch"], r["logprobs_single"]))
+            if "moe_dump" in r:
+                row["moe_dump"] = {
+                    k: r["moe_dump"].get(k)
+                    for k in ("error", "first_difference", "per_layer", "layers", "file")
+                }
+            rows.append(row)
+    return rows
+
+
+def variance_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "Batch of 32 vs one by one, teacher-forced logprobs on the 2-layer model, per control"
+        " (nats):",
+        "",
+        "| run | identical | mean abs Δ | max abs Δ | first MoE difference (dump) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['run']} | FAILED | | | |")
+            continue
+        dump = r.get("moe_dump") or {}
+        first = dump.get("first_difference")
+        if dump.get("error"):
+            verdict = dump["error"]
+        elif first:
+            verdict = (
+                f"{first['layer']}: {first['what']} ({first['op']}),"
+                f" {first['identical_rows']:.1%} of rows identical, max |Δ| {first['max_abs']:.3g}"
+            )
+        else:
+            verdict = "none: every layer's inputs and output identical" if dump else "—"
+        lines.append(
+            f"| {r['run']} | {r.get('identical', 0.0):.1%} | {r.get('mean_abs', 0.0):.4f}"
+            f" | {r.get('max_abs', 0.0):.4f} | {verdict} |"
+        )
+    for r in rows:
+        for layer in (r.get("moe_dump") or {}).get("per_layer") or []:
+            ops = ", ".join(
+                f"{op} {layer[op]['identical_rows']:.1%}"
+                for op, _ in DUMP_OPS
+                if "identical_rows" in layer.get(op, {})
+            )
+            info = r["moe_dump"]["layers"].get(layer["layer"], {})
+            lines.append(
+                f"- {r['run']} {layer['layer']} ({info.get('experts')}, input"
+                f" {info.get('x_layout')}, unfused calls {info.get('unfused_calls')}): rows"
+                f" identical: {ops}; output differs with identical inputs in"
+                f" {layer.get('output_differs_with_same_inputs')} rows"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_variance(args: argparse.Namespace) -> int:
+    """The logprob check with each control, on the install as it is; the variance report of
+    every variance run in WORK/results (both installs, where both ran)."""
+    host = _host(args.work)
+    state = host.state()
+    cmd_checkpoints(argparse.Namespace(work=args.work, models=["nvfp4-L2"], device="cuda"))
+    host.results.mkdir(parents=True, exist_ok=True)
+    for run in VARIANCE_RUNS:
+        if args.runs and run.name not in args.runs:
+            continue
+        print(_summary(run_engine(host, run, state, [0])), flush=True)
+    rows = variance_summary(load_results(host.results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    text = variance_markdown(rows)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 # -- commands -----------------------------------------------------------------------------------
 def _host(work: Path) -> Host:
     site = work / "native" / "site"
@@ -854,6 +1151,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=default_out)
     p.add_argument("--title", default=default_title)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("variance", help="the logprob check with controls, MoE layer dumps")
+    work(p)
+    names = [r.name for r in VARIANCE_RUNS]
+    p.add_argument("--runs", nargs="+", choices=names, help="these only (default: all)")
+    p.add_argument("--out", type=Path, default=RESULTS / "engine_variance_h200")
+    p.set_defaults(func=cmd_variance)
     p = sub.add_parser("worker", help=argparse.SUPPRESS)
     p.add_argument("spec")
     p.add_argument("model", type=Path)

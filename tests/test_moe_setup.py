@@ -16,6 +16,7 @@ import torch
 GPU_TESTS = REPO / "tests" / "gpu"
 sys.path.insert(0, str(GPU_TESTS))
 
+import cuda_graphs  # noqa: E402
 import moe_setup  # noqa: E402
 import nvfp4_reference as nvfp4  # noqa: E402
 
@@ -113,3 +114,43 @@ def test_random_nvfp4_weights_global_scale() -> None:
     unit = 0.5 / (28672**0.5 * (68.5 / 8) ** 0.5)
     assert bool(((global_scale >= 0.5 * unit) & (global_scale <= 1.5 * unit)).all())
     assert round(moe_setup.BLOCK_SCALE_RMS**2, 6) == 28672.0
+
+
+SWITCH_CASES = [
+    ({"experts/nvfp4_emulation_moe.py": "x = 1\n"}, False),
+    ({"experts/nvfp4_emulation_moe.py": 'os.environ.get("VLLM_PATCHSET_NVFP4_PORTABLE")\n'}, True),
+    ({"experts/nvfp4_cuda_path.py": "VLLM_PATCHSET_NVFP4_PORTABLE = 1\n"}, True),
+    ({"../../../envs.py": "VLLM_PATCHSET_NVFP4_PORTABLE\n"}, False),  # outside the MoE code
+]
+
+
+@pytest.mark.parametrize(("files", "switch"), SWITCH_CASES)
+def test_has_portable_switch(tmp_path, files: dict[str, str], switch: bool) -> None:
+    moe_dir = tmp_path / "vllm" / "model_executor" / "layers" / "fused_moe"
+    for name, text in files.items():
+        (moe_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (moe_dir / name).write_text(text)
+    assert moe_setup.has_portable_switch(tmp_path / "vllm") is switch
+
+
+TOPOLOGICAL_CASES = [
+    ([1, 2, 3], [(1, 2), (2, 3)], [1, 2, 3]),
+    ([3, 1, 2], [(1, 2), (2, 3)], [1, 2, 3]),  # the driver's order is not the chain's
+    ([4, 1, 2], [(1, 2)], [4, 1, 2]),  # ties: in the order given
+    ([], [], []),
+]
+
+
+@pytest.mark.parametrize(("nodes", "edges", "order"), TOPOLOGICAL_CASES)
+def test_graph_nodes_in_dependency_order(
+    nodes: list[int], edges: list[tuple[int, int]], order: list[int]
+) -> None:
+    assert cuda_graphs._topological(nodes, edges) == order
+
+
+def test_kernel_breakdown_needs_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: the breakdown runs in the benchmark")
+    with pytest.raises(cuda_graphs.BreakdownUnavailable) as exc:
+        cuda_graphs.kernel_breakdown(lambda: None, 1)
+    assert str(exc.value) == "needs CUDA (the driver API lists the graph's nodes)"

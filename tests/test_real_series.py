@@ -33,7 +33,7 @@ from vllm_patchset.config import Project
 from vllm_patchset.lock import Lock, sha256_file
 from vllm_patchset.overlay import build_overlay, patches_for
 from vllm_patchset.upstream import Mirror
-from vllm_patchset.validate import build_trees
+from vllm_patchset.validate import NEW_PATH_TESTS, build_trees
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
@@ -229,6 +229,9 @@ def test_validation_trees_and_expectations(project: Project, tmp_path: Path) -> 
     assert expect["pristine-0.24.0"][GPU_FIX1] == "green"  # upstream since 0.21.0
     assert expect["pristine-0.24.0"][GPU_FIX2] == "red"
     assert expect["overlay-0.24.0"][GPU_FIX2] == "green"
+    # Tests of patch 0002's new path, named by validate's table (no trailer names them).
+    for test, _, _ in NEW_PATH_TESTS:
+        assert (expect["pristine-0.24.0"][test], expect["overlay-0.24.0"][test]) == ("red", "green")
     assert expect["buggy-0001-0.21.0"] == {GPU_FIX1: "red"}
     assert expect["fixed-0001-0.21.0"] == {GPU_FIX1: "green"}
     oracle = {name: (built.root / "trees" / name / ORACLE).read_text() for name in specs}

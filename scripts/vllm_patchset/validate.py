@@ -40,6 +40,22 @@ from vllm_patchset.states import State
 from vllm_patchset.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
 
 TESTS = "tests/gpu"
+NVFP4_EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# GPU tests of code that a series patch brings, which no Regression-test trailer names: red on
+# the pristine pin wherever a patch that applies there touches the file (the code they test is
+# not there), green on the overlay. (test, file, why red.) Every other test must pass or skip.
+NEW_PATH_TESTS = (
+    (
+        f"{TESTS}/test_batch_invariance.py::test_portable_batch_invariant",
+        NVFP4_EMULATION,
+        "the fused portable NVFP4 path is the patch's (the pin dequantizes every expert)",
+    ),
+    (
+        f"{TESTS}/test_batch_invariance.py::test_portable_matches_reference",
+        NVFP4_EMULATION,
+        "the fused portable NVFP4 path is the patch's (the pin dequantizes every expert)",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,12 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
             why = f"{patch.key}: {state.value} on {version}"
             pristine_expect.append(gpurun.Expectation(test, "red" if red else "green", why))
             overlay_expect.append(gpurun.Expectation(test, "green", f"{patch.key} applied"))
+    named = {e.test for e in pristine_expect}
+    for test, path, why in NEW_PATH_TESTS:
+        brings = [p for p in patches if states[p.key] == State.APPLIES and path in p.paths]
+        if brings and test not in named:
+            pristine_expect.append(gpurun.Expectation(test, "red", f"{brings[0].key}: {why}"))
+            overlay_expect.append(gpurun.Expectation(test, "green", f"{brings[0].key} applied"))
     for name, pristine, expect in (
         (f"pristine-{version}", True, pristine_expect),
         (f"overlay-{version}", False, overlay_expect),

@@ -7,7 +7,11 @@
 - vLLM's experts and ``FusedMoEKernel`` built as a single-GPU ``FusedMoE`` layer builds them
   (``moe_config``, ``modular_kernel``, ``kernel_forward``), the workspace manager that
   ``FusedMoEKernel.apply`` takes its buffers from (``init_workspace``), and one experts'
-  ``apply`` on static buffers, graph-capturable (``MoeLayer``).
+  ``apply`` on static buffers, graph-capturable (``MoeLayer``), and ``FusedMoEKernel.apply`` on
+  the same buffers (``KernelCall``);
+- Marlin (W4A16) over the same NVFP4 weights, built by 0.24.0's oracle as its ModelOpt method
+  builds it on Hopper (``marlin_kernel``), and the overlay's portable-path switch
+  (``PORTABLE_ENV``, ``has_portable_switch``).
 
 vLLM is imported inside the functions that use it, never when this module is imported: the
 caller picks the tree and the ops first (tests/gpu/conftest.py does it for pytest, the
@@ -345,15 +349,12 @@ class MoeLayer:
 
         self.moe, self.shape, self.experts = moe, shape, experts
         self.hidden, self.topk_weights, self.topk_ids = random_inputs(tokens, shape, seed)
+        # The sizes FusedMoEKernel reads off the tensors (Marlin's repacked w1 has its own).
+        _, m, n, k, top_k = experts.experts.moe_problem_size(
+            self.hidden, experts.w1, experts.w2, self.topk_ids
+        )
         ws13, ws2, out = experts.experts.workspace_shapes(
-            tokens,
-            2 * shape.intermediate,
-            shape.hidden,
-            shape.top_k,
-            shape.experts,
-            experts.w1.shape[0],
-            None,
-            MoEActivation.SILU,
+            m, n, k, top_k, shape.experts, experts.w1.shape[0], None, MoEActivation.SILU
         )
         self.ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
         self.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
@@ -395,3 +396,117 @@ class MoeLayer:
         else:
             self.experts.experts.apply(a1q_scale=None, a2_scale=None, **kwargs)
         return self.output
+
+
+# -- Marlin, as vLLM 0.24.0 builds it on Hopper ------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A FusedMoEKernel, the experts inside it and the weights its ``apply`` takes."""
+
+    kernel: Any  # a FusedMoEKernel
+    experts: Experts
+
+
+def emulation_or_bf16_kernel(experts: Experts) -> Kernel:
+    """``experts`` inside the no-DP/EP FusedMoEKernel a single-GPU FusedMoE layer builds."""
+    return Kernel(modular_kernel(experts.experts), experts)
+
+
+class _MarlinLayer(torch.nn.Module):
+    """What the oracle's Marlin conversion reads of a FusedMoE layer (it also leaves a
+    ``workspace`` on it)."""
+
+    def __init__(self, shape: MoeShape) -> None:
+        super().__init__()
+        self.num_experts = shape.experts
+        self.hidden_size = shape.hidden
+        self.intermediate_size_per_partition = shape.intermediate
+        self.params_dtype = torch.bfloat16
+
+
+def marlin_kernel(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Kernel:
+    """vLLM's Marlin NVFP4 MoE (W4A16) over ``moe``'s weights, built the way 0.24.0's ModelOpt
+    NVFP4 MoE method builds it on Hopper (its default NVFP4 MoE backend there):
+    ``oracle.convert_to_nvfp4_moe_kernel_format(NvFp4MoeBackend.MARLIN, layer, ...)`` repacks
+    the weights and scales (``layer`` carries the sizes and dtype it reads), then
+    ``make_nvfp4_moe_quant_config`` and ``make_nvfp4_moe_kernel`` with ``MarlinExperts``, and
+    the experts' ``process_weights_after_loading``. Needs vLLM's compiled ops
+    (``gptq_marlin_repack``, ``moe_wna16_marlin_gemm``): the stand-ins have no Marlin."""
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+    from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as oracle
+
+    layer = _MarlinLayer(shape)
+    backend = oracle.NvFp4MoeBackend.MARLIN
+    w13, w13_scale, w13_scale_2, a13_scale, w2, w2_scale, w2_scale_2, a2_scale = (
+        oracle.convert_to_nvfp4_moe_kernel_format(
+            backend,
+            layer,
+            w13=moe.w13,
+            w13_scale=moe.w13_scale,
+            w13_scale_2=moe.w13_gscale,
+            # The checkpoint's input_scale (amax / (448 * 6)); Marlin drops it (W4A16).
+            a13_scale=(1.0 / moe.a13_gscale).expand(shape.experts).contiguous(),
+            w2=moe.w2,
+            w2_scale=moe.w2_scale,
+            w2_scale_2=moe.w2_gscale,
+            a2_scale=(1.0 / moe.a2_gscale).expand(shape.experts).contiguous(),
+            is_act_and_mul=True,
+        )
+    )
+    quant_config = oracle.make_nvfp4_moe_quant_config(
+        backend=backend,
+        w13_scale=w13_scale,
+        w2_scale=w2_scale,
+        w13_scale_2=w13_scale_2,
+        w2_scale_2=w2_scale_2,
+        a13_scale=a13_scale,
+        a2_scale=a2_scale,
+    )
+    config = moe_config(
+        shape.experts,
+        shape.top_k,
+        shape.hidden,
+        shape.intermediate,
+        max_num_tokens=max_num_tokens,
+    )
+    kernel = oracle.make_nvfp4_moe_kernel(
+        moe_quant_config=quant_config, moe_config=config, experts_cls=MarlinExperts
+    )
+    kernel.fused_experts.process_weights_after_loading(layer)
+    return Kernel(kernel, Experts(kernel.fused_experts, w13, w2))
+
+
+# -- the overlay's portable path ----------------------------------------------------------------
+# Set to 1, the overlay's NVFP4 emulation takes its portable Triton path where it also has a
+# CUDA-only one (chosen by platform otherwise).
+PORTABLE_ENV = "VLLM_PATCHSET_NVFP4_PORTABLE"
+_FUSED_MOE_DIR = Path("model_executor", "layers", "fused_moe")
+
+
+def has_portable_switch(package_dir: Path) -> bool:
+    """Whether the vllm package at ``package_dir`` reads PORTABLE_ENV anywhere in its fused MoE
+    code (the overlay's patch 0002 names it where it has a CUDA-only path beside the portable
+    one). Without it, the default path is the only one."""
+    return any(
+        PORTABLE_ENV in p.read_text(encoding="utf-8", errors="replace")
+        for p in (package_dir / _FUSED_MOE_DIR).rglob("*.py")
+    )
+
+
+class KernelCall:
+    """``FusedMoEKernel.apply`` (what a FusedMoE layer calls) on static input tensors, so that
+    it can be captured in a CUDA graph; the inputs are a MoeLayer's (same seed, same data)."""
+
+    def __init__(self, kernel: Kernel, layer: MoeLayer) -> None:
+        self.kernel, self.layer = kernel, layer
+
+    def run(self) -> torch.Tensor:
+        e = self.kernel.experts
+        return kernel_forward(
+            self.kernel.kernel,
+            self.layer.hidden,
+            e.w1,
+            e.w2,
+            self.layer.topk_weights,
+            self.layer.topk_ids,
+        )
