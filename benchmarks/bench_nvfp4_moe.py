@@ -299,8 +299,10 @@ def measure(
     output = call.run().float()
     unfused = fallback.calls > before
     if tokens not in references:
+        # Exact W4A4 (unrounded weights, every activation rounding): the arithmetic of a
+        # Blackwell NVFP4 GEMM, which the emulation exists to reproduce.
         references[tokens] = nvfp4_moe_reference(
-            moe, layer.hidden, layer.topk_weights, layer.topk_ids
+            moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=True
         ).float()
     numerics = errors(output, references[tokens])
     experts_out = layer.apply().float()

@@ -194,12 +194,17 @@ class Nvfp4Moe:
     a13_gscale: torch.Tensor
     a2_gscale: torch.Tensor
 
-    def dequantized(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``expert``'s (w13, w2) as the emulation dequantizes them: FP32, rounded to
-        ``dtype``, returned in FP32."""
+    def dequantized(
+        self, expert: int, dtype: torch.dtype | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``expert``'s (w13, w2) in FP32: as vLLM 0.24.0's emulation dequantizes them
+        (``dequantize_to_dtype``: rounded to ``dtype``), or with ``dtype=None`` exact (NVFP4's
+        own values, e2m1 * block scale * global scale, as Blackwell's GEMM uses them)."""
         e = expert
         w13 = dequantize(self.w13[e], self.w13_scale[e], self.w13_gscale[e])
         w2 = dequantize(self.w2[e], self.w2_scale[e], self.w2_gscale[e])
+        if dtype is None:
+            return w13, w2
         return w13.to(dtype).float(), w2.to(dtype).float()
 
 
@@ -239,11 +244,20 @@ def moe_reference(
 
 
 def nvfp4_moe_reference(
-    moe: Nvfp4Moe, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    moe: Nvfp4Moe,
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    exact_weights: bool = False,
 ) -> torch.Tensor:
     """vLLM 0.24.0's unfused NVFP4 emulation in plain torch: weights dequantized (FP32, then
     x's dtype), NVFP4 quantize-dequantize of the input and of silu_and_mul's output, each
-    rounded to x's dtype, then ``moe_reference``'s GEMMs."""
+    rounded to x's dtype, then ``moe_reference``'s GEMMs.
+
+    ``exact_weights``: the weights unrounded (the W4A4 arithmetic of a Blackwell NVFP4 GEMM,
+    which patch 0002's fused kernel computes: the global scale on the FP32 accumulator); every
+    activation rounding stays."""
     dtype = x.dtype
 
     def input_qdq(t: torch.Tensor) -> torch.Tensor:
@@ -256,7 +270,7 @@ def nvfp4_moe_reference(
         x,
         topk_weights,
         topk_ids,
-        lambda e: moe.dequantized(e, dtype),
+        lambda e: moe.dequantized(e, None if exact_weights else dtype),
         input_qdq,
         intermediate_qdq,
     )

@@ -34,6 +34,7 @@ from nvfp4_reference import (
     rms,
     silu_and_mul,
 )
+from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
 from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
     Nvfp4QuantizationEmulationTritonExperts,
 )
@@ -84,10 +85,14 @@ def test_nvfp4_emulation_eager_and_graph_replay(
         return kernel_forward(kernel, x, moe.w13, moe.w2, topk_weights, topk_ids)
 
     eager = forward()
-    # The emulation dequantizes the weights to the activation dtype before its bf16 GEMMs.
-    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids)
+    # vLLM 0.24.0's emulation dequantizes the weights to the activation dtype before its bf16
+    # GEMMs; patch 0002's fused kernel, where it runs, keeps them exact (the global scale on
+    # the FP32 accumulator): each is held to its own arithmetic.
+    supports_fused = getattr(nvfp4_emulation_moe, "supports_fused_nvfp4_moe", None)
+    fused = supports_fused is not None and supports_fused(hidden, intermediate)
+    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids, exact_weights=fused)
     scale = rms(ref)
-    # The reference repeats every rounding of the emulation (bf16 weights, NVFP4 fake
+    # The reference repeats every rounding of the path (bf16 or exact weights, NVFP4 fake
     # quantization of both activations, bf16 GEMM outputs); the input's is bit-exact (see
     # move_off_e2m1_ties). What differs is the GEMMs' summation order, which moves a bf16
     # rounding of the intermediate by one ulp in about one element of 1000, and Triton's
