@@ -265,6 +265,30 @@ def unique(specs: list[Specialization]) -> list[Specialization]:
     return list({s.key: s for s in specs}.values())
 
 
+# -- the interpreter ----------------------------------------------------------------------
+def fix_interpreter_masks() -> None:
+    """Triton 3.9's interpreter broadcasts a scalar mask (``mask=k0 + BLOCK_K < K``, a
+    comparison of scalars) to int32, which its C++ load then refuses ("mask has unsupported
+    dtype"); a GPU build takes it as i1. Masks reach the loads and stores as booleans here."""
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    def as_bool(mask: Any) -> Any:
+        if mask.data.dtype == bool:
+            return mask
+        return TensorHandle(mask.data.astype(bool), tl.int1)
+
+    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+
+    def masked_load(self: Any, ptrs: Any, mask: Any, *args: Any) -> Any:
+        return load(self, ptrs, as_bool(mask), *args)
+
+    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+        return store(self, ptrs, value, as_bool(mask), *args)
+
+    InterpreterBuilder.create_masked_load = masked_load
+    InterpreterBuilder.create_masked_store = masked_store
+
+
 # -- patch 0002's experts on the CPU -------------------------------------------------------
 # The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py.
 SHAPES = {"h2048": (128, 2048, 768, 8), "h4096": (128, 4096, 1536, 8)}
@@ -427,8 +451,8 @@ def fused_apply(
         expert_map=expert_map,
         a1q_scale=None,
         a2_scale=None,
-        workspace13=torch.empty(ws, dtype=hidden.dtype),
-        workspace2=torch.empty(ws, dtype=hidden.dtype),
+        workspace13=torch.zeros(ws, dtype=hidden.dtype),
+        workspace2=torch.zeros(ws, dtype=hidden.dtype),
         expert_tokens_meta=None,
         apply_router_weight_on_input=False,
     )
