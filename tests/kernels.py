@@ -266,10 +266,16 @@ def unique(specs: list[Specialization]) -> list[Specialization]:
 
 
 # -- the interpreter ----------------------------------------------------------------------
-def fix_interpreter_masks() -> None:
-    """Triton 3.9's interpreter broadcasts a scalar mask (``mask=k0 + BLOCK_K < K``, a
-    comparison of scalars) to int32, which its C++ load then refuses ("mask has unsupported
-    dtype"); a GPU build takes it as i1. Masks reach the loads and stores as booleans here."""
+def fix_interpreter() -> None:
+    """Two faults of triton 3.9.0's interpreter that a GPU build does not have, mended here:
+
+    - FP32 -> FP8 E4M3 (``x.to(tl.float8e4nv)``) rounds without carrying into the exponent
+      (124.2 becomes 64, not 128: 47 of 4096 random values in [0, 440) wrong); the cast is done
+      by torch instead (round to nearest even, as the GPU's cvt.rn.satfinite.e4m3x2.f32);
+    - a scalar mask (``mask=k0 + BLOCK_K < K``, a comparison of scalars) is broadcast to int32,
+      which the interpreter's own load then refuses ("mask has unsupported dtype"); masks reach
+      the loads and stores as booleans.
+    """
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
     def as_bool(mask: Any) -> Any:
@@ -278,6 +284,7 @@ def fix_interpreter_masks() -> None:
         return TensorHandle(mask.data.astype(bool), tl.int1)
 
     load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+    fp_to_fp = InterpreterBuilder.create_fp_to_fp
 
     def masked_load(self: Any, ptrs: Any, mask: Any, *args: Any) -> Any:
         return load(self, ptrs, as_bool(mask), *args)
@@ -285,8 +292,15 @@ def fix_interpreter_masks() -> None:
     def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
         return store(self, ptrs, value, as_bool(mask), *args)
 
+    def to_fp8(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.float8e4nv:
+            return fp_to_fp(self, src, dst_type, rounding_mode)
+        fp8 = torch.from_numpy(src.data.copy()).to(torch.float8_e4m3fn)
+        return TensorHandle(fp8.view(torch.uint8).numpy(), dst_type.scalar)
+
     InterpreterBuilder.create_masked_load = masked_load
     InterpreterBuilder.create_masked_store = masked_store
+    InterpreterBuilder.create_fp_to_fp = to_fp8
 
 
 # -- patch 0002's experts on the CPU -------------------------------------------------------
@@ -432,8 +446,8 @@ def fused_apply(
     expert_map: torch.Tensor | None = None,
     global_num_experts: int = -1,
 ) -> torch.Tensor:
-    """``experts.apply`` as FusedMoEKernel calls it, on fresh workspaces; the output (NaN
-    first: every element must be written)."""
+    """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces; the output
+    (NaN first: every element must be written; a read of an unwritten one shows)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
     inter = w13.size(1) // 2
@@ -451,8 +465,8 @@ def fused_apply(
         expert_map=expert_map,
         a1q_scale=None,
         a2_scale=None,
-        workspace13=torch.zeros(ws, dtype=hidden.dtype),
-        workspace2=torch.zeros(ws, dtype=hidden.dtype),
+        workspace13=torch.full((ws,), float("nan"), dtype=hidden.dtype),
+        workspace2=torch.full((ws,), float("nan"), dtype=hidden.dtype),
         expert_tokens_meta=None,
         apply_router_weight_on_input=False,
     )
