@@ -41,11 +41,11 @@ import torch
 # Enabled: the behaviour of the triton that vLLM runs today.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
 # vLLM 0.24.0's own Triton MoE kernel, which TritonExperts (triton_moe.py, overlaid) launches.
@@ -152,7 +152,7 @@ class Stub(type):
 _loaded = 0
 
 
-def load(path: Path, provides: Mapping[str, Any] = {}) -> types.ModuleType:  # noqa: B006
+def load(path: Path, provides: Mapping[str, Any] = {}) -> types.ModuleType:
     """The module at ``path`` (a vLLM file), its ``vllm.*`` imports answered by ``provides``
     ("vllm.x.y.name" -> object) or stubs, and vllm.triton_utils by the real triton. Executed
     from the file itself, so that triton reads the kernels' source from it."""
@@ -266,8 +266,19 @@ def unique(specs: list[Specialization]) -> list[Specialization]:
 
 
 # -- the interpreter ----------------------------------------------------------------------
+def bf16_to_f32(bits: Any) -> Any:
+    """BF16 values held as uint16 (the interpreter's storage) -> FP32, exactly."""
+    return (bits.astype("uint32") << 16).view("float32")
+
+
 def fix_interpreter() -> None:
-    """Two faults of triton 3.9.0's interpreter that a GPU build does not have, mended here:
+    """Faults of triton 3.9.0's interpreter that a GPU build does not have, mended here:
+
+    - ``tl.dot`` of BF16 operands multiplies their uint16 storage as integers (max error 9e10
+      on a 64x64 product); they are widened to FP32 first (exact: products of BF16 values fit
+      FP32's mantissa), as the GPU's MMA takes them;
+    - FP32 -> BF16 (``x.to(tl.bfloat16)``) truncates; the GPU rounds to nearest even, and so
+      does torch, which casts instead;
 
     - FP32 -> FP8 E4M3 (``x.to(tl.float8e4nv)``) rounds without carrying into the exponent
       (124.2 becomes 64, not 128: 47 of 4096 random values in [0, 440) wrong); the cast is done
@@ -298,6 +309,20 @@ def fix_interpreter() -> None:
         fp8 = torch.from_numpy(src.data.copy()).to(torch.float8_e4m3fn)
         return TensorHandle(fp8.view(torch.uint8).numpy(), dst_type.scalar)
 
+    def dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        if a.dtype.scalar == tl.bfloat16 and b.dtype.scalar == tl.bfloat16:
+            a, b = (TensorHandle(bf16_to_f32(h.data), tl.float32) for h in (a, b))
+        return create_dot(self, a, b, d, *args)
+
+    def cast(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast_impl(self, src, dst_type)
+        bf16 = torch.from_numpy(src.data.astype("float32")).to(torch.bfloat16)
+        return TensorHandle(bf16.view(torch.int16).numpy().view("uint16"), dst_type.scalar)
+
+    create_dot, cast_impl = InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl
+    InterpreterBuilder.create_dot = dot
+    InterpreterBuilder.cast_impl = cast
     InterpreterBuilder.create_masked_load = masked_load
     InterpreterBuilder.create_masked_store = masked_store
     InterpreterBuilder.create_fp_to_fp = to_fp8

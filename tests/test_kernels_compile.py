@@ -34,9 +34,9 @@ import sys
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels  # noqa: E402
-import standins  # noqa: E402
-from vllm_install import OVERLAID, Overlay, Pristine  # noqa: E402
+import kernels
+import standins
+from vllm_install import OVERLAID, Overlay, Pristine
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # vLLM's fused_moe_kernel: token counts at the ends of get_default_config's decode, middle and

@@ -78,7 +78,7 @@ VLLM_WHEELS = (
 )
 # vllm-patchset itself on the host (`overlay apply`, the engine check): pyproject.toml's
 # [project].dependencies resolved for the GPU host (Python 3.12, no extras), pinned. A test
-# (tests/test_kit_wheels.py) fails when they drift from pyproject.toml or miss a dependency of theirs.
+# (tests/test_kit_wheels.py) fails when they drift from pyproject.toml or miss a dependency.
 TOOL_WHEELS = (
     "gitpython==3.2.1",
     "gitdb==4.0.12",
