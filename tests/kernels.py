@@ -228,7 +228,8 @@ class Specialization:
             for path, value in self.constexprs.items()
             if len(path) == 1 and self.kernel.params[path[0]].is_constexpr
         }
-        parts = [f"{k}={_short(v)}" for k, v in named.items()]
+        pointers = [f"{k}={v}" for k, v in self.signature.items() if v.startswith("*")]
+        parts = pointers[:1] + [f"{k}={_short(v)}" for k, v in named.items()]
         parts += [f"{k}={self.options[k]}" for k in ("num_warps", "num_stages")]
         return ",".join(parts)
 
@@ -496,3 +497,98 @@ def fused_apply(
         apply_router_weight_on_input=False,
     )
     return output
+
+
+def token_counts(bounds: list[int]) -> list[int]:
+    """Both ends of each bucket of a table keyed by its largest token count."""
+    counts, low = [], 1
+    for bound in sorted(bounds):
+        high = bound if bound < 1 << 20 else 2 * low
+        counts += [low, high]
+        low = bound + 1
+    return sorted(set(counts))
+
+
+def fused_launches(overlay_vllm: Path, pristine_vllm: Path) -> tuple[list[Launch], Any]:
+    """Every launch of the fused experts' apply over both shapes, dtypes, token buckets, with
+    and without an expert map (-1 entries), on CPU tensors nobody reads."""
+    import standins  # tests/gpu: the C++ alignment op in plain torch
+
+    fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size)
+    tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
+    with recording_launches() as launches:
+        for e, h, i, top_k in SHAPES.values():
+            for dtype in (torch.bfloat16, torch.float16):
+                for m in tokens:
+                    config = quant_config(
+                        torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
+                        torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
+                        torch.ones(e),
+                        torch.ones(e),
+                        torch.tensor(1.0),
+                        torch.tensor(1.0),
+                    )
+                    experts = fused.experts(None, config)
+                    w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
+                    w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
+                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
+                    weights = torch.rand(m, top_k)
+                    hidden = torch.zeros(m, h, dtype=dtype)
+                    emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
+                    for expert_map in (None, emap):
+                        fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
+    return launches, fused.configs
+
+
+# -- ISA facts ---------------------------------------------------------------------------------
+# Without a driver triton leaves n_regs / n_spills empty: the facts are read from the code
+# objects. AMD: the hsaco's metadata, as its amdgcn text carries it. NVIDIA: the cubin, through
+# the cuobjdump that comes with triton's wheel (resources, and the SASS for the instruction mix).
+AMDGCN_FIELDS = {
+    "vgprs": ".vgpr_count",
+    "agprs": ".agpr_count",
+    "sgprs": ".sgpr_count",
+    "vgpr_spills": ".vgpr_spill_count",
+    "sgpr_spills": ".sgpr_spill_count",
+    "lds_bytes": ".group_segment_fixed_size",
+    "scratch_bytes": ".private_segment_fixed_size",
+}
+CUBIN_FIELDS = {"registers": "REG", "stack_bytes": "STACK", "shared_bytes": "SHARED",
+                "local_bytes": "LOCAL"}  # fmt: skip
+SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)")
+
+
+def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
+    """Registers, spills, memory and (sm_90) the SASS instruction mix of a compiled kernel."""
+    facts: dict[str, Any] = {"shared_bytes_triton": compiled.metadata.shared}
+    if TARGETS[target].backend == "hip":
+        text = compiled.asm["amdgcn"]
+        for key, field in AMDGCN_FIELDS.items():
+            found = re.search(rf"^\s+(?:- )?{re.escape(field)}:\s+(\d+)", text, re.MULTILINE)
+            facts[key] = int(found[1]) if found else None
+        occupancy = re.search(r"^; Occupancy: (\d+)", text, re.MULTILINE)
+        facts["occupancy_waves"] = int(occupancy[1]) if occupancy else None
+        facts["mfma"] = len(re.findall(r"^\s+v_mfma_", text, re.MULTILINE))
+        return facts
+    import subprocess
+    import tempfile
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    for key, field in CUBIN_FIELDS.items():
+        found = re.search(rf"\b{field}:(\d+)", usage)
+        facts[key] = int(found[1]) if found else None
+    mix: dict[str, int] = {}
+    for line in sass.splitlines():
+        if op := SASS_LINE.match(line):
+            mix[op["op"]] = mix.get(op["op"], 0) + 1
+    facts["sass_instructions"] = sum(mix.values())
+    facts["mma"] = sum(n for op, n in mix.items() if op in ("HMMA", "HGMMA"))
+    facts["sass_mix"] = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
+    return facts

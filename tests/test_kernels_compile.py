@@ -38,11 +38,10 @@ import kernels
 import standins
 from vllm_install import OVERLAID, Overlay, Pristine
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # vLLM's fused_moe_kernel: token counts at the ends of get_default_config's decode, middle and
 # prefill tiles (the emulation's unfused path and TritonExperts pick their tiles there).
 VLLM_TOKENS = (1, 64, 512)
-RED_KERNEL = '''
+RED_KERNEL = """
 import triton
 import triton.language as tl
 
@@ -59,7 +58,7 @@ def ptx_only_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 def launch(x, y):
     ptx_only_kernel[(1,)](x, y, BLOCK=64)
-'''
+"""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -69,49 +68,6 @@ def triton_cache(cache_dir: Path) -> Iterator[None]:
         patch.setenv("TRITON_CACHE_DIR", str(cache_dir / "triton"))
         patch.setenv("TRITON_HOME", str(cache_dir / "triton-home"))
         yield
-
-
-def token_counts(bounds: list[int]) -> list[int]:
-    """Both ends of each bucket of a table keyed by its largest token count."""
-    counts, low = [], 1
-    for bound in sorted(bounds):
-        high = bound if bound < 1 << 20 else 2 * low
-        counts += [low, high]
-        low = bound + 1
-    return sorted(set(counts))
-
-
-def fused_launches(overlay: Overlay, pristine: Pristine) -> tuple[list[Any], Any]:
-    """Every launch of the fused experts' apply over both shapes, dtypes, token buckets, with
-    and without an expert map (-1 entries), on CPU tensors nobody reads."""
-    fused = kernels.load_fused(
-        overlay.project.overlay_dir / "vllm", pristine.root / "vllm", standins.moe_align_block_size
-    )
-    tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
-    with kernels.recording_launches() as launches:
-        for e, h, i, top_k in kernels.SHAPES.values():
-            for dtype in DTYPES.values():
-                for m in tokens:
-                    config = kernels.quant_config(
-                        torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
-                        torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
-                        torch.ones(e),
-                        torch.ones(e),
-                        torch.tensor(1.0),
-                        torch.tensor(1.0),
-                    )
-                    experts = fused.experts(None, config)
-                    w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
-                    w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
-                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
-                    weights = torch.rand(m, top_k)
-                    hidden = torch.zeros(m, h, dtype=dtype)
-                    emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
-                    for expert_map in (None, emap):
-                        kernels.fused_apply(
-                            fused, experts, hidden, w13, w2, weights, ids, expert_map, e
-                        )
-    return launches, fused.configs
 
 
 def vllm_launches(pristine: Pristine, rocm: bool) -> list[Any]:
@@ -191,12 +147,10 @@ def compile_all(specs: list[kernels.Specialization]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fused(overlay: Overlay, full_pristine: Pristine) -> tuple[list[Any], Any]:
-    return fused_launches(overlay, full_pristine)
+    return kernels.fused_launches(overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
 
 
-def test_every_overlaid_kernel_is_launched(
-    overlay: Overlay, fused: tuple[list[Any], Any]
-) -> None:
+def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[Any], Any]) -> None:
     """Every @triton.jit function of the overlaid files is launched by the launchers driven
     here, or is a helper such a kernel calls: none escapes the compile tests."""
     launched = {launch.kernel.__name__ for launch in fused[0]}
@@ -231,6 +185,24 @@ def test_overlay_kernels_compile(
     start = time.monotonic()
     assert compile_all(specs) == []
     print(f"{target}: {len(specs)} specializations compiled in {time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.parametrize("target", kernels.TARGETS)
+def test_isa_facts(target: str, fused: tuple[list[Any], Any]) -> None:
+    """benchmarks/isa_facts.py's reading of the code objects, on the first fused GEMM: the
+    registers, spills and matrix instructions are there (triton itself leaves them empty
+    without a driver)."""
+    spec = next(
+        s for s in (kernels.specialize(x, target) for x in fused[0]) if kernels.is_fused_gemm(s)
+    )
+    facts = kernels.isa_facts(kernels.compile_for(spec), target)
+    if kernels.TARGETS[target].backend == "hip":
+        assert facts["vgprs"] > 0 and facts["sgprs"] > 0 and facts["mfma"] > 0
+        assert isinstance(facts["vgpr_spills"], int) and isinstance(facts["scratch_bytes"], int)
+    else:
+        assert facts["registers"] > 0 and facts["mma"] > 0
+        assert isinstance(facts["local_bytes"], int)
+        assert facts["sass_instructions"] == sum(facts["sass_mix"].values())
 
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
