@@ -5,8 +5,9 @@
 #
 # GPU_VALIDATION_DRY_RUN=1: the steps up to the GPU only, as the CPU suite runs them
 # (tests/test_gpu_jobs.py), so that a broken job shows before a runner exists: no install (the
-# caller's environment has the tool), the image's pin, `check`, the trees built
-# (`validate --build-only`) and the offline bundle; then it stops before the first GPU step.
+# caller's environment has the tool), the image's pin, `check` and the trees built
+# (`validate --build-only`); then it stops before the first GPU step. (The offline bundle is
+# no step of these jobs: `bundle` builds the same trees, and the suite tests it elsewhere.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,8 +29,7 @@ patchset check
 
 if [[ "$DRY" == 1 ]]; then
   patchset validate --work build/gpu-validate --build-only
-  patchset bundle --no-wheels --level 0 --out build/gpu-bundle.tar.xz
-  echo "dry run: vllm $installed is the pin; check, trees and bundle done; stopped before the GPU"
+  echo "dry run: vllm $installed is the pin; check and trees done; stopped before the GPU"
   exit 0
 fi
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no GPU visible"; print(torch.cuda.get_device_name(), "hip" if torch.version.hip else "cuda")'

@@ -1,7 +1,7 @@
 """The GPU jobs (.github/workflows/gpu-validation.yml, .buildkite/gpu-validation.yml) as ROCm and
 CUDA users run them, and their script's steps up to the GPU on the CPU
 (`GPU_VALIDATION_DRY_RUN=1 scripts/gpu-validation.sh`: the image's pin, `check`,
-`validate --build-only`, the bundle), so that a broken job shows here before a runner exists.
+`validate --build-only`), so that a broken job shows here before a runner exists.
 
 ROCm: the containers get /dev/kfd and /dev/dri, the video and render groups, seccomp unconfined,
 and the runner's GPUs through HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES, as vLLM's own AMD CI
@@ -141,10 +141,9 @@ def test_dry_run_up_to_the_gpu(job_project: Project, pristine: Pristine, tmp_pat
     done = dry_run(job_project, tmp_path / "image")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == (
-        f"dry run: vllm {PIN} is the pin; check, trees and bundle done; stopped before the GPU"
+        f"dry run: vllm {PIN} is the pin; check and trees done; stopped before the GPU"
     )
     build = job_project.root / "build"
-    assert (build / "gpu-bundle.tar.xz").is_file()
     trees = sorted(p.name for p in (build / "gpu-validate" / "trees").iterdir())
     assert trees == sorted(tree_names(job_project))
 
