@@ -454,11 +454,24 @@ class Host:
             )
         return env
 
+    def packed(self) -> bool:
+        """The site's vllm-patchset is a wheel `overlay pack` built: it carries its overlay."""
+        lock = Path("vllm_patchset", "_overlay", "overlay.lock.json")
+        return self.site is not None and (self.site / lock).is_file()
+
     def patchset(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`vllm-patchset ARGS` on this host's vLLM (the kit's site, or the installed one)."""
+        """`vllm-patchset ARGS` on this host's vLLM (the kit's site, or the installed one).
+
+        With the packed wheel in the site (`setup --project WHEEL`), the site's vllm-patchset
+        deploys the overlay it carries: run outside the checkout, whose overlay/vllm/** a GPU
+        host without network has not built. Otherwise the checkout's overlay."""
         target = ["--target", str(self.site)] if self.site is not None else []
-        command = [self.python, "-m", "vllm_patchset", "--project", str(REPO), *args, *target]
-        return subprocess.run(command, env=self.env([]), capture_output=True, text=True)
+        project = [] if self.packed() else ["--project", str(REPO)]
+        command = [self.python, "-m", "vllm_patchset", *project, *args, *target]
+        cwd = self.results.parent if self.packed() else None
+        if cwd is not None:
+            cwd.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(command, env=self.env([]), capture_output=True, text=True, cwd=cwd)
 
     def state(self) -> str:
         result = self.patchset("overlay", "status", "--json")
@@ -1097,7 +1110,8 @@ def cmd_all(args: argparse.Namespace) -> int:
         run_phases(host, ["fix2"], gpus)
         run_phases(host, ["parallel"], gpus)
     try:
-        cmd_overlay(argparse.Namespace(work=work, action="apply"))
+        if cmd_overlay(argparse.Namespace(work=work, action="apply")) != 0:
+            raise SystemExit("overlay apply failed (above): no overlay runs")
         run_phases(host, ["emulation"], gpus)
         if gpus >= 2:
             run_phases(host, ["fix2"], gpus)

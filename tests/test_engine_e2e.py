@@ -223,3 +223,71 @@ def test_load_results_skips_ranks_and_deploy_reports(tmp_path: Path) -> None:
     for name in ("pristine-x.json", "pristine-x.rank0.json", "deploy-apply.json", "overlay-y.json"):
         (tmp_path / name).write_text(json.dumps({"name": name}))
     assert sorted(e2e.load_results(tmp_path)) == ["overlay-y", "pristine-x"]
+
+
+# -- setup and the overlay on a kit's site (the README's engine check, on a host with torch only)
+def test_setup_with_a_kit_and_the_packed_wheel_then_overlay_apply(
+    overlay: Any,
+    pristine: Any,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`setup --kit KIT --project WHEEL`, then `overlay apply`: the site's vllm-patchset (the
+    packed wheel) deploys the overlay it carries, not the checkout's (which a GPU host without
+    network has not built: here a checkout with no overlay at all), with only the kit's wheels
+    beside it (the tool's dependencies among them)."""
+    import hashlib
+
+    from test_pack import dependency_wheels
+    from vllm_install import OVERLAID
+    from vllm_patchset.cli import main
+    from vllm_patchset.kit import write_kit
+
+    dist = tmp_path / "dist"
+    assert (
+        main(["--project", str(overlay.project.root), "overlay", "pack", "--out", str(dist)]) == 0
+    )
+    wheel = next(dist.glob("*.whl"))
+    kit = tmp_path / "kit"
+    digest = hashlib.sha256(pristine.wheel.read_bytes()).hexdigest()
+    write_kit(pristine.wheel, digest, "0.24.0", kit, wheels=dependency_wheels(cache_dir), level=0)
+    work = tmp_path / "work"
+    capsys.readouterr()
+
+    assert e2e.main(["setup", "--work", str(work), "--kit", str(kit), "--project", str(wheel)]) == 0
+    site = work / "native" / "site"
+    assert capsys.readouterr().out == f"vLLM with its compiled ops and vllm-patchset in {site}\n"
+    assert e2e._host(work).packed()
+    monkeypatch.setattr(e2e, "REPO", tmp_path / "unbuilt-checkout")  # no overlay built there
+
+    assert e2e.main(["overlay", "apply", "--work", str(work)]) == 0
+    for rel in OVERLAID:
+        assert (site / rel).read_bytes() == overlay.patched(rel)
+    report = json.loads((work / "results" / "deploy-apply.json").read_text())
+    assert (report["outcome"], report["target"]) == ("applied", str(site / "vllm"))
+    assert e2e._host(work).state() == "overlay"
+    assert e2e.main(["overlay", "revert", "--work", str(work)]) == 0
+    assert e2e._host(work).state() == "pristine"
+
+
+def test_all_stops_after_a_failed_apply(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`all`: no overlay phase runs once `overlay apply` failed (they would measure the
+    pristine install under the overlay's name); the revert still runs, no report is written."""
+    calls: list[object] = []
+
+    def called(value: object, code: int = 0) -> int:
+        calls.append(value)
+        return code
+
+    monkeypatch.setattr(e2e, "cmd_checkpoints", lambda args: 0)
+    monkeypatch.setattr(e2e.Host, "state", lambda self: "pristine")
+    monkeypatch.setattr(e2e, "run_phases", lambda host, names, gpus: called(tuple(names)))
+    monkeypatch.setattr(
+        e2e, "cmd_overlay", lambda args: called(args.action, int(args.action == "apply"))
+    )
+    monkeypatch.setattr(e2e, "cmd_report", lambda args: called("report"))
+    with pytest.raises(SystemExit, match=r"^overlay apply failed \(above\): no overlay runs$"):
+        e2e.main(["all", "--work", str(tmp_path), "--gpus", "1"])
+    assert calls == [("emulation", "baselines"), "apply", "revert"]

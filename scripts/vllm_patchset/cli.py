@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -15,34 +16,26 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from packaging.version import Version
 
-from vllm_patchset import bundle, deploy, fsio, kit, pack, rebase, validate
-from vllm_patchset.checks import lock_freshness, problems, project_series
+# The deploy commands (`overlay apply|verify|revert|status|diff`, on a serving image that has
+# the tool's wheel but maybe not every dependency of the other commands) import only what they
+# use: the modules of the other commands are imported by the commands (and by build_parser
+# for the lines that may need them), not here.
+from vllm_patchset import deploy, fsio, pack
 from vllm_patchset.config import Project
 from vllm_patchset.console import colours, emit, print_json, progress
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
-from vllm_patchset.overlay import (
-    build_overlay,
-    export_tree,
-    patches_for,
-    walk,
-)
-from vllm_patchset.queue import export_queue, import_queue
-from vllm_patchset.reports import matrix_json, matrix_table, note_lines, state_cell
-from vllm_patchset.series import read_series_entries
-from vllm_patchset.states import Verdict, classify
-from vllm_patchset.upstream import (
-    Upstream,
-    check_version,
-    mirror_for,
-    parse_version,
-    pin_base,
-    resolve_base,
-    sort_versions,
-)
+
+if TYPE_CHECKING:
+    from vllm_patchset.states import Verdict
+    from vllm_patchset.upstream import Upstream
+
+# Commands registered by modules of their own (each module's register_cli), imported only for
+# a line that may name them.
+COMMAND_MODULES = ("rebase", "validate", "bundle", "kit")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -58,6 +51,12 @@ def _reads_only() -> None:
 
 # -- status / check / matrix / releases --------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
+    from vllm_patchset.checks import lock_freshness, project_series
+    from vllm_patchset.overlay import walk
+    from vllm_patchset.reports import note_lines, state_cell
+    from vllm_patchset.states import classify
+    from vllm_patchset.upstream import mirror_for, pin_base
+
     _reads_only()
     project = _project(args)
     mirror = mirror_for(project)
@@ -89,10 +88,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _parked(project: Project) -> list[tuple[str, str]]:
+    from vllm_patchset.series import read_series_entries
+
     return read_series_entries(project.parked_file)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from vllm_patchset.checks import problems
+    from vllm_patchset.upstream import mirror_for
+
     _reads_only()
     project = _project(args)
     series, found = problems(project, mirror_for(project))
@@ -104,6 +108,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from vllm_patchset.overlay import patches_for, walk
+    from vllm_patchset.reports import matrix_json, matrix_table
+    from vllm_patchset.upstream import check_version, mirror_for, sort_versions
+
     _reads_only()
     project = _project(args)
     mirror = mirror_for(project)
@@ -135,6 +143,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
+    from vllm_patchset.upstream import mirror_for, parse_version
+
     project = _project(args)
     releases = mirror_for(project).available_versions(pre=args.pre)
     if args.newer_than_pin:
@@ -149,6 +159,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 # -- upstream / overlay / tree -----------------------------------------------------------------
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from vllm_patchset.upstream import mirror_for, resolve_base
+
     _reads_only()
     project = _project(args)
     mirror = mirror_for(project)
@@ -169,10 +181,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def _base(project: Project, args: argparse.Namespace) -> Upstream:
     """The upstream named by --base/--pin, --git and --ref, else the pin."""
+    from vllm_patchset.upstream import mirror_for, resolve_base
+
     return resolve_base(project, mirror_for(project), args.base, args.git, args.ref)
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
+    from vllm_patchset.overlay import build_overlay
+
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     with progress("overlay build: the upstream tree") as step:
@@ -202,6 +218,8 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    from vllm_patchset.overlay import export_tree
+
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
     kind = "pristine" if args.pristine else "patched"
@@ -211,6 +229,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
+    from vllm_patchset.queue import import_queue
+
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = import_queue(_project(args), force=args.force)
     text = f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}"
@@ -219,6 +239,8 @@ def cmd_queue_import(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
+    from vllm_patchset.queue import export_queue
+
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = export_queue(_project(args), keep=not args.drop)
     body = {"patches": list(info.patches)}
@@ -363,7 +385,9 @@ def version_line() -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, every_command: bool = True) -> argparse.ArgumentParser:
+    """The command line; without `every_command`, the commands of COMMAND_MODULES left out
+    (their modules not imported)."""
     parser = Parser(
         prog="vllm-patchset",
         description=textwrap.fill(DESCRIPTION, 79),
@@ -446,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_queue_export)
 
     # Commands of their own modules, wired here by import: a renamed module fails loudly.
-    for module in (rebase, validate, bundle, kit):
-        module.register_cli(sub)
+    for name in COMMAND_MODULES if every_command else ():
+        importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
     _finish(parser, ())
     return parser
 
@@ -490,6 +514,17 @@ def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int
     return exit_code
 
 
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The line parsed; a line that may be a deploy command first by a parser without the
+    commands of COMMAND_MODULES (anything else it refuses goes to the whole parser)."""
+    if "overlay" in argv:
+        with contextlib.suppress(UsageError):
+            args, extra = build_parser(every_command=False).parse_known_args(argv)
+            if args.command == "overlay" and not extra:
+                return args, extra
+    return build_parser().parse_known_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
         if isinstance(stream, io.TextIOWrapper):
@@ -499,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, verbose, as_json = "", "--verbose" in argv, "--json" in argv
     with fsio.signals_raise():
         try:
-            args, extra = build_parser().parse_known_args(argv)
+            args, extra = _parse(argv)
             command, verbose, as_json = args.command_name, args.verbose, args.json
             if extra:
                 raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")

@@ -46,9 +46,8 @@ THIRD_PARTY = "vllm/third_party/"
 # safetensors, aiohttp and their dependencies, found by importing the engine's modules with
 # only the host's packages (pinned: the same kit every time). pydantic-core is added at the
 # version pydantic pins. openai < 3 (3.x needs httpx2); xgrammar and llguidance are imported
-# where the structured-output classes are defined. gitpython and its two dependencies are for
-# vllm-patchset itself (`overlay apply` on the host).
-ENGINE_WHEELS = (
+# where the structured-output classes are defined.
+VLLM_WHEELS = (
     "pydantic==2.14.4",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
@@ -72,10 +71,22 @@ ENGINE_WHEELS = (
     "partial-json-parser==0.2.1.1.post7",
     "compressed-tensors==0.17.0",
     "loguru==0.7.3",
+)
+# vllm-patchset itself on the host (`overlay apply`, the engine check): pyproject.toml's
+# [project].dependencies resolved for the GPU host (Python 3.12, no extras), pinned. A test
+# (tests/test_kit_wheels.py) fails when they drift from pyproject.toml or miss a dependency.
+TOOL_WHEELS = (
     "gitpython==3.2.1",
     "gitdb==4.0.12",
     "smmap==5.0.3",
+    "packaging==26.4",
+    "rich==15.0.0",
+    "markdown-it-py==4.3.0",
+    "mdurl==0.1.2",
+    "pygments==2.21.0",
+    "tomlkit==0.15.2",
 )
+ENGINE_WHEELS = VLLM_WHEELS + TOOL_WHEELS
 
 
 def kit_member(path: str) -> bool:

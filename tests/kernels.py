@@ -1,0 +1,594 @@
+"""The overlay's Triton kernels on a CPU machine, for the compile, interpreter and ISA checks
+(tests/test_kernels_compile.py, tests/test_kernels_interpret.py, benchmarks/isa_facts.py).
+
+- ``jit_functions``: every ``@triton.jit`` function of a file, read from its source with ``ast``
+  (a new kernel is covered without editing a test), with the platform it declares.
+- ``load``: a vLLM module executed from its file with every ``vllm.*`` import answered by a
+  stand-in (``Stub``, or an object from ``provides``) and ``vllm.triton_utils`` by the real
+  triton. Importing the real vllm is not possible here (its dependencies are not installed), and
+  would not help: vllm.triton_utils hands out placeholders where no GPU driver is active, so a
+  walk through real imports could pass while compiling nothing.
+- ``recording_launches``: every ``kernel[grid](...)`` recorded instead of run; ``specialize``
+  binds a recorded launch with triton's own binder for a target (the signature, constexprs,
+  alignment attributes and options a GPU launch would compile), ``compile_for`` compiles it.
+- ``fused_experts``: patch 0002's experts class over a stand-in for the vLLM base class.
+
+The assumptions about the fused kernel's internals (what ``apply`` reads of its base class and
+its quant config, and the name of the table of tiles) are kept in ``FUSED_*`` and
+``fused_experts`` below, so that a rewrite of the kernel changes this one place.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Triton 3.9 warns when this is unset (its default changes in 3.10); warnings fail the tests.
+# Enabled: the behaviour of the triton that vLLM runs today.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+FUSED_MOE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# vLLM 0.24.0's own Triton MoE kernel, which TritonExperts (triton_moe.py, overlaid) launches.
+VLLM_FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+ALIGN = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
+NVFP4_UTILS = "vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py"
+
+# The targets: MI300 (gfx942), MI355 (gfx950), Hopper (sm_90).
+TARGETS = {
+    "gfx942": GPUTarget("hip", "gfx942", 64),
+    "gfx950": GPUTarget("hip", "gfx950", 64),
+    "sm90": GPUTarget("cuda", 90, 32),
+}
+# A kernel meant for one platform only says so on the line above its first decorator:
+#     # triton-platform: cuda
+# and is compiled for that platform's targets only; every other kernel is portable.
+PLATFORM_COMMENT = re.compile(r"#\s*triton-platform:\s*(?P<platform>cuda|hip)\s*$")
+PLATFORM_TARGETS = {"cuda": ("sm90",), "hip": ("gfx942", "gfx950"), None: tuple(TARGETS)}
+
+
+# -- the kernels of a file -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class JitFunction:
+    name: str
+    platform: str | None  # "cuda" or "hip" when it declares one, else None (portable)
+    calls: frozenset[str]  # the names it calls (its jit helpers among them)
+    launched: bool  # launched as name[grid](...) in the file: a kernel, not a helper
+
+
+def _is_jit(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(target, ast.Attribute) and target.attr == "jit"
+
+
+def jit_functions(source: str) -> dict[str, JitFunction]:
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    launched = {
+        node.func.value.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Subscript)
+        and isinstance(node.func.value, ast.Name)
+    }
+    found = {}
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or not any(map(_is_jit, node.decorator_list)):
+            continue
+        first = min(d.lineno for d in node.decorator_list)
+        above = PLATFORM_COMMENT.search(lines[first - 2]) if first > 1 else None
+        calls = frozenset(
+            n.func.id
+            for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        )
+        platform = above["platform"] if above else None
+        found[node.name] = JitFunction(node.name, platform, calls, node.name in launched)
+    return found
+
+
+def reached(functions: Mapping[str, JitFunction], kernels: set[str]) -> set[str]:
+    """The jit functions the kernels compile: themselves and the helpers they call."""
+    seen, todo = set(), list(kernels)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        todo.extend(functions[name].calls)
+    return seen
+
+
+# -- loading a vLLM module without vLLM ------------------------------------------------------
+class Stub(type):
+    """What a ``vllm.*`` import gives: a class (it may be subclassed, called, subscripted or put
+    in a type union) whose attributes are more stubs. Called with one function or class, it
+    gives that back (a decorator); otherwise another stub."""
+
+    _path: str
+    _provides: Mapping[str, Any]
+
+    @classmethod
+    def make(mcs, path: str, provides: Mapping[str, Any]) -> Any:
+        if path in provides:
+            return provides[path]
+        return mcs(path.rsplit(".", 1)[-1], (), {"_path": path, "_provides": provides})
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = Stub.make(f"{cls._path}.{name}", cls._provides)
+        setattr(cls, name, value)  # the same object every time: SILU is SILU
+        return value
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and (callable(args[0]) or isinstance(args[0], type)):
+            return args[0]
+        return Stub.make(f"{cls._path}()", cls._provides)
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+
+_loaded = 0
+
+
+def load(path: Path, provides: Mapping[str, Any] = {}) -> types.ModuleType:
+    """The module at ``path`` (a vLLM file), its ``vllm.*`` imports answered by ``provides``
+    ("vllm.x.y.name" -> object) or stubs, and vllm.triton_utils by the real triton. Executed
+    from the file itself, so that triton reads the kernels' source from it."""
+    global _loaded
+    answers = {"vllm.triton_utils.tl": tl, "vllm.triton_utils.triton": triton, **provides}
+    real_import = builtins.__import__
+
+    def import_(name: str, globals_: Any = None, locals_: Any = None, fromlist: Any = (),
+                level: int = 0) -> Any:  # fmt: skip
+        if level == 0 and name.split(".")[0] == "vllm":
+            return Stub.make(name if fromlist else "vllm", answers)
+        return real_import(name, globals_, locals_, fromlist, level)
+
+    _loaded += 1
+    name = f"vllm_patchset_kernels_{_loaded}.{path.stem}"
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": import_}
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+# -- launches, recorded and compiled ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    kernel: JITFunction
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list[Launch]]:
+    """Every ``kernel[grid](...)`` of a JITFunction appended to the list instead of run (the
+    tensors stay on the CPU: nothing reads them)."""
+    launches: list[Launch] = []
+    original = JITFunction.run
+
+    def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        launches.append(Launch(self, args, dict(kwargs)))
+
+    JITFunction.run = record  # type: ignore[method-assign]
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+
+
+@dataclasses.dataclass(frozen=True)
+class Specialization:
+    """What a launch compiles for one target, as triton's own launcher binds it."""
+
+    kernel: JITFunction
+    target: str
+    signature: Mapping[str, str]
+    constexprs: Mapping[Any, Any]
+    attrs: Mapping[Any, Any]
+    options: Mapping[str, Any]
+
+    @functools.cached_property
+    def key(self) -> str:
+        text = repr((self.kernel.cache_key, self.target, sorted(self.signature.items()),
+                     sorted(map(repr, self.constexprs.items())), repr(self.attrs),
+                     sorted(self.options.items())))  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def constexpr(self, name: str) -> Any:
+        return self.constexprs[(self.kernel.arg_names.index(name),)]
+
+    def label(self) -> str:
+        named = {
+            self.kernel.arg_names[path[0]]: value
+            for path, value in self.constexprs.items()
+            if len(path) == 1 and self.kernel.params[path[0]].is_constexpr
+        }
+        pointers = [f"{k}={v}" for k, v in self.signature.items() if v.startswith("*")]
+        parts = pointers[:1] + [f"{k}={_short(v)}" for k, v in named.items()]
+        parts += [f"{k}={self.options[k]}" for k in ("num_warps", "num_stages")]
+        return ",".join(parts)
+
+
+def _short(value: Any) -> str:
+    return str(value).removeprefix("triton.language.").replace(" ", "")
+
+
+@functools.cache
+def _backend(target: str) -> Any:
+    return make_backend(TARGETS[target])
+
+
+def specialize(launch: Launch, target: str) -> Specialization:
+    backend = _backend(target)
+    fn = launch.kernel
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = dict(launch.kwargs)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    kept = {k: v for k, v in vars(options).items() if k in ("num_warps", "num_stages")}
+    return Specialization(fn, target, signature, constexprs, attrs, kept)
+
+
+def compile_for(spec: Specialization) -> Any:
+    """The compiled kernel (triton's cache, TRITON_CACHE_DIR, keyed by the source's hash)."""
+    source = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), dict(spec.attrs))
+    return triton.compile(source, target=TARGETS[spec.target], options=dict(spec.options))
+
+
+def unique(specs: list[Specialization]) -> list[Specialization]:
+    return list({s.key: s for s in specs}.values())
+
+
+# -- the interpreter ----------------------------------------------------------------------
+def bf16_to_f32(bits: Any) -> Any:
+    """BF16 values held as uint16 (the interpreter's storage) -> FP32, exactly."""
+    return (bits.astype("uint32") << 16).view("float32")
+
+
+def fix_interpreter() -> None:
+    """Faults of triton 3.9.0's interpreter that a GPU build does not have, mended here:
+
+    - ``tl.dot`` of BF16 operands multiplies their uint16 storage as integers (max error 9e10
+      on a 64x64 product); they are widened to FP32 first (exact: products of BF16 values fit
+      FP32's mantissa), as the GPU's MMA takes them;
+    - FP32 -> BF16 (``x.to(tl.bfloat16)``) truncates; the GPU rounds to nearest even, and so
+      does torch, which casts instead;
+
+    - FP32 -> FP8 E4M3 (``x.to(tl.float8e4nv)``) rounds without carrying into the exponent
+      (124.2 becomes 64, not 128: 47 of 4096 random values in [0, 440) wrong); the cast is done
+      by torch instead (round to nearest even, as the GPU's cvt.rn.satfinite.e4m3x2.f32);
+    - a scalar mask (``mask=k0 + BLOCK_K < K``, a comparison of scalars) is broadcast to int32,
+      which the interpreter's own load then refuses ("mask has unsupported dtype"); masks reach
+      the loads and stores as booleans.
+    """
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    def as_bool(mask: Any) -> Any:
+        if mask.data.dtype == bool:
+            return mask
+        return TensorHandle(mask.data.astype(bool), tl.int1)
+
+    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+    fp_to_fp = InterpreterBuilder.create_fp_to_fp
+
+    def masked_load(self: Any, ptrs: Any, mask: Any, *args: Any) -> Any:
+        return load(self, ptrs, as_bool(mask), *args)
+
+    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+        return store(self, ptrs, value, as_bool(mask), *args)
+
+    def to_fp8(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.float8e4nv:
+            return fp_to_fp(self, src, dst_type, rounding_mode)
+        fp8 = torch.from_numpy(src.data.copy()).to(torch.float8_e4m3fn)
+        return TensorHandle(fp8.view(torch.uint8).numpy(), dst_type.scalar)
+
+    def dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        if a.dtype.scalar == tl.bfloat16 and b.dtype.scalar == tl.bfloat16:
+            a, b = (TensorHandle(bf16_to_f32(h.data), tl.float32) for h in (a, b))
+        return create_dot(self, a, b, d, *args)
+
+    def cast(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast_impl(self, src, dst_type)
+        bf16 = torch.from_numpy(src.data.astype("float32")).to(torch.bfloat16)
+        return TensorHandle(bf16.view(torch.int16).numpy().view("uint16"), dst_type.scalar)
+
+    create_dot, cast_impl = InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl
+    InterpreterBuilder.create_dot = dot
+    InterpreterBuilder.cast_impl = cast
+    InterpreterBuilder.create_masked_load = masked_load
+    InterpreterBuilder.create_masked_store = masked_store
+    InterpreterBuilder.create_fp_to_fp = to_fp8
+
+
+# -- patch 0002's experts on the CPU -------------------------------------------------------
+# The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py.
+SHAPES = {"h2048": (128, 2048, 768, 8), "h4096": (128, 4096, 1536, 8)}
+# Where the fused launcher keeps its tiles: largest token count of a bucket -> tiles.
+FUSED_CONFIGS = "_CONFIGS"
+
+
+def is_fused_gemm(spec: Specialization) -> bool:
+    """A specialization of the fused MoE GEMM (the kernel with a GATED switch)."""
+    return "GATED" in spec.kernel.arg_names and spec.target in TARGETS
+
+
+def fused_tiles(configs: Mapping[int, Any]) -> set[tuple[Any, ...]]:
+    """Every configuration the table asks for: (gated, dtype, BLOCK_M, BLOCK_N, BLOCK_K,
+    num_warps, num_stages), the w13 tiles gated, the w2 tiles not, in BF16 and FP16."""
+    return {
+        (gated, dtype, c.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages)
+        for c in configs.values()
+        for gated, g in ((True, c.w13), (False, c.w2))
+        for dtype in ("bf16", "fp16")
+    }
+
+
+def fused_tiles_compiled(specs: list[Specialization]) -> set[tuple[Any, ...]]:
+    """The same tuple for each compiled specialization of the fused kernel."""
+    return {
+        (s.constexpr("GATED"), _short(s.constexpr("dtype")), s.constexpr("BLOCK_M"),
+         s.constexpr("BLOCK_N"), s.constexpr("BLOCK_K"), s.options["num_warps"],
+         s.options["num_stages"])
+        for s in specs
+    }  # fmt: skip
+
+
+def _resize_cache(x: torch.Tensor, v: tuple[int, ...]) -> torch.Tensor:
+    return x.flatten()[: math.prod(v)].view(*v)
+
+
+class ExpertsBase:
+    """Stands in for vLLM's TritonExperts: what the fused ``apply`` uses of it (the quant
+    config, the problem size, LoRA and bias off, the top-k sum)."""
+
+    def __init__(self, moe_config: Any, quant_config: Any) -> None:
+        self.moe_config = moe_config
+        self.quant_config = quant_config
+        self._lora_context = None
+        self.w1_bias = None
+        self.w2_bias = None
+
+    @property
+    def a1_gscale(self) -> Any:
+        return self.quant_config.a1_gscale
+
+    def moe_problem_size(self, a1: Any, w1: Any, w2: Any, topk_ids: Any) -> tuple[int, ...]:
+        e, n, _ = w1.shape  # mk.FusedMoEExpertsModular.moe_problem_size, the 2-D case
+        return e, a1.size(0), n, a1.size(-1), topk_ids.size(1)
+
+    def moe_sum(self, input: torch.Tensor, output: torch.Tensor) -> None:
+        output.copy_(input.sum(dim=1))  # vLLM's moe_sum op, as tests/gpu/standins.py has it
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedModule:
+    module: types.ModuleType
+    experts: type  # Nvfp4QuantizationEmulationTritonExperts over ExpertsBase
+    silu: Any  # the MoEActivation.SILU that apply compares with
+
+    @property
+    def configs(self) -> Mapping[int, Any]:
+        return getattr(self.module, FUSED_CONFIGS)  # type: ignore[no-any-return]
+
+
+def load_fused(overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., None]) -> FusedModule:
+    """Patch 0002's module from the overlay; moe_align_block_size and ref_nvfp4_quant_dequant
+    are vLLM 0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op."""
+    root = pristine_vllm.parent
+    ops = types.SimpleNamespace(moe_align_block_size=align)
+    align_module = load(
+        root / ALIGN,
+        {
+            "vllm._custom_ops": ops,
+            "vllm.utils.math_utils.round_up": lambda x, m: (x + m - 1) // m * m,
+        },
+    )
+    platform = types.SimpleNamespace(is_cuda_alike=lambda: True, is_rocm=lambda: False)
+    e2m1 = types.SimpleNamespace(float4_e2m1f=types.SimpleNamespace(max=lambda: 6.0))
+    utils = load(
+        root / NVFP4_UTILS,
+        {"vllm.platforms.current_platform": platform, "vllm.scalar_type.scalar_types": e2m1},
+    )
+    base = "vllm.model_executor.layers"
+    module = load(
+        overlay_vllm.parent / FUSED_MOE,
+        {
+            f"{base}.fused_moe.experts.triton_moe.TritonExperts": ExpertsBase,
+            f"{base}.fused_moe.moe_align_block_size.moe_align_block_size": (
+                align_module.moe_align_block_size
+            ),
+            f"{base}.fused_moe.utils._resize_cache": _resize_cache,
+            f"{base}.quantization.utils.nvfp4_emulation_utils.ref_nvfp4_quant_dequant": (
+                utils.ref_nvfp4_quant_dequant
+            ),
+            f"{base}.quantization.utils.nvfp4_emulation_utils.dequantize_to_dtype": (
+                utils.dequantize_to_dtype
+            ),
+        },
+    )
+    experts = module.Nvfp4QuantizationEmulationTritonExperts
+    return FusedModule(module, experts, module.MoEActivation.SILU)
+
+
+def quant_config(
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    g1_alphas: torch.Tensor,
+    g2_alphas: torch.Tensor,
+    a1_gscale: torch.Tensor,
+    a2_gscale: torch.Tensor,
+) -> Any:
+    """What the fused experts read of vLLM's FusedMoEQuantConfig (nvfp4_moe_quant_config)."""
+    return types.SimpleNamespace(
+        w1_scale=w13_scale,
+        w2_scale=w2_scale,
+        g1_alphas=g1_alphas,
+        g2_alphas=g2_alphas,
+        a1_gscale=a1_gscale,
+        a2_gscale=a2_gscale,
+        gemm1_clamp_limit=None,
+        _w1=types.SimpleNamespace(scale=w13_scale),
+        _w2=types.SimpleNamespace(scale=w2_scale),
+    )
+
+
+def fused_apply(
+    fused: FusedModule,
+    experts: Any,
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: torch.Tensor | None = None,
+    global_num_experts: int = -1,
+) -> torch.Tensor:
+    """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces; the output
+    (NaN first: every element must be written; a read of an unwritten one shows)."""
+    tokens, hidden_size = hidden.shape
+    top_k = topk_ids.size(1)
+    inter = w13.size(1) // 2
+    ws = max(tokens * top_k * max(2 * inter, hidden_size), 1)
+    output = torch.full_like(hidden, float("nan"))
+    experts.apply(
+        output=output,
+        hidden_states=hidden,
+        w1=w13,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        activation=fused.silu,
+        global_num_experts=global_num_experts,
+        expert_map=expert_map,
+        a1q_scale=None,
+        a2_scale=None,
+        workspace13=torch.full((ws,), float("nan"), dtype=hidden.dtype),
+        workspace2=torch.full((ws,), float("nan"), dtype=hidden.dtype),
+        expert_tokens_meta=None,
+        apply_router_weight_on_input=False,
+    )
+    return output
+
+
+def token_counts(bounds: list[int]) -> list[int]:
+    """Both ends of each bucket of a table keyed by its largest token count."""
+    counts, low = [], 1
+    for bound in sorted(bounds):
+        high = bound if bound < 1 << 20 else 2 * low
+        counts += [low, high]
+        low = bound + 1
+    return sorted(set(counts))
+
+
+def fused_launches(overlay_vllm: Path, pristine_vllm: Path) -> tuple[list[Launch], Any]:
+    """Every launch of the fused experts' apply over both shapes, dtypes, token buckets, with
+    and without an expert map (-1 entries), on CPU tensors nobody reads."""
+    import standins  # tests/gpu: the C++ alignment op in plain torch
+
+    fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size)
+    tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
+    with recording_launches() as launches:
+        for e, h, i, top_k in SHAPES.values():
+            for dtype in (torch.bfloat16, torch.float16):
+                for m in tokens:
+                    config = quant_config(
+                        torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
+                        torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
+                        torch.ones(e),
+                        torch.ones(e),
+                        torch.tensor(1.0),
+                        torch.tensor(1.0),
+                    )
+                    experts = fused.experts(None, config)
+                    w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
+                    w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
+                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
+                    weights = torch.rand(m, top_k)
+                    hidden = torch.zeros(m, h, dtype=dtype)
+                    emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
+                    for expert_map in (None, emap):
+                        fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
+    return launches, fused.configs
+
+
+# -- ISA facts ---------------------------------------------------------------------------------
+# Without a driver triton leaves n_regs / n_spills empty: the facts are read from the code
+# objects. AMD: the hsaco's metadata, as its amdgcn text carries it. NVIDIA: the cubin, through
+# the cuobjdump that comes with triton's wheel (resources, and the SASS for the instruction mix).
+AMDGCN_FIELDS = {
+    "vgprs": ".vgpr_count",
+    "agprs": ".agpr_count",
+    "sgprs": ".sgpr_count",
+    "vgpr_spills": ".vgpr_spill_count",
+    "sgpr_spills": ".sgpr_spill_count",
+    "lds_bytes": ".group_segment_fixed_size",
+    "scratch_bytes": ".private_segment_fixed_size",
+}
+CUBIN_FIELDS = {"registers": "REG", "stack_bytes": "STACK", "shared_bytes": "SHARED",
+                "local_bytes": "LOCAL"}  # fmt: skip
+SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)")
+
+
+def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
+    """Registers, spills, memory and (sm_90) the SASS instruction mix of a compiled kernel."""
+    facts: dict[str, Any] = {"shared_bytes_triton": compiled.metadata.shared}
+    if TARGETS[target].backend == "hip":
+        text = compiled.asm["amdgcn"]
+        for key, field in AMDGCN_FIELDS.items():
+            found = re.search(rf"^\s+(?:- )?{re.escape(field)}:\s+(\d+)", text, re.MULTILINE)
+            facts[key] = int(found[1]) if found else None
+        occupancy = re.search(r"^; Occupancy: (\d+)", text, re.MULTILINE)
+        facts["occupancy_waves"] = int(occupancy[1]) if occupancy else None
+        facts["mfma"] = len(re.findall(r"^\s+v_mfma_", text, re.MULTILINE))
+        return facts
+    import subprocess
+    import tempfile
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    for key, field in CUBIN_FIELDS.items():
+        found = re.search(rf"\b{field}:(\d+)", usage)
+        facts[key] = int(found[1]) if found else None
+    mix: dict[str, int] = {}
+    for line in sass.splitlines():
+        if op := SASS_LINE.match(line):
+            mix[op["op"]] = mix.get(op["op"], 0) + 1
+    facts["sass_instructions"] = sum(mix.values())
+    facts["mma"] = sum(n for op, n in mix.items() if op in ("HMMA", "HGMMA"))
+    facts["sass_mix"] = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
+    return facts

@@ -1,0 +1,68 @@
+"""The deploy commands import only what they use: on a serving image with the tool's wheel,
+`overlay apply|verify|revert|status|diff` run without the other commands' dependencies
+(tomlkit, which the rebase uses, and GitPython, which needs a git executable). The GPU host of
+issue 19 had no tomlkit, and every command died on import because the command line imported
+every command's module at start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from vllm_install import OVERLAID, Overlay
+
+# The modules a deploy command imports, and no other of the package's.
+DEPLOY_MODULES = [
+    "vllm_patchset",
+    "vllm_patchset.cli",
+    "vllm_patchset.config",
+    "vllm_patchset.console",
+    "vllm_patchset.deploy",
+    "vllm_patchset.errors",
+    "vllm_patchset.fsio",
+    "vllm_patchset.installed",
+    "vllm_patchset.lock",
+    "vllm_patchset.pack",
+]
+BLOCKED = ("tomlkit", "git")  # None in sys.modules: their import fails
+SCRIPT = """
+import json, sys
+for name in {blocked!r}:
+    sys.modules[name] = None
+from vllm_patchset.cli import main
+codes = [main(["--project", {project!r}, "overlay", command, "--target", {target!r}, "--json"])
+         for command in {commands!r}]
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "vllm_patchset")
+print(json.dumps({{"codes": codes, "modules": loaded}}))
+"""
+COMMANDS = ["status", "diff", "apply", "verify", "status", "revert"]
+
+
+def test_deploy_commands_without_the_other_commands_dependencies(
+    overlay: Overlay, target: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = SCRIPT.format(
+        blocked=BLOCKED, project=str(overlay.project.root), target=str(target), commands=COMMANDS
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    documents, text, decoder = [], done.stdout, json.JSONDecoder()
+    while text.strip():
+        document, end = decoder.raw_decode(text.lstrip())
+        documents.append(document)
+        text = text.lstrip()[end:]
+    *reports, last = documents
+    outcomes = [(d["command"], d["outcome"]) for d in reports]
+    assert outcomes == [
+        ("overlay status", "not applied"),
+        ("overlay diff", "differs"),
+        ("overlay apply", "applied"),
+        ("overlay verify", "verified"),
+        ("overlay status", "applied"),
+        ("overlay revert", "reverted"),
+    ]
+    assert last == {"codes": [0, 0, 0, 0, 0, 0], "modules": DEPLOY_MODULES}
+    assert len(OVERLAID) >= 1

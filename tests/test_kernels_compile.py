@@ -1,0 +1,241 @@
+"""The overlay's Triton kernels compile for MI300 (gfx942), MI355 (gfx950) and Hopper (sm_90) on
+a CPU machine, with triton itself (`triton.compile(ASTSource(...), target=GPUTarget(...))`: an
+hsaco through the wheel's ld.lld, a cubin through the wheel's ptxas), in every configuration
+their launchers use; and so does vLLM 0.24.0's own Triton MoE kernel, which TritonExperts
+launches on the overlaid path.
+
+The kernels are the `@triton.jit` functions of every overlaid file, read from its source
+(tests/kernels.py): a new kernel is covered without editing this file. Their configurations are
+not written here: each launcher runs on CPU tensors of both benchmark shapes, both activation
+dtypes and one token count at each end of each of its token buckets, with the launches
+recorded, and triton's own binder turns each recorded launch into what a GPU launch would
+compile (signature, constexprs, alignment, options). The counts are asserted: a walk that
+compiled nothing fails.
+
+A kernel meant for one platform only declares it above its decorator (`# triton-platform:
+cuda`) and is compiled for that platform's targets; every other kernel is portable and must
+compile for all three. Compiled kernels are cached by triton under the test cache
+(TRITON_CACHE_DIR, keyed by the source's hash): a warm run compiles nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the launchers run on torch tensors (pip install torch)")
+pytest.importorskip("triton", reason="triton compiles the kernels (pip install triton)")
+import sys
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import kernels
+import standins
+from vllm_install import OVERLAID, Overlay, Pristine
+
+# vLLM's fused_moe_kernel: token counts at the ends of get_default_config's decode, middle and
+# prefill tiles (the emulation's unfused path and TritonExperts pick their tiles there).
+VLLM_TOKENS = (1, 64, 512)
+RED_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ptx_only_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.inline_asm_elementwise(
+        "mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1
+    )
+    tl.store(y_ptr + offs, y)
+
+
+def launch(x, y):
+    ptx_only_kernel[(1,)](x, y, BLOCK=64)
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def triton_cache(cache_dir: Path) -> Iterator[None]:
+    """Triton's cache under the test cache (never $HOME), for the whole session."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+        patch.setenv("TRITON_HOME", str(cache_dir / "triton-home"))
+        yield
+
+
+def vllm_launches(pristine: Pristine, rocm: bool) -> list[Any]:
+    """vLLM 0.24.0's fused_moe_kernel as TritonExperts launches it (BF16 / FP16 weights, the
+    w13 GEMM with top_k, the w2 GEMM with the router weight), tiles of get_default_config for
+    the platform."""
+    platform = {"is_rocm": lambda: rocm, "is_cuda_alike": lambda: True}
+    module = kernels.load(
+        pristine.root / kernels.VLLM_FUSED_MOE,
+        {
+            "vllm.envs": type("envs", (), {"VLLM_BATCH_INVARIANT": False}),
+            "vllm.platforms.current_platform": type("platform", (), platform),
+        },
+    )
+    tl = kernels.tl
+    with kernels.recording_launches() as launches:
+        for e, h, i, top_k in kernels.SHAPES.values():
+            for dtype, compute in ((torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16)):
+                for m in VLLM_TOKENS:
+                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
+                    weights = torch.rand(m, top_k)
+                    for n, k, gemm_top_k, mul in ((2 * i, h, top_k, False), (h, i, 1, True)):
+                        config = module.get_default_config(m, e, n, k, top_k, None, None)
+                        block_m = config["BLOCK_SIZE_M"]
+                        sorted_ids, expert_ids, post_pad = standin_align(ids, block_m, e)
+                        module.invoke_fused_moe_triton_kernel(
+                            torch.empty(m * top_k // gemm_top_k, k, dtype=dtype),
+                            torch.empty(e, n, k, dtype=dtype),
+                            torch.empty(m, top_k, n, dtype=dtype),
+                            None,
+                            None,
+                            weights if mul else None,
+                            sorted_ids,
+                            expert_ids,
+                            post_pad,
+                            mul,
+                            gemm_top_k,
+                            config,
+                            compute,
+                            False,
+                            False,
+                            False,
+                            False,
+                            False,
+                        )
+    return launches
+
+
+def standin_align(ids: torch.Tensor, block_m: int, experts: int) -> tuple[torch.Tensor, ...]:
+    padded = ids.numel() + experts * (block_m - 1)
+    sorted_ids = torch.empty(padded, dtype=torch.int32)
+    expert_ids = torch.empty((padded + block_m - 1) // block_m, dtype=torch.int32)
+    post_pad = torch.empty(1, dtype=torch.int32)
+    standins.moe_align_block_size(ids, experts, block_m, sorted_ids, expert_ids, post_pad, None)
+    return sorted_ids, expert_ids, post_pad
+
+
+def overlaid_sources(overlay: Overlay) -> dict[str, dict[str, kernels.JitFunction]]:
+    return {
+        rel: kernels.jit_functions((overlay.project.overlay_dir / rel).read_text())
+        for rel in OVERLAID
+        if rel.endswith(".py")
+    }
+
+
+def compile_all(specs: list[kernels.Specialization]) -> list[str]:
+    """Each specialization compiled; the failures as lines naming kernel, target, config."""
+    failures = []
+    for spec in specs:
+        try:
+            kernels.compile_for(spec)
+        except Exception as exc:  # triton's compile errors have no common type
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            failures.append(f"{spec.kernel.__name__} on {spec.target} ({spec.label()}): {first}")
+    return failures
+
+
+@pytest.fixture(scope="module")
+def fused(overlay: Overlay, full_pristine: Pristine) -> tuple[list[Any], Any]:
+    return kernels.fused_launches(overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
+
+
+def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[Any], Any]) -> None:
+    """Every @triton.jit function of the overlaid files is launched by the launchers driven
+    here, or is a helper such a kernel calls: none escapes the compile tests."""
+    launched = {launch.kernel.__name__ for launch in fused[0]}
+    for rel, functions in overlaid_sources(overlay).items():
+        kernels_here = {f.name for f in functions.values() if f.launched}
+        assert kernels_here <= launched, f"{rel}: never launched: {kernels_here - launched}"
+        assert kernels.reached(functions, kernels_here) == set(functions), rel
+    # Patch 0002's module has its kernel and its helpers; the one overlaid vLLM file with
+    # none (triton_moe.py) launches vLLM's fused_moe_kernel, compiled below.
+    counts = {rel: len(f) for rel, f in overlaid_sources(overlay).items()}
+    assert counts[kernels.FUSED_MOE] >= 3
+
+
+@pytest.mark.parametrize("target", kernels.TARGETS)
+def test_overlay_kernels_compile(
+    target: str, overlay: Overlay, fused: tuple[list[Any], Any]
+) -> None:
+    launches, configs = fused
+    declared = {
+        name: f.platform for functions in overlaid_sources(overlay).values()
+        for name, f in functions.items()
+    }  # fmt: skip
+    wanted = [
+        launch for launch in launches
+        if target in kernels.PLATFORM_TARGETS[declared.get(launch.kernel.__name__)]
+    ]  # fmt: skip
+    specs = kernels.unique([kernels.specialize(launch, target) for launch in wanted])
+    portable = [s for s in specs if kernels.is_fused_gemm(s)]
+    # The portable path covers every configuration on every target: each tile set of the
+    # launcher's table, gated (w13 + silu_and_mul + QDQ) and ungated (w2), BF16 and FP16.
+    assert kernels.fused_tiles_compiled(portable) == kernels.fused_tiles(configs)
+    start = time.monotonic()
+    assert compile_all(specs) == []
+    print(f"{target}: {len(specs)} specializations compiled in {time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.parametrize("target", kernels.TARGETS)
+def test_isa_facts(target: str, fused: tuple[list[Any], Any]) -> None:
+    """benchmarks/isa_facts.py's reading of the code objects, on the first fused GEMM: the
+    registers, spills and matrix instructions are there (triton itself leaves them empty
+    without a driver)."""
+    spec = next(
+        s for s in (kernels.specialize(x, target) for x in fused[0]) if kernels.is_fused_gemm(s)
+    )
+    facts = kernels.isa_facts(kernels.compile_for(spec), target)
+    if kernels.TARGETS[target].backend == "hip":
+        assert facts["vgprs"] > 0 and facts["sgprs"] > 0 and facts["mfma"] > 0
+        assert isinstance(facts["vgpr_spills"], int) and isinstance(facts["scratch_bytes"], int)
+    else:
+        assert facts["registers"] > 0 and facts["mma"] > 0
+        assert isinstance(facts["local_bytes"], int)
+        assert facts["sass_instructions"] == sum(facts["sass_mix"].values())
+
+
+@pytest.mark.parametrize("target", kernels.TARGETS)
+def test_vllm_fused_moe_kernel_compiles(target: str, full_pristine: Pristine) -> None:
+    rocm = kernels.TARGETS[target].backend == "hip"
+    launches = vllm_launches(full_pristine, rocm)
+    assert {launch.kernel.__name__ for launch in launches} == {"fused_moe_kernel"}
+    specs = kernels.unique([kernels.specialize(launch, target) for launch in launches])
+    # Two dtypes, two GEMMs (top_k / router weight), three tile sets at least.
+    assert len(specs) >= 2 * 2 * len(VLLM_TOKENS)
+    assert compile_all(specs) == []
+
+
+def test_cuda_only_construct_fails_the_hip_targets(tmp_path: Path) -> None:
+    """Red proof: a portable kernel with inline PTX compiles for sm_90 and fails both hip
+    targets, with a line naming the kernel and the target."""
+    source = tmp_path / "ptx_kernel.py"
+    source.write_text(RED_KERNEL)
+    functions = kernels.jit_functions(RED_KERNEL)
+    assert functions["ptx_only_kernel"].platform is None  # portable: no declaration
+    module = kernels.load(source)
+    with kernels.recording_launches() as launches:
+        module.launch(torch.empty(64, dtype=torch.int32), torch.empty(64, dtype=torch.int32))
+    failures = compile_all([kernels.specialize(launches[0], t) for t in kernels.TARGETS])
+    assert [line.split(" (")[0] for line in failures] == [
+        "ptx_only_kernel on gfx942",
+        "ptx_only_kernel on gfx950",
+    ]
+
+
+def test_platform_declaration(tmp_path: Path) -> None:
+    """`# triton-platform: cuda` above the decorator: compiled for sm_90 only."""
+    declared = RED_KERNEL.replace("@triton.jit", "# triton-platform: cuda\n@triton.jit")
+    functions = kernels.jit_functions(declared)
+    assert functions["ptx_only_kernel"].platform == "cuda"
+    assert kernels.PLATFORM_TARGETS["cuda"] == ("sm90",)
