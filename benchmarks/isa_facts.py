@@ -45,9 +45,10 @@ def collect(overlay: Path, pristine: Path) -> list[dict[str, Any]]:
     import kernels
     import triton
 
-    launches, _ = kernels.fused_launches(overlay, pristine)
     rows = []
     for target in kernels.TARGETS:
+        rocm = kernels.TARGETS[target].backend == "hip"
+        launches, _ = kernels.fused_launches(overlay, pristine, rocm)
         specs = kernels.unique([kernels.specialize(launch, target) for launch in launches])
         for spec in specs:
             start = time.monotonic()

@@ -146,14 +146,22 @@ def compile_all(specs: list[kernels.Specialization]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fused(overlay: Overlay, full_pristine: Pristine) -> tuple[list[Any], Any]:
-    return kernels.fused_launches(overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
+def fused(overlay: Overlay, full_pristine: Pristine) -> dict[str, tuple[list[Any], Any]]:
+    """The fused experts' launches on each platform ("hip", "cuda"), and the table of tiles."""
+    paths = (overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
+    return {p: kernels.fused_launches(*paths, rocm=p == "hip") for p in ("hip", "cuda")}
 
 
-def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[Any], Any]) -> None:
+def backend(target: str) -> str:
+    return str(kernels.TARGETS[target].backend)
+
+
+def test_every_overlaid_kernel_is_launched(
+    overlay: Overlay, fused: dict[str, tuple[list[Any], Any]]
+) -> None:
     """Every @triton.jit function of the overlaid files is launched by the launchers driven
     here, or is a helper such a kernel calls: none escapes the compile tests."""
-    launched = {launch.kernel.__name__ for launch in fused[0]}
+    launched = {launch.kernel.__name__ for launches, _ in fused.values() for launch in launches}
     for rel, functions in overlaid_sources(overlay).items():
         kernels_here = {f.name for f in functions.values() if f.launched}
         assert kernels_here <= launched, f"{rel}: never launched: {kernels_here - launched}"
@@ -166,9 +174,9 @@ def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[A
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
 def test_overlay_kernels_compile(
-    target: str, overlay: Overlay, fused: tuple[list[Any], Any]
+    target: str, overlay: Overlay, fused: dict[str, tuple[list[Any], Any]]
 ) -> None:
-    launches, configs = fused
+    launches, configs = fused[backend(target)]
     declared = {
         name: f.platform for functions in overlaid_sources(overlay).values()
         for name, f in functions.items()
@@ -188,12 +196,14 @@ def test_overlay_kernels_compile(
 
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
-def test_isa_facts(target: str, fused: tuple[list[Any], Any]) -> None:
+def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None:
     """benchmarks/isa_facts.py's reading of the code objects, on the first fused GEMM: the
     registers, spills and matrix instructions are there (triton itself leaves them empty
     without a driver)."""
     spec = next(
-        s for s in (kernels.specialize(x, target) for x in fused[0]) if kernels.is_fused_gemm(s)
+        s
+        for s in (kernels.specialize(x, target) for x in fused[backend(target)][0])
+        if kernels.is_fused_gemm(s)
     )
     facts = kernels.isa_facts(kernels.compile_for(spec), target)
     if kernels.TARGETS[target].backend == "hip":
