@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +50,11 @@ def collect(overlay: Path, pristine: Path) -> list[dict[str, Any]]:
         launches, _ = kernels.fused_launches(overlay, pristine, rocm)
         specs = kernels.unique([kernels.specialize(launch, target) for launch in launches])
         for spec in specs:
-            start = time.monotonic()
             facts = kernels.isa_facts(kernels.compile_for(spec), target)
             rows.append({
                 "kernel": spec.kernel.__name__,
                 "target": target,
                 "config": spec.label(),
-                "compile_s": round(time.monotonic() - start, 2),
                 **facts,
             })  # fmt: skip
     print(f"triton {triton.__version__}: {len(rows)} compiled kernels", file=sys.stderr)
