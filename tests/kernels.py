@@ -400,10 +400,32 @@ class FusedModule:
         return getattr(self.module, FUSED_CONFIGS)  # type: ignore[no-any-return]
 
 
+def forbid_unfused(fused: FusedModule) -> None:
+    """apply's fallback to 0.24.0's dequantize-everything path (``_apply_dequantized``, which
+    needs the real TritonExperts) raises with a sentence instead: a case that does not fuse
+    says so."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("apply took the unfused path (_can_fuse said no): not a kernel case")
+
+    fused.experts._apply_dequantized = refuse  # type: ignore[attr-defined]
+
+
+def small_fused_sizes(module: types.ModuleType) -> tuple[int, int]:
+    """The smallest (hidden, intermediate), at least (64, 32), that the module's fused path
+    takes (its supports_fused_nvfp4_moe): interpreter cases stay small and fused."""
+    sizes = [(h, i) for h in range(64, 4097, 32) for i in range(32, h + 1, 32)]
+    supports = module.supports_fused_nvfp4_moe
+    return min((s for s in sizes if supports(*s)), key=lambda s: (s[0] * s[1], s))
+
+
 def platform(rocm: bool) -> Any:
-    """vllm.platforms.current_platform of a ROCm or a CUDA machine (what a launcher asks)."""
+    """vllm.platforms.current_platform of a ROCm machine or a Hopper (what a launcher asks)."""
     return types.SimpleNamespace(
-        is_rocm=lambda: rocm, is_cuda=lambda: not rocm, is_cuda_alike=lambda: True
+        is_rocm=lambda: rocm,
+        is_cuda=lambda: not rocm,
+        is_cuda_alike=lambda: True,
+        has_device_capability=lambda capability: not rocm and capability <= 90,  # an H200
     )
 
 
