@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,25 +44,24 @@ def collect(overlay: Path, pristine: Path) -> list[dict[str, Any]]:
     import kernels
     import triton
 
-    launches, _ = kernels.fused_launches(overlay, pristine)
     rows = []
     for target in kernels.TARGETS:
+        rocm = kernels.TARGETS[target].backend == "hip"
+        launches, _ = kernels.fused_launches(overlay, pristine, rocm)
         specs = kernels.unique([kernels.specialize(launch, target) for launch in launches])
         for spec in specs:
-            start = time.monotonic()
             facts = kernels.isa_facts(kernels.compile_for(spec), target)
             rows.append({
                 "kernel": spec.kernel.__name__,
                 "target": target,
                 "config": spec.label(),
-                "compile_s": round(time.monotonic() - start, 2),
                 **facts,
             })  # fmt: skip
     print(f"triton {triton.__version__}: {len(rows)} compiled kernels", file=sys.stderr)
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
+def markdown(rows: list[dict[str, Any]], triton_version: str, source_sha256: str) -> str:
     lines = [
         "# ISA facts of the overlay's Triton kernels",
         "",
@@ -71,6 +69,7 @@ def markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
         "for every configuration the fused experts' launcher uses. `shared`: triton's shared",
         "memory (LDS) per program, bytes; `mfma` / `mma`: matrix instructions in the code",
         "(v_mfma_*; HMMA/HGMMA); spills and scratch/local bytes: what a change costs first.",
+        f"The fused MoE file's sha256 (the lock's patched_sha256): `{source_sha256[:12]}`.",
         "",
     ]
     for backend, columns in (("hip", HIP_COLUMNS), ("cuda", CUDA_COLUMNS)):
@@ -106,9 +105,20 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = collect(args.overlay, args.pristine)
     args.out.mkdir(parents=True, exist_ok=True)
-    document = {"triton": triton.__version__, "vllm": PIN, "kernels": rows}
+    import hashlib
+
+    import kernels
+
+    # Which kernels these are: the overlaid file's sha256 (the lock's patched_sha256).
+    fused = hashlib.sha256((args.overlay.parent / kernels.FUSED_MOE).read_bytes()).hexdigest()
+    document = {
+        "triton": triton.__version__,
+        "vllm": PIN,
+        "sources": {kernels.FUSED_MOE: fused},
+        "kernels": rows,
+    }
     (args.out / "isa_facts.json").write_text(json.dumps(document, indent=1) + "\n")
-    text = markdown(rows, triton.__version__)
+    text = markdown(rows, triton.__version__, fused)
     (args.out / "isa_facts.md").write_text(text)
     print(text)
     return 0

@@ -400,9 +400,41 @@ class FusedModule:
         return getattr(self.module, FUSED_CONFIGS)  # type: ignore[no-any-return]
 
 
-def load_fused(overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., None]) -> FusedModule:
-    """Patch 0002's module from the overlay; moe_align_block_size and ref_nvfp4_quant_dequant
-    are vLLM 0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op."""
+def forbid_unfused(fused: FusedModule) -> None:
+    """apply's fallback to 0.24.0's dequantize-everything path (``_apply_dequantized``, which
+    needs the real TritonExperts) raises with a sentence instead: a case that does not fuse
+    says so."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("apply took the unfused path (_can_fuse said no): not a kernel case")
+
+    fused.experts._apply_dequantized = refuse  # type: ignore[attr-defined]
+
+
+def small_fused_sizes(module: types.ModuleType) -> tuple[int, int]:
+    """The smallest (hidden, intermediate), at least (64, 32), that the module's fused path
+    takes (its supports_fused_nvfp4_moe): interpreter cases stay small and fused."""
+    sizes = [(h, i) for h in range(64, 4097, 32) for i in range(32, h + 1, 32)]
+    supports = module.supports_fused_nvfp4_moe
+    return min((s for s in sizes if supports(*s)), key=lambda s: (s[0] * s[1], s))
+
+
+def platform(rocm: bool) -> Any:
+    """vllm.platforms.current_platform of a ROCm machine or a Hopper (what a launcher asks)."""
+    return types.SimpleNamespace(
+        is_rocm=lambda: rocm,
+        is_cuda=lambda: not rocm,
+        is_cuda_alike=lambda: True,
+        has_device_capability=lambda capability: not rocm and capability <= 90,  # an H200
+    )
+
+
+def load_fused(
+    overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., None], rocm: bool = False
+) -> FusedModule:
+    """Patch 0002's module from the overlay, as on a ROCm or a CUDA machine (a launcher may
+    pick a platform's kernel); moe_align_block_size and ref_nvfp4_quant_dequant are vLLM
+    0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op."""
     root = pristine_vllm.parent
     ops = types.SimpleNamespace(moe_align_block_size=align)
     align_module = load(
@@ -412,16 +444,16 @@ def load_fused(overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., Non
             "vllm.utils.math_utils.round_up": lambda x, m: (x + m - 1) // m * m,
         },
     )
-    platform = types.SimpleNamespace(is_cuda_alike=lambda: True, is_rocm=lambda: False)
     e2m1 = types.SimpleNamespace(float4_e2m1f=types.SimpleNamespace(max=lambda: 6.0))
     utils = load(
         root / NVFP4_UTILS,
-        {"vllm.platforms.current_platform": platform, "vllm.scalar_type.scalar_types": e2m1},
+        {"vllm.platforms.current_platform": platform(rocm), "vllm.scalar_type.scalar_types": e2m1},
     )
     base = "vllm.model_executor.layers"
     module = load(
         overlay_vllm.parent / FUSED_MOE,
         {
+            "vllm.platforms.current_platform": platform(rocm),
             f"{base}.fused_moe.experts.triton_moe.TritonExperts": ExpertsBase,
             f"{base}.fused_moe.moe_align_block_size.moe_align_block_size": (
                 align_module.moe_align_block_size
@@ -509,12 +541,13 @@ def token_counts(bounds: list[int]) -> list[int]:
     return sorted(set(counts))
 
 
-def fused_launches(overlay_vllm: Path, pristine_vllm: Path) -> tuple[list[Launch], Any]:
-    """Every launch of the fused experts' apply over both shapes, dtypes, token buckets, with
-    and without an expert map (-1 entries), on CPU tensors nobody reads."""
+def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple[list[Launch], Any]:
+    """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over both shapes,
+    dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
+    reads; and the table of tiles the launcher chose from."""
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
-    fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size)
+    fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
     tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
     with recording_launches() as launches:
         for e, h, i, top_k in SHAPES.values():

@@ -61,6 +61,24 @@ def launch(x, y):
 """
 
 
+PORTABLE = """
+
+@triton.jit
+def portable_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+def launch_either(x, y):
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        ptx_only_kernel[(1,)](x, y, BLOCK=64)
+    else:
+        portable_kernel[(1,)](x, y, BLOCK=64)
+"""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def triton_cache(cache_dir: Path) -> Iterator[None]:
     """Triton's cache under the test cache (never $HOME), for the whole session."""
@@ -133,6 +151,15 @@ def overlaid_sources(overlay: Overlay) -> dict[str, dict[str, kernels.JitFunctio
     }
 
 
+def for_target(launches: list[Any], declared: dict[str, str | None], target: str) -> list[Any]:
+    """The launches to compile for `target`: a kernel that declares a platform, on that
+    platform's targets only (a kernel of no overlaid file, vLLM's own, is portable)."""
+    return [
+        launch for launch in launches
+        if target in kernels.PLATFORM_TARGETS[declared.get(launch.kernel.__name__)]
+    ]  # fmt: skip
+
+
 def compile_all(specs: list[kernels.Specialization]) -> list[str]:
     """Each specialization compiled; the failures as lines naming kernel, target, config."""
     failures = []
@@ -146,14 +173,22 @@ def compile_all(specs: list[kernels.Specialization]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fused(overlay: Overlay, full_pristine: Pristine) -> tuple[list[Any], Any]:
-    return kernels.fused_launches(overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
+def fused(overlay: Overlay, full_pristine: Pristine) -> dict[str, tuple[list[Any], Any]]:
+    """The fused experts' launches on each platform ("hip", "cuda"), and the table of tiles."""
+    paths = (overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
+    return {p: kernels.fused_launches(*paths, rocm=p == "hip") for p in ("hip", "cuda")}
 
 
-def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[Any], Any]) -> None:
+def backend(target: str) -> str:
+    return str(kernels.TARGETS[target].backend)
+
+
+def test_every_overlaid_kernel_is_launched(
+    overlay: Overlay, fused: dict[str, tuple[list[Any], Any]]
+) -> None:
     """Every @triton.jit function of the overlaid files is launched by the launchers driven
     here, or is a helper such a kernel calls: none escapes the compile tests."""
-    launched = {launch.kernel.__name__ for launch in fused[0]}
+    launched = {launch.kernel.__name__ for launches, _ in fused.values() for launch in launches}
     for rel, functions in overlaid_sources(overlay).items():
         kernels_here = {f.name for f in functions.values() if f.launched}
         assert kernels_here <= launched, f"{rel}: never launched: {kernels_here - launched}"
@@ -166,19 +201,19 @@ def test_every_overlaid_kernel_is_launched(overlay: Overlay, fused: tuple[list[A
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
 def test_overlay_kernels_compile(
-    target: str, overlay: Overlay, fused: tuple[list[Any], Any]
+    target: str, overlay: Overlay, fused: dict[str, tuple[list[Any], Any]]
 ) -> None:
-    launches, configs = fused
+    launches, configs = fused[backend(target)]
     declared = {
         name: f.platform for functions in overlaid_sources(overlay).values()
         for name, f in functions.items()
     }  # fmt: skip
-    wanted = [
-        launch for launch in launches
-        if target in kernels.PLATFORM_TARGETS[declared.get(launch.kernel.__name__)]
-    ]  # fmt: skip
-    specs = kernels.unique([kernels.specialize(launch, target) for launch in wanted])
-    portable = [s for s in specs if kernels.is_fused_gemm(s)]
+    specs = kernels.unique(
+        [kernels.specialize(launch, target) for launch in for_target(launches, declared, target)]
+    )
+    portable = [
+        s for s in specs if kernels.is_fused_gemm(s) and declared.get(s.kernel.__name__) is None
+    ]
     # The portable path covers every configuration on every target: each tile set of the
     # launcher's table, gated (w13 + silu_and_mul + QDQ) and ungated (w2), BF16 and FP16.
     assert kernels.fused_tiles_compiled(portable) == kernels.fused_tiles(configs)
@@ -188,12 +223,14 @@ def test_overlay_kernels_compile(
 
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
-def test_isa_facts(target: str, fused: tuple[list[Any], Any]) -> None:
+def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None:
     """benchmarks/isa_facts.py's reading of the code objects, on the first fused GEMM: the
     registers, spills and matrix instructions are there (triton itself leaves them empty
     without a driver)."""
     spec = next(
-        s for s in (kernels.specialize(x, target) for x in fused[0]) if kernels.is_fused_gemm(s)
+        s
+        for s in (kernels.specialize(x, target) for x in fused[backend(target)][0])
+        if kernels.is_fused_gemm(s)
     )
     facts = kernels.isa_facts(kernels.compile_for(spec), target)
     if kernels.TARGETS[target].backend == "hip":
@@ -234,8 +271,31 @@ def test_cuda_only_construct_fails_the_hip_targets(tmp_path: Path) -> None:
 
 
 def test_platform_declaration(tmp_path: Path) -> None:
-    """`# triton-platform: cuda` above the decorator: compiled for sm_90 only."""
-    declared = RED_KERNEL.replace("@triton.jit", "# triton-platform: cuda\n@triton.jit")
-    functions = kernels.jit_functions(declared)
-    assert functions["ptx_only_kernel"].platform == "cuda"
-    assert kernels.PLATFORM_TARGETS["cuda"] == ("sm90",)
+    """The same PTX kernel declared `# triton-platform: cuda`, beside a portable one that the
+    launcher picks elsewhere: sm_90 compiles the CUDA kernel, the hip targets the portable one,
+    and nothing fails."""
+    source = tmp_path / "declared.py"
+    text = RED_KERNEL.replace("@triton.jit", "# triton-platform: cuda\n@triton.jit") + PORTABLE
+    source.write_text(text)
+    functions = kernels.jit_functions(text)
+    assert {n: f.platform for n, f in functions.items()} == {
+        "ptx_only_kernel": "cuda",
+        "portable_kernel": None,
+    }
+    declared = {n: f.platform for n, f in functions.items()}
+    compiled = {}
+    for target in kernels.TARGETS:
+        rocm = backend(target) == "hip"
+        module = kernels.load(source, {"vllm.platforms.current_platform": kernels.platform(rocm)})
+        with kernels.recording_launches() as launches:
+            module.launch_either(
+                torch.empty(64, dtype=torch.int32), torch.empty(64, dtype=torch.int32)
+            )
+        specs = [kernels.specialize(x, target) for x in for_target(launches, declared, target)]
+        assert compile_all(specs) == []
+        compiled[target] = [s.kernel.__name__ for s in specs]
+    assert compiled == {
+        "gfx942": ["portable_kernel"],
+        "gfx950": ["portable_kernel"],
+        "sm90": ["ptx_only_kernel"],
+    }
