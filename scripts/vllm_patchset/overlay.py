@@ -16,7 +16,7 @@ from vllm_patchset import fsio
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
-from vllm_patchset.series import Patch, load_series
+from vllm_patchset.series import Patch, load_series, parse_patch_bytes
 from vllm_patchset.states import Reason, State, Verdict, classify
 from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, resolve_base
 
@@ -27,7 +27,7 @@ TREE_INFO = "vllm-patchset-tree.json"
 class Walk:
     upstream: Upstream
     verdicts: tuple[Verdict, ...]
-    applied: tuple[Patch, ...]
+    applied: tuple[Patch, ...]  # as they applied to this tree (moved or refreshed: placed)
     tree: str  # the patched tree
 
 
@@ -40,6 +40,9 @@ def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk
         verdict = classify(repo, tree, patch, base=upstream.label, version=upstream.version)
         verdicts.append(verdict)
         if verdict.state == State.APPLIES:
+            placed = verdict.placed
+            if placed is not None:  # moved, or refreshed by token match: as it applies here
+                patch = parse_patch_bytes(placed, patch.path, patch.key)
             tree = repo.apply_to_tree(tree, patch.raw)
             applied.append(patch)
     return Walk(upstream, tuple(verdicts), tuple(applied), tree)
@@ -47,6 +50,9 @@ def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk
 
 def require_no_conflict(result: Walk) -> None:
     for verdict in result.verdicts:
+        archived = "/" in verdict.patch  # a key under patches/upstreamed/ (series keys: names)
+        if archived and not verdict.bug_present:
+            continue  # fixed upstream in other words: nothing to apply, nothing lost
         if verdict.state == State.CONFLICT:
             hunk = next(h for h in verdict.hunks if h.applies_at is None and not h.result_present)
             where = (

@@ -81,21 +81,32 @@ def is_local(patch: Patch) -> bool:
 
 
 def options(section: Section, verdict: Verdict, patch: Patch) -> tuple[Choice, ...]:
-    """The decisions that settle a patch on the new base; () when it needs none."""
+    """The decisions that settle a patch on the new base; () when it needs none.
+    `--resolve-upstream` only where the text shows no bug (`Verdict.bug_present`): the code
+    decides, never the trailers."""
     if section == Section.PARKED:
         return ()
+    resolve = () if verdict.bug_present else (Choice.RESOLVE_UPSTREAM,)
     if section == Section.UPSTREAMED:
-        if verdict.state == State.APPLIES:  # upstream's fix is gone again
+        if verdict.state == State.APPLIES or verdict.bug_present:  # the bug is back
             return (Choice.KEEP, Choice.DROP)
-        return (Choice.DROP,) if verdict.state == State.CONFLICT else ()
+        # Changed code with no bug in it (fixed in other words, as resolved): it keeps
+        # guarding; code that is gone altogether is the maintainer's to drop.
+        gone = verdict.state == State.CONFLICT and verdict.reason != Reason.CONFLICT
+        return (Choice.DROP,) if gone else ()
     if verdict.state == State.APPLIES:
         return ()
     if verdict.state == State.UPSTREAM:
         # Never archived as upstream without the maintainer saying so: nothing upstream
-        # merged it, the same text is there by coincidence or by another change.
-        return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP) if is_local(patch) else ()
+        # merged it, the same text is there by coincidence or by another change; nor where
+        # its trailers name a later release than this one (the text and the trailers
+        # disagree: the maintainer says which is right).
+        disagree = verdict.trailer_state == State.APPLIES and bool(patch.trailers.applied_upstream)
+        if is_local(patch) or disagree:
+            return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP)
+        return ()
     if verdict.state == State.CONFLICT:
-        return (Choice.KEEP, Choice.DROP, Choice.RESOLVE_UPSTREAM)
+        return (Choice.KEEP, Choice.DROP, *resolve)
     return (Choice.KEEP, Choice.DROP)  # absent: the code was never there
 
 
