@@ -49,6 +49,17 @@ def _string(text: str) -> str:
     return repr(value)
 
 
+def readable(text: str) -> bool:
+    """Whether `tokenize` reads `text` through (a fragment that starts or ends inside a string
+    is not: its tokens are not the file's, and only its exact lines can be located)."""
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO(text).readline):
+            pass
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return True
+
+
 def _raw_tokens(lines: list[str]) -> list[Token]:
     """Tokens of `lines`; a fragment that `tokenize` cannot read through (a hunk that starts
     inside a string, an unmatched bracket) is read on from the next line, the line it failed
@@ -133,6 +144,7 @@ class Side:
     tokens: tuple[Token, ...]
     changes: tuple[tuple[int, int], ...]
     lines: tuple[str, ...]
+    readable: bool  # tokenize read it through (else only its exact lines are located)
 
     @property
     def words(self) -> tuple[str, ...]:
@@ -159,13 +171,21 @@ def side(hunk: Hunk, *, post: bool) -> Side:
             lines.append(line[1:])
         elif tag != other:  # pragma: no cover - the parser allows nothing else
             raise ValueError(line)
-    found = tokens("".join(f"{line}\n" for line in lines))
+    joined = "".join(f"{line}\n" for line in lines)
+    found = tokens(joined)
     changes = []
     for start, count in groups:
         inside = [i for i, t in enumerate(found) if start < t.start[0] <= start + count]
         before = sum(1 for t in found if t.start[0] <= start)
         changes.append((inside[0], inside[-1] + 1) if inside else (before, before))
-    return Side(found, tuple(changes), tuple(lines))
+    changed = {start + k for start, count in groups for k in range(1, count + 1)}
+    # A token across a change's edge (a string the change edits inside) cannot be split.
+    whole = all(
+        len({row in changed for row in range(t.start[0], t.end[0] + 1)}) == 1
+        for t in found
+        if t.end[0] > t.start[0]
+    )
+    return Side(found, tuple(changes), tuple(lines), whole and readable(joined))
 
 
 # -- scopes ------------------------------------------------------------------------------------

@@ -171,7 +171,11 @@ _Applier = _Tree | _Worktree
 
 
 def _placed(patch: Patch, verdict: Verdict) -> bytes:
-    """The patch's bytes, its paths moved where the code went."""
+    """The patch's bytes as they apply to the new base: its paths moved where the code went,
+    or refreshed by token match (the verdict's own), else as it is."""
+    placed = verdict.placed
+    if placed is not None:
+        return placed
     return rewrite_paths(patch.raw, dict(verdict.moved_to)) if verdict.moved_to else patch.raw
 
 

@@ -440,6 +440,7 @@ class _Look:
     elsewhere: tuple[int, ...]  # ... in another scope
     present: bool  # its changes are there (the post-image's added code, no removed code)
     text: str | None  # the file on the tree
+    line_sites: int  # places where its pre-image's lines are, exactly
 
     @property
     def row(self) -> int | None:
@@ -448,6 +449,13 @@ class _Look:
             return None
         lead = self.pre.tokens[0].start[0] - 1
         return locate.tokens(self.text)[self.sites[0]].start[0] - lead
+
+    def places(self) -> list[str]:
+        """Where its pre-image is: by tokens, else (a hunk tokenize cannot read) by lines."""
+        if self.sites or self.elsewhere:
+            return [self.where(at) for at in (*self.sites, *self.elsewhere)]
+        lines = (self.text or "").split("\n")
+        return [f"{self.path}:{i + 1}" for i in _find_block(lines, self.hunk.pre)]
 
     def where(self, at: int) -> str:
         assert self.text is not None
@@ -523,8 +531,10 @@ def _looks(repo: Repo, tree: str, patch: Patch) -> tuple[_Look, ...]:
         for hunk in file_patch.hunks:
             number += 1
             pre, post = locate.side(hunk, post=False), locate.side(hunk, post=True)
+            if not post.readable:
+                pre = replace(pre, readable=False)
             scope = _old_scope(repo, file_patch, hunk)
-            hits = locate.find(hay, pre.words) if text is not None else []
+            hits = locate.find(hay, pre.words) if text is not None and pre.readable else []
             scoped = tuple(
                 i for i in hits if scope is None or locate.site_scope(text or "", i, pre) == scope
             )
@@ -538,8 +548,9 @@ def _looks(repo: Repo, tree: str, patch: Patch) -> tuple[_Look, ...]:
                     scope=scope,
                     sites=scoped,
                     elsewhere=tuple(i for i in hits if i not in scoped),
-                    present=text is not None and _token_present(hay, pre, post),
+                    present=text is not None and pre.readable and _token_present(hay, pre, post),
                     text=text,
+                    line_sites=len(_find_block(text.split("\n"), hunk.pre)) if text else 0,
                 )
             )
     return tuple(out)
@@ -549,8 +560,12 @@ def _kind(look: _Look, finding: HunkFinding) -> str:
     """What the tree holds of one hunk: "git" (no code to compare: git's placement), "site"
     (its pre-image, once, in its scope), "ambiguous" (several sites, or only in another
     scope), "present" (its changes), "changed" (a window alike), "lost" (none of these)."""
-    if not look.pre.words:
-        return "git" if finding.applies_at is not None else "lost"
+    if not look.pre.words or not look.pre.readable:  # its exact lines only
+        if look.line_sites == 1:
+            return "git"
+        if look.line_sites > 1:
+            return "ambiguous"
+        return "present" if finding.result_present else "changed" if finding.located else "lost"
     if len(look.sites) == 1:
         return "site"
     if len(look.sites) > 1:
@@ -608,7 +623,7 @@ def _bug_elsewhere(
     LOCATE_RATIO alike to its pre-image (a copy in unrelated code is not the patch's code)."""
     places: list[str] = []
     for look, finding in zip(looks, hunks, strict=True):
-        if look.sites or look.elsewhere:
+        if look.sites or look.elsewhere or not look.pre.readable:
             continue
         own = (  # the hunk's own window, changed (a conflict there, not code elsewhere)
             range(finding.found_at, finding.found_at + len(look.hunk.pre))
@@ -627,6 +642,8 @@ def _bug_elsewhere(
             for path in repo.grep_files(tree, max(names, key=len), f"*{suffix}"):
                 blob = repo.read_blob(tree, path) or b""
                 text = blob.decode("utf-8", "surrogateescape")
+                if not all(name in text for name in names):
+                    continue  # cheap: every name of it is there, before the file's tokens
                 hay = locate.words(text)
                 for at in locate.find(hay, core):
                     start = max(0, at - a)
@@ -745,10 +762,10 @@ def classify(
     # 3. Code in several places, or only in another scope: the maintainer says where.
     if "ambiguous" in kinds:
         places = [
-            look.where(at)
+            place
             for look, kind in zip(looks, kinds, strict=True)
             if kind == "ambiguous"
-            for at in (*look.sites, *look.elsewhere)
+            for place in look.places()
         ]
         return verdict(
             State.CONFLICT,
