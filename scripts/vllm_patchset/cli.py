@@ -29,6 +29,7 @@ from vllm_patchset.overlay import (
     export_tree,
     patches_for,
     walk,
+    walk_project,
 )
 from vllm_patchset.queue import export_queue, import_queue
 from vllm_patchset.reports import matrix_json, matrix_table, note_lines, state_cell
@@ -122,7 +123,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for name, git in todo:
             step.describe(f"matrix: {name}")
             base = mirror.git_ref(git, name) if git else mirror.release(name)
-            columns[base.label] = walk(mirror, base, patches).verdicts
+            columns[base.label] = walk_project(project, mirror, base, patches).verdicts
             step.advance()
     elapsed = time.perf_counter() - started
     text = matrix_table(columns, colour=colours(), verbose=args.verbose)

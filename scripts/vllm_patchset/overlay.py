@@ -18,7 +18,7 @@ from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
 from vllm_patchset.series import Patch, load_series, parse_patch_bytes
 from vllm_patchset.states import Reason, State, Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, resolve_base
+from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, pin_base, resolve_base
 
 TREE_INFO = "vllm-patchset-tree.json"
 
@@ -31,13 +31,30 @@ class Walk:
     tree: str  # the patched tree
 
 
-def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk:
+def walk(
+    mirror: Mirror,
+    upstream: Upstream,
+    patches: tuple[Patch, ...],
+    *,
+    on_pin: frozenset[str] | None = None,
+) -> Walk:
+    """`on_pin`: the keys of the patches that apply on the pin, where the caller knows them
+    (a base with no release version is then classified against the pin, as the rebase
+    does: code that was there and is gone is `rewritten`, not `not-found`)."""
     repo = mirror.repo
     tree = repo.tree_of(upstream.commit)
     verdicts: list[Verdict] = []
     applied: list[Patch] = []
     for patch in patches:
-        verdict = classify(repo, tree, patch, base=upstream.label, version=upstream.version)
+        was_applied = None if on_pin is None else patch.key in on_pin
+        verdict = classify(
+            repo,
+            tree,
+            patch,
+            base=upstream.label,
+            version=upstream.version,
+            was_applied=was_applied,
+        )
         verdicts.append(verdict)
         if verdict.state == State.APPLIES:
             placed = verdict.placed
@@ -46,6 +63,16 @@ def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk
             tree = repo.apply_to_tree(tree, patch.raw)
             applied.append(patch)
     return Walk(upstream, tuple(verdicts), tuple(applied), tree)
+
+
+def walk_project(
+    project: Project, mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]
+) -> Walk:
+    """The walk on `upstream`; one with no release version against the pin (`walk`)."""
+    if upstream.version is not None or is_pin(project, upstream):
+        return walk(mirror, upstream, patches)
+    pinned = walk(mirror, pin_base(project, mirror), patches)
+    return walk(mirror, upstream, patches, on_pin=frozenset(p.key for p in pinned.applied))
 
 
 def require_no_conflict(result: Walk) -> None:
@@ -152,7 +179,12 @@ def build_overlay(
     mirror = mirror_for(project)
     upstream = base or resolve_base(project, mirror)
     pinned = is_pin(project, upstream)
-    result = walk(mirror, upstream, without(patches_for(project), skip))
+    result = walk_project(
+        mirror=mirror,
+        project=project,
+        upstream=upstream,
+        patches=without(patches_for(project), skip),
+    )
     require_no_conflict(result)
     lock = lock_for(mirror, result, project.package)
     target = out_dir or (
@@ -199,7 +231,7 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
     if pristine:
         tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
     else:
-        result = walk(mirror, upstream, patches_for(project))
+        result = walk_project(project, mirror, upstream, patches_for(project))
         require_no_conflict(result)
         tree, applied = result.tree, tuple(p.key for p in result.applied)
     exists = os.path.lexists(dest)

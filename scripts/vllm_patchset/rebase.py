@@ -539,7 +539,12 @@ def resume(
     later = list(new)
     if state.stop == "conflict":
         decided = ctx.decisions.get(last.key)
-        if decided is not None:
+        if decided is not None and last.decision == decided.choice:
+            # `--keep` of an archived patch whose bug is back, taken with a conflict: the
+            # decision is made, the conflict is resolved by hand.
+            later = [d for d in later if d != decided]
+            decided = None
+        elif decided is not None:
             _validate([last], [decided], state.onto)
             later.remove(decided)
         patch = next(p for _, p in _ordered(series) if p.key == last.key)

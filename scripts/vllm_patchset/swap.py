@@ -128,7 +128,7 @@ def stage_project(
         if step.action in ("refreshed", "resolved", "unarchived"):
             assert step.commit is not None
             (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
-            if step.action == "unarchived":
+            if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
                 data = with_trailer(data, "")
                 here.unlink()
                 archived.remove(step.name)
