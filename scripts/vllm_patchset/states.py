@@ -631,6 +631,11 @@ def _bug_elsewhere(
             else range(0)
         )
         for a, b in look.pre.changes:
+            # An argument's separator is not the bug: the expression may stand alone there.
+            while a < b and look.pre.words[a] == ",":
+                a += 1
+            while b > a and look.pre.words[b - 1] == ",":
+                b -= 1
             core = look.pre.words[a:b]
             names = [w for w in core if w.isidentifier()]
             if len(core) < 4 or not names:
@@ -708,6 +713,7 @@ def classify(
         warnings: tuple[str, ...] = (),
         **extra: Any,
     ) -> Verdict:
+        bug = bool(extra.pop("bug", False)) or bug_here
         cosmetic = _upstream_drift(repo, tree, patch, hunks) if state == State.UPSTREAM else []
         if state == State.UPSTREAM and extra.get("three_way") == "conflict":
             cosmetic.append("3-way merge: conflict (the release's code differs from the patch's)")
@@ -721,7 +727,7 @@ def classify(
             hunks=hunks,
             warnings=warnings,
             cosmetic=tuple(cosmetic),
-            bug_present=bug_here or bool(extra.pop("bug", False)),
+            bug_present=bug,
             **extra,
         )
 
@@ -809,7 +815,7 @@ def classify(
         candidates = ()
     # 5. The bug elsewhere in the package (a helper, a mixin, another module): needed, and
     # the maintainer carries it there.
-    elsewhere = _bug_elsewhere(repo, tree, looks, hunks) if "site" not in kinds else ()
+    elsewhere = _bug_elsewhere(repo, tree, looks, hunks)
     if elsewhere or candidates:
         named = {place.split(":", 1)[0] for place in elsewhere}
         places = (*elsewhere, *(c for c in candidates if c not in named))
