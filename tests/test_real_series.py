@@ -105,10 +105,17 @@ def test_states_on_a_nightly_like_base(
         *("--project", str(project.root), "matrix", "--json"),
         *("--git", str(nightly_repo), "--ref", "nightly", "--ref", "v0.21.0"),
     )
+    # A ref with no release version is classified against the pin, as a rebase onto it
+    # would: fix 2 applied on the pin and its code is not there, a stop (`rewritten`), where a
+    # ref named like a release has the trailers to say "never there".
     assert doc["versions"] == {
-        "git:nightly": {ARCHIVED_FIX1: "applies", FIX2: "absent", NVFP4: "conflict"},
+        "git:nightly": {ARCHIVED_FIX1: "applies", FIX2: "conflict", NVFP4: "conflict"},
         "git:v0.21.0": {ARCHIVED_FIX1: "upstream", FIX2: "absent", NVFP4: "conflict"},
     }
+    details = doc["details"]
+    assert isinstance(details, dict)
+    assert details["git:nightly"][FIX2]["verdict"] == "rewritten"
+    assert details["git:v0.21.0"][FIX2]["verdict"] == "never-there"
 
 
 def test_status_and_check_on_the_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:

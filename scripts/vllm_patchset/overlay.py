@@ -68,7 +68,9 @@ def walk(
 def walk_project(
     project: Project, mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]
 ) -> Walk:
-    """The walk on `upstream`; one with no release version against the pin (`walk`)."""
+    """The walk on `upstream` for a report (`matrix`); one with no release version against the
+    pin (`walk`), as the rebase classifies it. (`overlay build` and `tree` take a base as it
+    is: a patch they cannot place there is left out with `--skip`.)"""
     if upstream.version is not None or is_pin(project, upstream):
         return walk(mirror, upstream, patches)
     pinned = walk(mirror, pin_base(project, mirror), patches)
@@ -179,12 +181,7 @@ def build_overlay(
     mirror = mirror_for(project)
     upstream = base or resolve_base(project, mirror)
     pinned = is_pin(project, upstream)
-    result = walk_project(
-        mirror=mirror,
-        project=project,
-        upstream=upstream,
-        patches=without(patches_for(project), skip),
-    )
+    result = walk(mirror, upstream, without(patches_for(project), skip))
     require_no_conflict(result)
     lock = lock_for(mirror, result, project.package)
     target = out_dir or (
@@ -231,7 +228,7 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
     if pristine:
         tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
     else:
-        result = walk_project(project, mirror, upstream, patches_for(project))
+        result = walk(mirror, upstream, patches_for(project))
         require_no_conflict(result)
         tree, applied = result.tree, tuple(p.key for p in result.applied)
     exists = os.path.lexists(dest)
