@@ -128,7 +128,7 @@ MIXIN_MOE = (
 )
 SPLIT_HEAD, SPLIT_TAIL = MOE_TEXT.split("\n\n\nclass Experts")
 SPLIT_EXPERTS = "vllm/layers/experts.py"
-SPLIT = {
+SPLIT: dict[str, str | None] = {
     MOE: SPLIT_HEAD + "\n",
     SPLIT_EXPERTS: '"""The experts."""\n\nfrom vllm.layers.moe import quantize\n\n\nclass Experts'
     + SPLIT_TAIL,
@@ -187,7 +187,7 @@ COPIED_MOE = FIXED_MOE.replace(
     "    def name(self):\n",
 )
 # version: (what it changes from its base, its base)
-RELEASES = {
+RELEASES: dict[str, tuple[dict[str, str | None], str]] = {
     "1.1": ({MOE: FIXED_MOE, EMU: FIXED_EMU}, "1.0"),  # upstream merged the fix
     "1.3": ({MOE: HELPER_MOE}, "1.0"),  # the buggy call moved into a helper method
     "1.4": ({MOE: MIXIN_MOE, MIXIN: MIXIN_TEXT}, "1.0"),  # ... into a mixin in a new module
@@ -575,3 +575,75 @@ def test_git_history(world: World) -> None:
     """Every case release is a tag of the one synthetic upstream."""
     tags = git(world.upstream.path, "tag").split()
     assert sorted(tags) == sorted(f"v{v}" for v in ("1.0", *RELEASES))
+
+
+# -- check: a linter -----------------------------------------------------------------------------
+TRAILERS = [
+    # (a trailer line of 0001, as written, the problem `check` lists for it)
+    ("Introduced-in: banana", "Introduced-in: 'banana' is not a PEP 440 version or `nightly`"),
+    ("Introduced-in: 1.5", "Applied-upstream: 1.1 is before Introduced-in: 1.5"),
+    (
+        "Applied-upstream: 1.0",
+        "Applied-upstream: 1.0 on a patch of the series is not a release after the pin 1.0"
+        " (archive it, or empty it)",
+    ),
+    ("Applied-upstream: soon", "Applied-upstream: 'soon' is not a PEP 440 version"),
+    ("Upstream-PR: none", "Upstream-PR: `none` without its reason (e.g. `none (local)`)"),
+    (
+        "Upstream-PR: see the PR",
+        "Upstream-PR: 'see the PR' is not a pull request URL or number, nor `none (why)`",
+    ),
+    (
+        "Regression-test: tests/gpu/test_synthetic.py::test_nothing",
+        "Regression-test: tests/gpu/test_synthetic.py::test_nothing does not exist in tests/",
+    ),
+    (
+        "Regression-test: banana",
+        "Regression-test: 'banana' is not a test id (tests/<file>.py::<test>)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "problem"), TRAILERS)
+def test_check_validates_every_trailer(
+    world: World,
+    tmp_path: Path,
+    synthetic_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    problem: str,
+) -> None:
+    """Before: `Introduced-in: banana` passed (and changed the states), as did a version after
+    the fix's."""
+    root = copy(world, world.on_1_0, tmp_path)
+    (root / "tests" / "gpu").mkdir(parents=True)
+    (root / "tests" / "gpu" / "test_synthetic.py").write_text("def test_fix():\n    pass\n")
+    path = root / "patches" / FIX.name
+    key = line.split(":", 1)[0] + ":"
+    lines = path.read_text().split("\n")
+    number = next(i for i, text in enumerate(lines) if text.startswith(key))
+    lines[number] = line
+    path.write_text("\n".join(lines))
+    code, out, err = cli(capsys, root, "check")
+    assert (code, out) == (1, "check: 2 patches, 1 problem(s)\n")
+    # The line of the trailer the problem is about.
+    about = problem.split(":", 1)[0] + ":"
+    at = next(i for i, text in enumerate(lines) if text.startswith(about)) + 1
+    assert err == f"{path}:{at}: {problem}\n"
+
+
+def test_check_lists_every_problem_of_every_patch(
+    world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A malformed patch is one finding among the others (exit 1), not the end of `check`."""
+    root = copy(world, world.on_1_0, tmp_path)
+    fix, local = root / "patches" / FIX.name, root / "patches" / LOCAL.name
+    fix.write_text(fix.read_text().replace("Introduced-in: 1.0", "Introduced-in: 0.99.x"))
+    local.write_text(local.read_text().replace("\r", "").replace("diff --git", "diff --nope"))
+    code, out, err = cli(capsys, root, "check")
+    assert (code, out) == (1, "check: 2 patches, 2 problem(s)\n")
+    assert err.splitlines() == [
+        f"{fix}:{fix.read_text().split(chr(10)).index('Introduced-in: 0.99.x') + 1}:"
+        " Introduced-in: '0.99.x' is not a PEP 440 version or `nightly`",
+        f"{local}:1: malformed patch {local}: no `diff --git` section",
+    ]

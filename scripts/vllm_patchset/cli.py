@@ -96,10 +96,9 @@ def _parked(project: Project) -> list[tuple[str, str]]:
 def cmd_check(args: argparse.Namespace) -> int:
     _reads_only()
     project = _project(args)
-    series, found = problems(project, mirror_for(project))
+    n, found = problems(project, mirror_for(project))
     for problem in found:
         print(problem, file=sys.stderr)
-    n = len(series.active) + len(series.upstreamed) + len(series.parked)
     text = f"check: {n} patches, {len(found)} problem(s)"
     return emit(args, text, {"patches": n, "problems": found}, 1 if found else 0)
 

@@ -347,6 +347,7 @@ def decide(
     Returns the state, its reason and the warnings (disagreements that change a decision)."""
     said = trailers.value if trailers else None
     against = f"text says {text.value}, trailers say {said}"
+    warn: tuple[str, ...]
     if text == State.APPLIES:
         warn = (
             (f"{against}: the bug is back (a revert?); the text decides",)
@@ -364,7 +365,7 @@ def decide(
         )
         return State.UPSTREAM, Reason.UPSTREAM, warn
     if text == State.CONFLICT:
-        warn: tuple[str, ...] = ()
+        warn = ()
         if trailers == State.UPSTREAM:
             warn = (f"{against}: the code it changes is still there, changed; not upstream",)
         elif trailers == State.ABSENT:
@@ -818,17 +819,17 @@ def classify(
     elsewhere = _bug_elsewhere(repo, tree, looks, hunks)
     if elsewhere or candidates:
         named = {place.split(":", 1)[0] for place in elsewhere}
-        places = (*elsewhere, *(c for c in candidates if c not in named))
+        found = (*elsewhere, *(c for c in candidates if c not in named))
         return verdict(
             State.CONFLICT,
             Reason.AMBIGUOUS,
             State.CONFLICT,
             (
                 "the code it fixes is not where the patch says; it is at "
-                + ", ".join(places)
+                + ", ".join(found)
                 + ": carry the fix there by hand (queue import) or decide",
             ),
-            candidates=places,
+            candidates=found,
             bug=bool(elsewhere),
         )
     # 6. Every change there, no bug anywhere: upstream.

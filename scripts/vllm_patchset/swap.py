@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_patchset import versions
 from vllm_patchset.checks import problems, project_series
 from vllm_patchset.config import Project
 from vllm_patchset.edits import insert_entry, set_ci_images, set_pin, with_trailer
@@ -135,6 +136,20 @@ def stage_project(
                 unarchived.append(step.name)
             else:
                 active.append(step.name)
+                if versions.older(step.applied_upstream, state.new_pin) or (
+                    step.applied_upstream == state.new_pin
+                ):
+                    # Its trailer says merged by now; the code says needed (a revert, or a
+                    # trailer that was wrong): the code decides, the trailer is emptied.
+                    data = with_trailer(data, "")
+                    step = dataclasses.replace(
+                        step,
+                        notes=(
+                            *step.notes,
+                            f"Applied-upstream: {step.applied_upstream} emptied: the bug is"
+                            f" still in {state.new_pin}",
+                        ),
+                    )
             _new_file(patches / step.name, here).write_bytes(data)
             kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
             step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
