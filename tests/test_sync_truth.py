@@ -23,6 +23,7 @@ from synthetic import PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset import locate
 from vllm_patchset.config import Project
 from vllm_patchset.overlay import patches_for, walk
+from vllm_patchset.reports import unique_ids
 from vllm_patchset.series import Hunk
 from vllm_patchset.states import Verdict
 from vllm_patchset.upstream import Mirror
@@ -647,3 +648,38 @@ def test_check_lists_every_problem_of_every_patch(
         " Introduced-in: '0.99.x' is not a PEP 440 version or `nightly`",
         f"{local}:1: malformed patch {local}: no `diff --git` section",
     ]
+
+
+# -- ids, downgrades -----------------------------------------------------------------------------
+IDS = [
+    # The real chain's archive after 0.25.0: two fixes numbered 0001 (were two `U0001`).
+    (
+        ["upstreamed/0001-nvfp4-oracle.patch", "upstreamed/0001-triton_moe-no.patch"],
+        ["U0001-nvfp4", "U0001-triton_moe"],
+    ),
+    (
+        ["upstreamed/0001-a.patch", "0001-b.patch", "parked/0001-c.patch"],
+        ["U0001", "0001", "P0001"],
+    ),
+    (["0001-x-a.patch", "0001-x-b.patch"], ["0001-x-a.patch", "0001-x-b.patch"]),
+]
+
+
+@pytest.mark.parametrize(("keys", "ids"), IDS)
+def test_short_ids_are_unique(keys: list[str], ids: list[str]) -> None:
+    assert list(unique_ids(keys).values()) == ids
+
+
+def test_a_downgrade_needs_saying_so(
+    world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy(world, world.on_1_1, tmp_path)
+    assert cli(capsys, root, "rebase", *onto(world, "1.0")) == (
+        2,
+        "",
+        "vllm-patchset: git:v1.0 is older than the pin 1.1: a downgrade (say so with"
+        " --allow-downgrade)\n",
+    )
+    doc = rebase_json(capsys, root, *onto(world, "1.0"), "--allow-downgrade", code=1)
+    # On 1.0 the archived fix's bug is there: a decision, as for a revert.
+    assert [d["patch"] for d in doc["decisions"]] == [f"upstreamed/{FIX.name}"]  # type: ignore[attr-defined]

@@ -142,7 +142,6 @@ def lint(project: Project) -> tuple[int, list[str], Series | None]:
     number of patches, the problems, the series when every file parsed)."""
     found: list[str] = []
     count = 0
-    parsed: dict[str, list[Patch]] = {}
     for series_file, prefix, archived in (
         (project.series_file, "", False),
         (project.upstreamed_file, project.upstreamed_file.parent.name + "/", True),
@@ -157,27 +156,11 @@ def lint(project: Project) -> tuple[int, list[str], Series | None]:
             except MalformedPatch as exc:
                 found.append(f"{path}:1: {exc}")
                 continue
-            parsed.setdefault(prefix, []).append(patch)
             if series_file != project.parked_file:
                 found += trailer_problems(project, patch, archived)
-    keys = [p.key for ps in parsed.values() for p in ps]
-    ids = [short_key(k) for k in keys]
-    for key, short in zip(keys, ids, strict=True):
-        if ids.count(short) > 1:
-            found.append(f"{project.patches_dir / key}:1: short id {short} is not unique")
     if found:
         return count, found, None
     return count, found, project_series(project)
-
-
-def short_key(key: str) -> str:
-    """A patch's number with its folder's letter: `0002`, `U0001` (archived), `P0003`
-    (parked); a file with no number keeps its key."""
-    folder, _, name = key.rpartition("/")
-    number = name.split("-", 1)[0]
-    if not number.isdigit():
-        return key
-    return {"upstreamed": "U", "parked": "P"}.get(folder, "") + number
 
 
 def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:

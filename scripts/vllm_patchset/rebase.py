@@ -25,9 +25,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from packaging.version import Version
-
-from vllm_patchset import fsio
+from vllm_patchset import fsio, versions
 from vllm_patchset.checks import project_series
 from vllm_patchset.config import Project
 from vllm_patchset.console import emit
@@ -129,6 +127,7 @@ class Context:
     renames: Mapping[str, str]
     decisions: Mapping[str, Decision]
     parked_reasons: Mapping[str, str]
+    keys: tuple[str, ...] = ()  # every patch's key: short ids are unique among them
 
 
 class _Tree:
@@ -234,7 +233,7 @@ def _step(applier: _Applier, section: Section, patch: Patch, ctx: Context, *, dr
                 notes=(
                     "the rebase will stop here for a hand resolution in .rebase/worktree"
                     " (or decide now: "
-                    + ", ".join(f"{c.flag} {short_id(step.key, (step.key,))}" for c in step.options)
+                    + ", ".join(f"{c.flag} {short_id(step.key, ctx.keys)}" for c in step.options)
                     + ")",
                 ),
             )
@@ -369,22 +368,10 @@ def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstre
                 f"{decision.choice.flag} {decision.patch}: not an option for a patch {where}"
                 f" (its options: {allowed})"
             )
-        if (
-            decision.choice == Choice.RESOLVE_UPSTREAM
-            and onto.version is None
-            and step.verdict.text_state == State.CONFLICT
-        ):
-            # The archived patch would conflict on a pin whose version its trailers cannot be
-            # compared with: `check` could not tell it from a lost fix.
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: {onto.label} has no release version and"
-                " the patch conflicts there, so `check` could not tell the archived patch from"
-                " a lost fix: rebase onto a release, or a ref named like one (v1.2.0)"
-            )
         newer = (
             decision.release is not None
             and onto.version is not None
-            and Version(decision.release) > Version(onto.version)
+            and versions.older(onto.version, decision.release)
         )
         if newer:
             raise BadInput(
@@ -425,6 +412,7 @@ def _context(project: Project, mirror: Mirror, state: RebaseState) -> Context:
         renames=dict(state.renames),
         decisions={d.patch: d for d in state.decisions},
         parked_reasons=dict(read_series_entries(project.parked_file)),
+        keys=tuple(p.key for _, p in _ordered(project_series(project))),
     )
 
 
@@ -447,6 +435,7 @@ def start(
     ref: str | None,
     choices: Sequence[tuple[Choice, str]] = (),
     release: str | None = None,
+    allow_downgrade: bool = False,
 ) -> Outcome:
     if state_path(project).exists():
         raise BadInput(
@@ -464,6 +453,11 @@ def start(
     onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
     if onto.commit == old.commit:
         raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
+    if onto.version and versions.older(onto.version, project.pin) and not allow_downgrade:
+        raise BadInput(
+            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
+            " --allow-downgrade)"
+        )
     state = RebaseState(
         phase="running",
         old_pin=project.pin,
@@ -571,7 +565,7 @@ def _settle_conflict(
     ctx: Context,
 ) -> Step:
     """The conflicted patch after the maintainer's work: resolved (one commit), or decided."""
-    flags = ", ".join(f"{c.flag} {short_id(last.key, (last.key,))}" for c in last.options)
+    flags = ", ".join(f"{c.flag} {short_id(last.key, ctx.keys)}" for c in last.options)
     if worktree.am_in_progress():
         if decided is not None:
             worktree.am_abort()
@@ -643,7 +637,7 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
             )
             save(project, state)
             lines = (
-                _next_steps(project, worktree, step)
+                _next_steps(project, worktree, step, ctx.keys)
                 if step.action == "conflict"
                 else ("rerun: vllm-patchset rebase --continue <an option above>",)
             )
@@ -652,16 +646,18 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
     return _finish(project, mirror, state)
 
 
-def _next_steps(project: Project, worktree: Repo, step: Step) -> tuple[str, ...]:
+def _next_steps(
+    project: Project, worktree: Repo, step: Step, keys: tuple[str, ...]
+) -> tuple[str, ...]:
     files = " ".join(worktree.unmerged_paths()) or "(the files of the hunks above)"
-    name = short_id(step.key, (step.key,))
+    name = short_id(step.key, keys)
     return (
         f"1. cd {worktree.path}",
         f"2. resolve the conflict in: {files}",
         "3. git add <the files> && git am --continue (keeps the patch's message, author and date)",
         f"4. cd {project.root} && vllm-patchset rebase --continue",
-        "Or decide instead: vllm-patchset rebase --continue"
-        f" --keep {name} | --drop {name} | --resolve-upstream {name}",
+        "Or decide instead: vllm-patchset rebase --continue "
+        + " | ".join(f"{c.flag} {name}" for c in step.options),
         "To give up: vllm-patchset rebase --abort (everything is restored as it was).",
         "Nothing in patches/, pyproject.toml, the lock or CHANGELOG.md has changed yet.",
     )
@@ -770,6 +766,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
                 ref=args.ref,
                 choices=choices,
                 release=args.release,
+                allow_downgrade=args.allow_downgrade,
             )
     except KeyboardInterrupt:
         fsio.interrupt_leaves(interrupted_message(project))
@@ -808,5 +805,10 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--release", metavar="VERSION", help="for --resolve-upstream: the release with the fix"
+    )
+    p.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="rebase onto a release older than the pin (refused without it)",
     )
     p.set_defaults(func=cmd_rebase)
