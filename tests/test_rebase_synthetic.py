@@ -634,8 +634,9 @@ def test_resolve_upstream_on_a_ref_with_no_version(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`nightly` names no release: `--release` says which release has the fix; and a patch
-    that conflicts there cannot be archived (its trailers could not be checked on the pin)."""
+    """`nightly` names no release: `--release` says which release has the fix. Where the text
+    shows the fix (in other words here: a conflict with no bug in it), it is accepted on a ref
+    as on a release (before: refused on the ref, accepted on a release that had the bug)."""
     upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
     upstream.release("1.2", {MOE: MOE_TEXT.replace(BUGGY, OTHER_WORDS)}, base="1.0")
     project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
@@ -645,9 +646,8 @@ def test_resolve_upstream_on_a_ref_with_no_version(
     assert cli(capsys, root, "rebase", *args) == (
         2,
         "",
-        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version and"
-        " the patch conflicts there, so `check` could not tell the archived patch from a lost"
-        " fix: rebase onto a release, or a ref named like one (v1.2.0)\n",
+        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version; say"
+        " which release has the fix with --release VERSION\n",
     )
     git(upstream.path, "tag", "-f", "nightly", "v1.1")
     assert cli(capsys, root, "rebase", *args) == (
