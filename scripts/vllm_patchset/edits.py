@@ -5,6 +5,7 @@ the vLLM image tags of the GPU CI files, and CHANGELOG.md. Pure functions: text 
 
 from __future__ import annotations
 
+import io
 import re
 
 import tomlkit
@@ -120,9 +121,76 @@ def _set_requirement(doc: tomlkit.TOMLDocument, pin: str) -> None:
 # -- CI files ------------------------------------------------------------------------------------
 def set_ci_images(text: str, version: str) -> str:
     """A GPU CI file with vLLM's images (`vllm/vllm-openai[-rocm]:v<version>`) and the
-    "vLLM <version>" of its job names set to `version`."""
-    text = _IMAGE.sub(lambda m: f"{m.group(1)}:v{version}", text)
-    return _NAMED_VERSION.sub(f"vLLM {version}", text)
+    "vLLM <version>" of its job names set to `version`: a round-trip YAML edit (ruamel.yaml
+    keeps the comments, the quotes and the layout), of the values only."""
+    # Imported here: only a rebase edits CI files (the deploy path never imports ruamel).
+    from ruamel.yaml import YAML, YAMLError
+    from ruamel.yaml.scalarstring import ScalarString
+
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never fold a long line
+    yaml.indent(mapping=2, sequence=4, offset=2)  # GitHub's and Buildkite's usual layout
+    try:
+        doc = yaml.load(text)
+    except YAMLError as exc:
+        raise BadInput(f"a GPU CI file is not YAML ({exc})") from None
+
+    def edit(value: str) -> str:
+        value = _IMAGE.sub(lambda m: f"{m.group(1)}:v{version}", value)
+        return _NAMED_VERSION.sub(f"vLLM {version}", value)
+
+    def walk(node: object) -> object:
+        if isinstance(node, dict):
+            for key in list(node):
+                node[key] = walk(node[key])
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                node[i] = walk(item)
+        elif isinstance(node, str):
+            new = edit(str(node))
+            if new != node:
+                return type(node)(new) if isinstance(node, ScalarString) else new
+        return node
+
+    walk(doc)
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    return out.getvalue()
+
+
+# -- the pin's other mentions ----------------------------------------------------------------------
+_TORCH_COMMENT = re.compile(r"\((\d[\w.+-]*): torch (\d[\w.+-]*)\)")
+_TORCH_PIN = re.compile(r"^torch\s*==\s*([\w.+-]+)\s*(?:#.*)?$", re.M)
+
+
+def torch_of(requirements: str) -> str | None:
+    """The torch a vLLM release pins in its `requirements/cuda.txt` (None: none there)."""
+    match = _TORCH_PIN.search(requirements)
+    return match.group(1) if match else None
+
+
+def set_torch_comment(text: str, pin: str, torch: str | None) -> str:
+    """pyproject.toml's comment "(<pin>: torch <version>)" for the new pin: the torch its
+    release requires (read from its sdist), else the comment says it is not known."""
+    said = f"torch {torch}" if torch else "torch: see its requirements"
+    return _TORCH_COMMENT.sub(f"({pin}: {said})", text)
+
+
+def set_unreleased_pin(changelog: str, pin: str, sha256: str | None) -> str:
+    """The `[Unreleased]` section's Pin line ("- vllm **<pin>** (sdist sha256 `...`).")."""
+    where = f" (sdist sha256 `{sha256}`)" if sha256 else ""
+    lines = changelog.splitlines(keepends=True)
+    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    start = next((i for i in heads if _is_unreleased(lines[i])), None)
+    if start is None:
+        return changelog
+    end = next((i for i in heads if i > start), len(lines))
+    for i in range(start, end):
+        if re.match(r"^- vllm \*\*[^*]+\*\*", lines[i]):
+            lines[i] = f"- vllm **{pin}**{where}.\n"
+            break
+    return "".join(lines)
 
 
 # -- CHANGELOG.md --------------------------------------------------------------------------------
