@@ -489,6 +489,8 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
         HEADER + entry("0.25.0", "0.24.0", "--keep") + "\n" + ENTRY_0_24_0
     )
     assert '"vllm==0.25.0"' in (root / "pyproject.toml").read_text()
+    # The torch comment follows the pin, from 0.25.0's own requirements/cuda.txt.
+    assert "(0.25.0: torch 2.11.0)" in (root / "pyproject.toml").read_text()
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.25.0")
     lock = Lock.load(pinned.lock_path)
@@ -527,6 +529,7 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     pyproject = (root / "pyproject.toml").read_text()
     assert 'pin = "0.33.0"\n' in pyproject
     assert '"vllm==0.33.0"' in pyproject
+    assert "(0.33.0: torch 2.14.0)" in pyproject  # 0.33.0 requires torch 2.14
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.33.0")
     assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"

@@ -22,6 +22,7 @@ from support import cli, git, rebase_json
 from synthetic import PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset import locate
 from vllm_patchset.config import Project
+from vllm_patchset.edits import set_torch_comment, set_unreleased_pin, torch_of
 from vllm_patchset.overlay import patches_for, walk
 from vllm_patchset.reports import unique_ids
 from vllm_patchset.series import Hunk
@@ -683,3 +684,26 @@ def test_a_downgrade_needs_saying_so(
     doc = rebase_json(capsys, root, *onto(world, "1.0"), "--allow-downgrade", code=1)
     # On 1.0 the archived fix's bug is there: a decision, as for a revert.
     assert [d["patch"] for d in doc["decisions"]] == [f"upstreamed/{FIX.name}"]  # type: ignore[attr-defined]
+
+
+# -- the pin's other mentions --------------------------------------------------------------------
+PYPROJECT_COMMENT = "# the one it is built for (0.24.0: torch 2.11.0), so a rebase moves\n"
+CHANGELOG_PIN = (
+    "# Changelog\n\n## [Unreleased]\n\n### Pin\n- vllm **0.24.0** (sdist sha256 `ab`).\n\n"
+    "## [vllm-0.24.0] - 2026-06-27\n\n- vllm **0.24.0** (kept: a released section)\n"
+)
+
+
+def test_the_pins_other_mentions() -> None:
+    cuda = "-r common.txt\n\n# NVIDIA\ntorch==2.14.0\ntorchaudio==2.11.0\n"
+    assert torch_of(cuda) == "2.14.0"
+    assert torch_of("numba == 0.65.0\n") is None
+    assert set_torch_comment(PYPROJECT_COMMENT, "0.33.0", "2.14.0") == (
+        "# the one it is built for (0.33.0: torch 2.14.0), so a rebase moves\n"
+    )
+    assert set_torch_comment(PYPROJECT_COMMENT, "0.34.0", None) == (
+        "# the one it is built for (0.34.0: torch: see its requirements), so a rebase moves\n"
+    )
+    assert set_unreleased_pin(CHANGELOG_PIN, "0.25.0", "cd") == CHANGELOG_PIN.replace(
+        "- vllm **0.24.0** (sdist sha256 `ab`).", "- vllm **0.25.0** (sdist sha256 `cd`)."
+    )

@@ -156,7 +156,24 @@ def set_ci_images(text: str, version: str) -> str:
     walk(doc)
     out = io.StringIO()
     yaml.dump(doc, out)
-    return out.getvalue()
+    return _comment_gaps(text, out.getvalue())
+
+
+def _comment_gaps(old: str, new: str) -> str:
+    """`new` with the space before each line's end comment as in `old` (ruamel.yaml puts one
+    space where a value it rewrote grew)."""
+    a_lines, b_lines = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    if len(a_lines) != len(b_lines):
+        return new
+    out = []
+    for a, b in zip(a_lines, b_lines, strict=True):
+        comment = re.search(r"(\s+)(#.*)$", a.rstrip("\n"))
+        body = b.rstrip("\n")
+        if a != b and comment and body.endswith(comment.group(2)):
+            code = body[: -len(comment.group(2))].rstrip()
+            b = code + comment.group(1) + comment.group(2) + b[len(body) :]
+        out.append(b)
+    return "".join(out)
 
 
 # -- the pin's other mentions ----------------------------------------------------------------------
