@@ -591,8 +591,8 @@ def _refreshed_patch(patch: Patch, looks: tuple[_Look, ...], kinds: list[str]) -
         text = mine[0][0].text
         assert text is not None
         new = locate.refresh(text, placements)
-        if new is None:
-            return None
+        if new is None or not text.endswith("\n") or not new.endswith("\n"):
+            return None  # (a file with no final newline: left to git and the maintainer)
         path = file_patch.path
         body = difflib.unified_diff(
             text.splitlines(keepends=True),
