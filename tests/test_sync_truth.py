@@ -22,7 +22,7 @@ from support import cli, git, rebase_json
 from synthetic import PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset import locate
 from vllm_patchset.config import Project
-from vllm_patchset.edits import set_torch_comment, set_unreleased_pin, torch_of
+from vllm_patchset.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
 from vllm_patchset.overlay import patches_for, walk
 from vllm_patchset.reports import unique_ids
 from vllm_patchset.series import Hunk
@@ -706,4 +706,35 @@ def test_the_pins_other_mentions() -> None:
     )
     assert set_unreleased_pin(CHANGELOG_PIN, "0.25.0", "cd") == CHANGELOG_PIN.replace(
         "- vllm **0.24.0** (sdist sha256 `ab`).", "- vllm **0.25.0** (sdist sha256 `cd`)."
+    )
+
+
+README_TEXT = """\
+The pin is **vllm 0.24.0** (`pyproject.toml`).
+
+```dockerfile
+FROM vllm/vllm-openai:v0.24.0
+```
+
+| patch | fixes | upstream | on 0.24.0 |
+|---|---|---|---|
+| `patches/0001-a.patch` | the bug | 0.25.0 | applies |
+| `patches/0002-b.patch` | slow | — | applies |
+| `patches/upstreamed/0001-c.patch` | old bug | 0.21.0 | upstream (kept as a guard) |
+"""
+
+
+def test_the_readme_follows_the_pin() -> None:
+    rows = {
+        "0001-a.patch": ("upstreamed/0001-a.patch", "0.25.0", "upstream"),
+        "0002-b.patch": None,  # dropped
+        "upstreamed/0001-c.patch": ("upstreamed/0001-c.patch", "0.21.0", "upstream"),
+    }
+    assert set_readme(README_TEXT, "0.24.0", "0.25.0", rows) == (
+        README_TEXT.replace("0.24.0", "0.25.0")
+        .replace(
+            "| `patches/0001-a.patch` | the bug | 0.25.0 | applies |",
+            "| `patches/upstreamed/0001-a.patch` | the bug | 0.25.0 | upstream |",
+        )
+        .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
     )

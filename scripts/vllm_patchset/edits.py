@@ -177,6 +177,31 @@ def _comment_gaps(old: str, new: str) -> str:
 
 
 # -- the pin's other mentions ----------------------------------------------------------------------
+def set_readme(text: str, old: str, new: str, rows: dict[str, tuple[str, str, str] | None]) -> str:
+    """README.md for the new pin: "The pin is **vllm <pin>**", the quick start's image tag and
+    wheel name, and the patch table (its "on <pin>" column; each row's patch, by its old key:
+    its new key, release with the fix and state, or None when it was dropped)."""
+    text = text.replace(f"The pin is **vllm {old}**", f"The pin is **vllm {new}**")
+    text = text.replace(f"+vllm{old}.", f"+vllm{new}.")
+    text = re.sub(
+        r"^(FROM )" + _IMAGE.pattern, lambda m: f"{m.group(1)}{m.group(2)}:v{new}", text, flags=re.M
+    )
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("| patch |") and line.rstrip().endswith(f"| on {old} |"):
+            line = line.replace(f"| on {old} |", f"| on {new} |")
+        match = re.match(r"^\| `patches/([^`]+)` \|(.*)\| ([^|]*) \| ([^|]*) \|\n?$", line)
+        if match and match.group(1) in rows:
+            row = rows[match.group(1)]
+            if row is None:
+                continue
+            key, release, state = row
+            cell = match.group(4) if match.group(4).split(" ", 1)[0] == state else state
+            line = f"| `patches/{key}` |{match.group(2)}| {release or '—'} | {cell} |\n"
+        out.append(line)
+    return "".join(out)
+
+
 _TORCH_COMMENT = re.compile(r"\((\d[\w.+-]*): torch (\d[\w.+-]*)\)")
 _TORCH_PIN = re.compile(r"^torch\s*==\s*([\w.+-]+)\s*(?:#.*)?$", re.M)
 

@@ -25,6 +25,7 @@ from vllm_patchset.edits import (
     insert_entry,
     set_ci_images,
     set_pin,
+    set_readme,
     set_torch_comment,
     set_unreleased_pin,
     torch_of,
@@ -40,6 +41,7 @@ from vllm_patchset.series import Patch, read_series_entries, write_series_file
 from vllm_patchset.upstream import Mirror, Upstream, git_source_commit, is_remote_url
 
 CHANGELOG = "CHANGELOG.md"
+README = "README.md"
 # The GPU CI files whose vLLM image tags follow a release pin.
 CI_FILES = (".github/workflows/gpu-validation.yml", ".buildkite/gpu-validation.yml")
 STAGE = "stage"
@@ -109,6 +111,7 @@ def rewritten_paths(project: Project) -> list[str]:
         "pyproject.toml",
         rel(project, project.lock_path),
         CHANGELOG,
+        README,
         *CI_FILES,
         rel(project, project.overlay_dir / project.package),
     ]
@@ -217,6 +220,16 @@ def stage_project(
         sha256 = re.search(r"\bsha256:([0-9a-f]{64})\b", onto.source)
         new_log = set_unreleased_pin(new_log, state.new_pin, sha256.group(1) if sha256 else None)
     (stage / CHANGELOG).write_text(new_log, encoding="utf-8")
+    if (project.root / README).is_file() and release:
+        (stage / README).write_text(
+            set_readme(
+                (project.root / README).read_text("utf-8"),
+                state.old_pin,
+                state.new_pin,
+                _readme_rows(project, state),
+            ),
+            encoding="utf-8",
+        )
     (folder / "entry.md").write_text(entry, encoding="utf-8")
     try:
         staged = Project.load(stage, project.cache_dir)
@@ -231,6 +244,26 @@ def stage_project(
         )
     moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
     return dataclasses.replace(state, moves=tuple(moves))
+
+
+def _readme_rows(project: Project, state: RebaseState) -> dict[str, tuple[str, str, str] | None]:
+    """Each patch's row of the README's table: its new key, release with the fix, state."""
+    rows: dict[str, tuple[str, str, str] | None] = {}
+    archive = project.upstreamed_file.parent.name
+    parked = project.parked_file.parent.name
+    for step in state.steps:
+        if step.action == "dropped":
+            rows[step.key] = None
+            continue
+        key = {
+            "archived": f"{archive}/{step.name}",
+            "unarchived": step.name,
+        }.get(step.action, step.key)
+        if step.action == "parked" and step.section != Section.PARKED:
+            key = f"{parked}/{step.name}"
+        release = step.applied_upstream if step.action != "unarchived" else ""
+        rows[step.key] = (key, release, step.verdict.state.value)
+    return rows
 
 
 def _torch(mirror: Mirror, onto: Upstream) -> str | None:
