@@ -738,3 +738,20 @@ def test_the_readme_follows_the_pin() -> None:
         )
         .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
     )
+
+
+def test_parking_the_other_patch_archives_nothing(
+    world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.9 removed the module the local patch (and the fix's property) goes to; the bug stays
+    in moe.py. Before: once the maintainer parked the local patch, the fix was archived as
+    upstream (its trailers), the bug in the tree."""
+    root = copy(world, world.on_1_0, tmp_path)
+    before = (root / "patches" / "series").read_text()
+    doc = rebase_json(capsys, root, *onto(world, "1.9"), "--keep", "0002", code=1)
+    assert (doc["status"], doc["started"]) == ("stopped", False)
+    assert [(d["patch"], d["verdict"], d["options"]) for d in doc["decisions"]] == [  # type: ignore[attr-defined]
+        (FIX.name, "rewritten", ["--keep 0001", "--drop 0001"])
+    ]
+    assert (root / "patches" / "series").read_text() == before
+    assert not (root / "patches" / "upstreamed" / FIX.name).exists()

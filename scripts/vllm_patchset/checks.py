@@ -176,11 +176,16 @@ def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:
     for verdict in result.verdicts:
         if verdict.patch in active and verdict.state != State.APPLIES:
             found.append(f"{verdict.patch}: {verdict.words} on the pin {project.pin}")
-        elif verdict.patch in active and (verdict.offsets or verdict.reason != Reason.APPLIES):
+        elif verdict.patch in active and verdict.reason != Reason.APPLIES:
+            found.append(
+                f"{verdict.patch}: applies to {project.pin} only {verdict.reason.value} (its"
+                " code there is reformatted, moved or in several places): refresh it (queue"
+                " import, queue export)"
+            )
+        elif verdict.patch in active and verdict.offsets:
             found.append(
                 f"{verdict.patch}: applies to {project.pin} only at an offset "
-                f"{verdict.offsets or verdict.reason.value}: refresh it (queue import, queue"
-                " export)"
+                f"{verdict.offsets}: refresh it (queue import, queue export)"
             )
         elif verdict.patch not in active and verdict.state == State.APPLIES:
             found.append(f"{verdict.patch}: archived as upstream, yet applies to the pin")
