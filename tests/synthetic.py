@@ -416,6 +416,12 @@ markers = ["gpu: needs a CUDA or ROCm GPU (tests/gpu); skipped with a reason els
 filterwarnings = ["error"]
 """
 STORY_RELEASES = ("0.9", "1.0", "1.0.1", "1.1", "1.2")
+STORY_TESTS = (
+    "".join(
+        f"def {name}():\n    pass\n\n\n" for name in ("test_fix", "test_name", "test_clamp")
+    ).rstrip("\n")
+    + "\n"
+)
 
 
 @dataclass(frozen=True)
@@ -456,7 +462,7 @@ def make_story(folder: Path) -> Story:
     for release in STORY_RELEASES:
         index.publish_release(upstream, release)
     cache = folder / "cache"
-    make_project(
+    project = make_project(
         folder / "project",
         cache,
         upstream,
@@ -466,6 +472,12 @@ def make_story(folder: Path) -> Story:
         index_url=index.url,
         extra_pyproject=PYTEST_SETTINGS,
     )
+    # The regression tests the patches name (`check` finds each in tests/).
+    gpu = project.root / "tests" / "gpu"
+    gpu.mkdir(parents=True)
+    (gpu / "test_synthetic.py").write_text(STORY_TESTS)
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "regression tests")
     shutil.rmtree(folder / "project" / "overlay" / "vllm")  # generated, as in a fresh clone
     for release in STORY_RELEASES:  # in the mirror: no test waits for the index
         Mirror(cache, index_url=index.url).release(release)

@@ -105,10 +105,17 @@ def test_states_on_a_nightly_like_base(
         *("--project", str(project.root), "matrix", "--json"),
         *("--git", str(nightly_repo), "--ref", "nightly", "--ref", "v0.21.0"),
     )
+    # A ref with no release version is classified against the pin, as a rebase onto it
+    # would: fix 2 applied on the pin and its code is not there, a stop (`rewritten`), where a
+    # ref named like a release has the trailers to say "never there".
     assert doc["versions"] == {
-        "git:nightly": {ARCHIVED_FIX1: "applies", FIX2: "absent", NVFP4: "conflict"},
+        "git:nightly": {ARCHIVED_FIX1: "applies", FIX2: "conflict", NVFP4: "conflict"},
         "git:v0.21.0": {ARCHIVED_FIX1: "upstream", FIX2: "absent", NVFP4: "conflict"},
     }
+    details = doc["details"]
+    assert isinstance(details, dict)
+    assert details["git:nightly"][FIX2]["verdict"] == "rewritten"
+    assert details["git:v0.21.0"][FIX2]["verdict"] == "never-there"
 
 
 def test_status_and_check_on_the_pin(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -485,6 +492,8 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
         HEADER + entry("0.25.0", "0.24.0", "--keep") + "\n" + ENTRY_0_24_0
     )
     assert '"vllm==0.25.0"' in (root / "pyproject.toml").read_text()
+    # The torch comment follows the pin, from 0.25.0's own requirements/cuda.txt.
+    assert "(0.25.0: torch 2.11.0)" in (root / "pyproject.toml").read_text()
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.25.0")
     lock = Lock.load(pinned.lock_path)
@@ -523,6 +532,7 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     pyproject = (root / "pyproject.toml").read_text()
     assert 'pin = "0.33.0"\n' in pyproject
     assert '"vllm==0.33.0"' in pyproject
+    assert "(0.33.0: torch 2.14.0)" in pyproject  # 0.33.0 requires torch 2.14
     for path, text in real_ci.items():
         assert (root / path).read_text() == text.replace("0.24.0", "0.33.0")
     assert (patches / "upstreamed" / "series").read_text() == f"{FIX1}\n{FIX2}\n"

@@ -198,14 +198,13 @@ def test_code_copied_to_two_places_stops_with_both_named(
     assert out == (
         "rebase 1.0 -> git:v1.1: stopped, 1 decision(s) needed (nothing has changed)\n"
         f"  {FIX.name}  conflict  DECISION NEEDED (ambiguous)\n"
-        f"WARNING: {FIX.name}: the code it changes is not where the patch says; it may be in"
-        " vllm/layers/cpu.py, vllm/layers/gpu.py: move the patch by hand (queue import) or decide\n"
+        f"WARNING: {FIX.name}: the code it fixes is not where the patch says; it is at"
+        " vllm/layers/cpu.py:16 (Experts.apply), vllm/layers/gpu.py:16 (Experts.apply): carry"
+        " the fix there by hand (queue import) or decide\n"
         "decisions needed (rerun with one option per patch; nothing has changed):\n"
         f"  {FIX.name} (conflict, ambiguous):\n"
         "    --keep 0001: park it in patches/parked/ (kept, not applied; port it later)\n"
         "    --drop 0001: remove it\n"
-        "    --resolve-upstream 0001: archive it in patches/upstreamed/ as fixed upstream (its"
-        " regression test keeps guarding)\n"
         f"  rerun: vllm-patchset rebase --onto-git {upstream.path} --ref v1.1 <an option per patch above>\n"
         "  No rebase is in progress: nothing was written.\n"
     )
@@ -352,9 +351,10 @@ def test_upstream_fix_in_other_words_resolved_as_upstream(
         " archived in `patches/upstreamed/`.\n"
     ) in (root / "CHANGELOG.md").read_text()
     assert_checks(capsys, root, 2)
-    # The archived patch keeps guarding: on 1.1 its trailers say upstream, in other words.
+    # The archived patch keeps guarding: on 1.1 its code is there, changed, with no bug in it
+    # (its trailers say upstream; the text says conflict: not applied, nothing lost).
     _, out, _ = cli(capsys, root, "status", "--json")
-    assert json.loads(out)["patches"][f"upstreamed/{FIX.name}"] == "upstream"
+    assert json.loads(out)["patches"][f"upstreamed/{FIX.name}"] == "conflict"
 
 
 # -- a damaged journal ---------------------------------------------------------------------------
@@ -477,7 +477,10 @@ def test_upstream_reverted_an_archived_fix(
     doc = rebase_json(capsys, root, *onto(upstream, "1.2"), code=1)
     key = f"upstreamed/{FIX.name}"
     assert doc["versions"] == {"git:v1.2": {key: "applies"}}
-    assert doc["warnings"] == [f"{key}: text says applies, trailers say upstream"]
+    assert doc["warnings"] == [
+        f"{key}: text says applies, trailers say upstream: the bug is back (a revert?); the text"
+        " decides"
+    ]
     assert [d["options"] for d in doc["decisions"]] == [  # type: ignore[attr-defined]
         ["--keep upstreamed/0001", "--drop upstreamed/0001"]
     ]
@@ -631,8 +634,9 @@ def test_resolve_upstream_on_a_ref_with_no_version(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`nightly` names no release: `--release` says which release has the fix; and a patch
-    that conflicts there cannot be archived (its trailers could not be checked on the pin)."""
+    """`nightly` names no release: `--release` says which release has the fix. Where the text
+    shows the fix (in other words here: a conflict with no bug in it), it is accepted on a ref
+    as on a release (before: refused on the ref, accepted on a release that had the bug)."""
     upstream.release("1.1", {MOE: rewritten(MOE_TEXT)})
     upstream.release("1.2", {MOE: MOE_TEXT.replace(BUGGY, OTHER_WORDS)}, base="1.0")
     project = make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[FIX])
@@ -642,9 +646,8 @@ def test_resolve_upstream_on_a_ref_with_no_version(
     assert cli(capsys, root, "rebase", *args) == (
         2,
         "",
-        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version and"
-        " the patch conflicts there, so `check` could not tell the archived patch from a lost"
-        " fix: rebase onto a release, or a ref named like one (v1.2.0)\n",
+        f"vllm-patchset: --resolve-upstream {FIX.name}: git:nightly has no release version; say"
+        " which release has the fix with --release VERSION\n",
     )
     git(upstream.path, "tag", "-f", "nightly", "v1.1")
     assert cli(capsys, root, "rebase", *args) == (

@@ -4,6 +4,7 @@ against a local package index."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,7 +116,14 @@ RULES = [
     ((A, A, None, None, False, True), (A, Reason.APPLIES, ())),
     (
         (A, U, True, None, False, False),
-        (A, Reason.APPLIES, ("text says applies, trailers say upstream",)),
+        (
+            A,
+            Reason.APPLIES,
+            (
+                "text says applies, trailers say upstream: the bug is back (a revert?); the text"
+                " decides",
+            ),
+        ),
     ),
     ((U, A, True, None, False, True), (U, Reason.UPSTREAM, ())),  # merged upstream, trailer pending
     (
@@ -134,11 +142,13 @@ RULES = [
     ),
     (
         (C, U, None, "conflict", False, False),
+        # The trailers never make a patch upstream: the code it changes is there.
         (
-            U,
-            Reason.UPSTREAM,
+            C,
+            Reason.CONFLICT,
             (
-                "text says conflict, trailers say upstream: the hunks are there in other words; taken as upstream",
+                "text says conflict, trailers say upstream: the code it changes is still there,"
+                " changed; not upstream",
             ),
         ),
     ),
@@ -168,11 +178,13 @@ RULES = [
     ((X, A, True, None, True, True), (C, Reason.AMBIGUOUS, ())),
     (
         (X, U, True, None, False, False),
+        # Neither the fix nor the bug: a decision, never `upstream` on the trailers' word.
         (
-            U,
-            Reason.UPSTREAM,
+            C,
+            Reason.REWRITTEN,
             (
-                "text says absent, trailers say upstream: the code it changes is gone; taken as upstream",
+                "text says absent, trailers say upstream: neither its fix nor the code it"
+                " changes is there (rewritten upstream?); not taken as upstream",
             ),
         ),
     ),
@@ -227,32 +239,52 @@ def verdict(state: State, reason: Reason) -> Verdict:
 
 KEEP, DROP, UP = Choice.KEEP, Choice.DROP, Choice.RESOLVE_UPSTREAM
 OPTIONS = [
-    # (section, state, reason, local patch) -> options
-    (Section.SERIES, A, Reason.APPLIES, False, ()),
-    (Section.SERIES, A, Reason.MOVED, False, ()),
-    (Section.SERIES, U, Reason.UPSTREAM, False, ()),  # archived with its release
-    (Section.SERIES, U, Reason.UPSTREAM, True, (UP, KEEP, DROP)),  # never archived unasked
-    (Section.SERIES, C, Reason.CONFLICT, False, (KEEP, DROP, UP)),  # or resolved by hand
-    (Section.SERIES, C, Reason.REWRITTEN, True, (KEEP, DROP, UP)),
-    (Section.SERIES, C, Reason.AMBIGUOUS, False, (KEEP, DROP, UP)),
-    (Section.SERIES, X, Reason.NEVER_THERE, False, (KEEP, DROP)),
-    (Section.UPSTREAMED, U, Reason.UPSTREAM, False, ()),
-    (Section.UPSTREAMED, X, Reason.NEVER_THERE, False, ()),
-    (Section.UPSTREAMED, A, Reason.APPLIES, False, (KEEP, DROP)),  # upstream reverted the fix
-    (Section.UPSTREAMED, C, Reason.CONFLICT, False, (DROP,)),
-    (Section.PARKED, A, Reason.APPLIES, True, ()),
-    (Section.PARKED, C, Reason.REWRITTEN, True, ()),
+    # (section, state, reason, local patch, the bug located) -> options
+    (Section.SERIES, A, Reason.APPLIES, False, False, ()),
+    (Section.SERIES, A, Reason.MOVED, False, False, ()),
+    (Section.SERIES, U, Reason.UPSTREAM, False, False, ()),  # archived with its release
+    (Section.SERIES, U, Reason.UPSTREAM, True, False, (UP, KEEP, DROP)),  # never archived unasked
+    (Section.SERIES, C, Reason.CONFLICT, False, False, (KEEP, DROP, UP)),  # or resolved by hand
+    (Section.SERIES, C, Reason.REWRITTEN, True, False, (KEEP, DROP, UP)),
+    (Section.SERIES, C, Reason.AMBIGUOUS, False, False, (KEEP, DROP, UP)),
+    (Section.SERIES, C, Reason.AMBIGUOUS, False, True, (KEEP, DROP)),  # the bug is there
+    (Section.SERIES, C, Reason.REWRITTEN, False, True, (KEEP, DROP)),  # partly gone
+    (Section.SERIES, X, Reason.NEVER_THERE, False, False, (KEEP, DROP)),
+    (Section.UPSTREAMED, U, Reason.UPSTREAM, False, False, ()),
+    (Section.UPSTREAMED, X, Reason.NEVER_THERE, False, False, ()),
+    (
+        Section.UPSTREAMED,
+        A,
+        Reason.APPLIES,
+        False,
+        False,
+        (KEEP, DROP),
+    ),  # upstream reverted the fix
+    (Section.UPSTREAMED, C, Reason.CONFLICT, False, False, ()),  # fixed in other words
+    (Section.UPSTREAMED, C, Reason.REWRITTEN, False, False, (DROP,)),  # its code is gone
+    (Section.UPSTREAMED, C, Reason.CONFLICT, False, True, (KEEP, DROP)),  # the bug is back
+    (Section.UPSTREAMED, C, Reason.AMBIGUOUS, False, True, (KEEP, DROP)),  # ... elsewhere
+    (Section.PARKED, A, Reason.APPLIES, True, False, ()),
+    (Section.PARKED, C, Reason.REWRITTEN, True, False, ()),
 ]
 
 
-@pytest.mark.parametrize(("section", "state", "reason", "local", "expected"), OPTIONS)
+@pytest.mark.parametrize(("section", "state", "reason", "local", "bug", "expected"), OPTIONS)
 def test_options(
-    section: Section, state: State, reason: Reason, local: bool, expected: tuple[Choice, ...]
+    section: Section,
+    state: State,
+    reason: Reason,
+    local: bool,
+    bug: bool,
+    expected: tuple[Choice, ...],
 ) -> None:
+    """`--resolve-upstream` only where the text shows no bug; an archived patch whose bug is
+    back is a decision (carry it again, or drop it) however it applies."""
     pr = "none (local)" if local else "https://github.com/vllm-project/vllm/pull/1"
     patch = parse_patch_bytes(patch_with("1.0", "", pr), Path("x.patch"))
     assert is_local(patch) == local
-    assert options(section, verdict(state, reason), patch) == expected
+    found = dataclasses.replace(verdict(state, reason), bug_present=bug)
+    assert options(section, found, patch) == expected
 
 
 @pytest.mark.parametrize(

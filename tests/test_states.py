@@ -75,7 +75,8 @@ def test_matrix_on_git_refs(
     tiny: Project, story: Story, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Columns of git refs, in the order given; a ref named like a release has its version
-    (the trailers count), one that is not (`nightly`) has none."""
+    (the trailers count), one that is not (`nightly`) has none and is classified against the
+    pin, as the rebase does (before: `absent (not-found)` for code that was there)."""
     doc = run_json(
         capsys,
         *("--project", str(tiny.root), "matrix", "--json", "--git", str(story.upstream.path)),
@@ -84,7 +85,7 @@ def test_matrix_on_git_refs(
     assert doc["versions"] == {
         "git:v1.2": {ARCHIVED: "upstream", FIX: "conflict", LOCAL: "conflict"},
         "git:v0.9": {ARCHIVED: "applies", FIX: "absent", LOCAL: "conflict"},
-        "git:nightly": {ARCHIVED: "upstream", FIX: "absent", LOCAL: "absent"},
+        "git:nightly": {ARCHIVED: "upstream", FIX: "conflict", LOCAL: "conflict"},
     }
     details = doc["details"]
     assert isinstance(details, dict)
@@ -92,8 +93,8 @@ def test_matrix_on_git_refs(
     assert verdicts == {
         "git:v1.2": ("rewritten", "rewritten"),
         "git:v0.9": ("never-there", "conflict"),
-        # The same tree as v1.2, but no version: nothing tells "rewritten" from "never there".
-        "git:nightly": ("not-found", "not-found"),
+        # The same tree as v1.2, no version: both applied on the pin, their code is gone.
+        "git:nightly": ("rewritten", "rewritten"),
     }
 
 

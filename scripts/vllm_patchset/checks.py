@@ -4,11 +4,23 @@ that passes `check`)."""
 
 from __future__ import annotations
 
+import re
+
+from vllm_patchset import versions
 from vllm_patchset.config import Project
+from vllm_patchset.errors import MalformedPatch
+from vllm_patchset.fsio import plain_parts, read_regular
 from vllm_patchset.lock import Lock
 from vllm_patchset.overlay import Walk, compare_locks, lock_for, walk
-from vllm_patchset.series import Series, load_series, read_series_entries
-from vllm_patchset.states import State
+from vllm_patchset.series import (
+    Patch,
+    Series,
+    load_series,
+    parse_patch,
+    read_series_entries,
+    read_series_file,
+)
+from vllm_patchset.states import Reason, State
 from vllm_patchset.upstream import Mirror, pin_base
 
 
@@ -28,17 +40,148 @@ def lock_freshness(project: Project, mirror: Mirror, result: Walk) -> str:
     return "fresh" if difference is None else f"stale ({difference})"
 
 
-def problems(project: Project, mirror: Mirror) -> tuple[Series, list[str]]:
-    """Series <-> files and trailers (a bad file raises), then: every series patch applies to
-    the pin with no fuzz and no offset, no archived patch applies to it, every parked patch
-    says why it is parked, and the lock is the one a fresh build gives."""
-    series = project_series(project)
+_PR_URL = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/pull/\d+$")
+_PR_NUMBER = re.compile(r"^#?\d+$")
+_NODE = re.compile(r"^(tests/[\w./-]+\.py)((?:::[\w\[\]-]+)*)$")
+
+
+def _line(raw: bytes, prefix: str) -> int:
+    """The 1-based line of the patch where `prefix` starts a line (1 when none does)."""
+    for number, line in enumerate(raw.decode("utf-8", "replace").split("\n"), 1):
+        if line.startswith(prefix):
+            return number
+    return 1
+
+
+def _defines(project: Project, path: str, names: list[str]) -> bool:
+    data = read_regular(project.root / path) if plain_parts(path, "tests") else None
+    if data is None:
+        return False
+    text = data.decode("utf-8", "replace")
+    return all(
+        re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(n)}\b", text, re.M) for n in names
+    )
+
+
+def trailer_problems(project: Project, patch: Patch, archived: bool) -> list[str]:
+    """Every trailer of `patch` checked against what the patches use: versions PEP 440 (or
+    `nightly` where a bug came in), `Introduced-in` <= `Applied-upstream`, a series patch's
+    `Applied-upstream` (when set) a release after the pin, an archived one's at or before it,
+    `Upstream-PR` a pull request (URL or number) or `none` with its reason, `Regression-test`
+    ids of tests that exist in tests/ (where the project has a tests/ folder)."""
+    t = patch.trailers
+    where = f"{patch.path}"
+    out: list[str] = []
+
+    def add(trailer: str, message: str) -> None:
+        out.append(f"{where}:{_line(patch.raw, trailer + ':')}: {message}")
+
+    for name, value, nightly in (
+        ("Introduced-in", t.introduced_in, True),
+        ("Applied-upstream", t.applied_upstream, False),
+    ):
+        problem = versions.trailer_problem(name, value, nightly=nightly)
+        if problem:
+            add(name, problem)
+    if not t.introduced_in:
+        add("Introduced-in", "Introduced-in: empty (a release, or `nightly`)")
+    if versions.older(t.applied_upstream, t.introduced_in):
+        add(
+            "Applied-upstream",
+            f"Applied-upstream: {t.applied_upstream} is before Introduced-in: {t.introduced_in}",
+        )
+    pin = project.pin
+    if archived and not t.applied_upstream:
+        add(
+            "Applied-upstream",
+            "Applied-upstream: empty on an archived patch (the release with the fix)",
+        )
+    elif archived and versions.older(pin, t.applied_upstream):
+        add(
+            "Applied-upstream",
+            f"Applied-upstream: {t.applied_upstream} on an archived patch is after the pin {pin}",
+        )
+    elif (
+        not archived
+        and versions.is_version(t.applied_upstream)
+        and versions.is_version(pin)
+        and not versions.older(pin, t.applied_upstream)
+    ):
+        add(
+            "Applied-upstream",
+            f"Applied-upstream: {t.applied_upstream} on a patch of the series is not a"
+            f" release after the pin {pin} (archive it, or empty it)",
+        )
+    pr = t.upstream_pr
+    words = pr.split()
+    if words and words[0].lower() == "none":
+        if len(words) == 1:
+            add("Upstream-PR", "Upstream-PR: `none` without its reason (e.g. `none (local)`)")
+    elif not (_PR_URL.match(pr) or _PR_NUMBER.match(pr)):
+        add(
+            "Upstream-PR",
+            f"Upstream-PR: {pr!r} is not a pull request URL or number, nor `none (why)`",
+        )
+    has_tests = (project.root / "tests").is_dir()
+    for node in t.regression_tests:
+        match = _NODE.match(node)
+        if not match:
+            add(
+                "Regression-test",
+                f"Regression-test: {node!r} is not a test id (tests/<file>.py::<test>)",
+            )
+        elif has_tests:
+            names = [n.split("[", 1)[0] for n in match.group(2).split("::") if n]
+            if not _defines(project, match.group(1), names):
+                add("Regression-test", f"Regression-test: {node} does not exist in tests/")
+    return out
+
+
+def lint(project: Project) -> tuple[int, list[str], Series | None]:
+    """Every listed patch file parsed and its trailers checked, whatever else fails: (the
+    number of patches, the problems, the series when every file parsed)."""
+    found: list[str] = []
+    count = 0
+    for series_file, prefix, archived in (
+        (project.series_file, "", False),
+        (project.upstreamed_file, project.upstreamed_file.parent.name + "/", True),
+        (project.parked_file, project.parked_file.parent.name + "/", False),
+    ):
+        names = read_series_file(series_file)  # a series that cannot be read: exit 2
+        count += len(names)
+        for name in names:
+            path = series_file.parent / name
+            try:
+                patch = parse_patch(path, prefix + name)
+            except MalformedPatch as exc:
+                found.append(f"{path}:1: {exc}")
+                continue
+            if series_file != project.parked_file:
+                found += trailer_problems(project, patch, archived)
+    if found:
+        return count, found, None
+    return count, found, project_series(project)
+
+
+def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:
+    """The number of patches and every problem: each patch file and its trailers (`lint`),
+    then: every series patch applies to the pin with no fuzz and no offset, no archived patch
+    applies to it or has its bug there, every parked patch says why it is parked, and the
+    lock is the one a fresh build gives."""
+    count, found, series = lint(project)
+    if series is None:
+        return count, found
     result = walk(mirror, pin_base(project, mirror), series.upstreamed + series.active)
-    found = []
     active = {p.key for p in series.active}
     for verdict in result.verdicts:
         if verdict.patch in active and verdict.state != State.APPLIES:
             found.append(f"{verdict.patch}: {verdict.words} on the pin {project.pin}")
+        elif verdict.patch in active and verdict.reason != Reason.APPLIES:
+            found.append(
+                f"{verdict.patch}: applies to {project.pin} only {verdict.reason.value} (its"
+                " code there is reformatted, moved or in several places): refresh it (queue"
+                " import, queue export)"
+            )
         elif verdict.patch in active and verdict.offsets:
             found.append(
                 f"{verdict.patch}: applies to {project.pin} only at an offset "
@@ -46,6 +189,8 @@ def problems(project: Project, mirror: Mirror) -> tuple[Series, list[str]]:
             )
         elif verdict.patch not in active and verdict.state == State.APPLIES:
             found.append(f"{verdict.patch}: archived as upstream, yet applies to the pin")
+        elif verdict.patch not in active and verdict.bug_present:
+            found.append(f"{verdict.patch}: archived as upstream, yet its bug is on the pin")
     for name, reason in read_series_entries(project.parked_file):
         if not reason:
             found.append(
@@ -55,4 +200,4 @@ def problems(project: Project, mirror: Mirror) -> tuple[Series, list[str]]:
     freshness = lock_freshness(project, mirror, result)
     if freshness != "fresh":
         found.append(f"lock {project.lock_path.name}: {freshness}")
-    return series, found
+    return count, found

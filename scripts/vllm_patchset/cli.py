@@ -99,16 +99,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     _reads_only()
     project = _project(args)
-    series, found = problems(project, mirror_for(project))
+    n, found = problems(project, mirror_for(project))
     for problem in found:
         print(problem, file=sys.stderr)
-    n = len(series.active) + len(series.upstreamed) + len(series.parked)
     text = f"check: {n} patches, {len(found)} problem(s)"
     return emit(args, text, {"patches": n, "problems": found}, 1 if found else 0)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay import patches_for, walk
+    from vllm_patchset.overlay import patches_for, walk_project
     from vllm_patchset.reports import matrix_json, matrix_table
     from vllm_patchset.upstream import check_version, mirror_for, sort_versions
 
@@ -130,7 +129,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for name, git in todo:
             step.describe(f"matrix: {name}")
             base = mirror.git_ref(git, name) if git else mirror.release(name)
-            columns[base.label] = walk(mirror, base, patches).verdicts
+            columns[base.label] = walk_project(project, mirror, base, patches).verdicts
             step.advance()
     elapsed = time.perf_counter() - started
     text = matrix_table(columns, colour=colours(), verbose=args.verbose)

@@ -16,9 +16,9 @@ from vllm_patchset import fsio
 from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
-from vllm_patchset.series import Patch, load_series
+from vllm_patchset.series import Patch, load_series, parse_patch_bytes
 from vllm_patchset.states import Reason, State, Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, resolve_base
+from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, pin_base, resolve_base
 
 TREE_INFO = "vllm-patchset-tree.json"
 
@@ -27,26 +27,61 @@ TREE_INFO = "vllm-patchset-tree.json"
 class Walk:
     upstream: Upstream
     verdicts: tuple[Verdict, ...]
-    applied: tuple[Patch, ...]
+    applied: tuple[Patch, ...]  # as they applied to this tree (moved or refreshed: placed)
     tree: str  # the patched tree
 
 
-def walk(mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]) -> Walk:
+def walk(
+    mirror: Mirror,
+    upstream: Upstream,
+    patches: tuple[Patch, ...],
+    *,
+    on_pin: frozenset[str] | None = None,
+) -> Walk:
+    """`on_pin`: the keys of the patches that apply on the pin, where the caller knows them
+    (a base with no release version is then classified against the pin, as the rebase
+    does: code that was there and is gone is `rewritten`, not `not-found`)."""
     repo = mirror.repo
     tree = repo.tree_of(upstream.commit)
     verdicts: list[Verdict] = []
     applied: list[Patch] = []
     for patch in patches:
-        verdict = classify(repo, tree, patch, base=upstream.label, version=upstream.version)
+        was_applied = None if on_pin is None else patch.key in on_pin
+        verdict = classify(
+            repo,
+            tree,
+            patch,
+            base=upstream.label,
+            version=upstream.version,
+            was_applied=was_applied,
+        )
         verdicts.append(verdict)
         if verdict.state == State.APPLIES:
+            placed = verdict.placed
+            if placed is not None:  # moved, or refreshed by token match: as it applies here
+                patch = parse_patch_bytes(placed, patch.path, patch.key)
             tree = repo.apply_to_tree(tree, patch.raw)
             applied.append(patch)
     return Walk(upstream, tuple(verdicts), tuple(applied), tree)
 
 
+def walk_project(
+    project: Project, mirror: Mirror, upstream: Upstream, patches: tuple[Patch, ...]
+) -> Walk:
+    """The walk on `upstream` for a report (`matrix`); one with no release version against the
+    pin (`walk`), as the rebase classifies it. (`overlay build` and `tree` take a base as it
+    is: a patch they cannot place there is left out with `--skip`.)"""
+    if upstream.version is not None or is_pin(project, upstream):
+        return walk(mirror, upstream, patches)
+    pinned = walk(mirror, pin_base(project, mirror), patches)
+    return walk(mirror, upstream, patches, on_pin=frozenset(p.key for p in pinned.applied))
+
+
 def require_no_conflict(result: Walk) -> None:
     for verdict in result.verdicts:
+        archived = "/" in verdict.patch  # a key under patches/upstreamed/ (series keys: names)
+        if archived and not verdict.bug_present:
+            continue  # fixed upstream in other words: nothing to apply, nothing lost
         if verdict.state == State.CONFLICT:
             hunk = next(h for h in verdict.hunks if h.applies_at is None and not h.result_present)
             where = (

@@ -25,9 +25,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from packaging.version import Version
-
-from vllm_patchset import fsio
+from vllm_patchset import fsio, versions
 from vllm_patchset.checks import project_series
 from vllm_patchset.config import Project
 from vllm_patchset.console import emit
@@ -81,21 +79,32 @@ def is_local(patch: Patch) -> bool:
 
 
 def options(section: Section, verdict: Verdict, patch: Patch) -> tuple[Choice, ...]:
-    """The decisions that settle a patch on the new base; () when it needs none."""
+    """The decisions that settle a patch on the new base; () when it needs none.
+    `--resolve-upstream` only where the text shows no bug (`Verdict.bug_present`): the code
+    decides, never the trailers."""
     if section == Section.PARKED:
         return ()
+    resolve = () if verdict.bug_present else (Choice.RESOLVE_UPSTREAM,)
     if section == Section.UPSTREAMED:
-        if verdict.state == State.APPLIES:  # upstream's fix is gone again
+        if verdict.state == State.APPLIES or verdict.bug_present:  # the bug is back
             return (Choice.KEEP, Choice.DROP)
-        return (Choice.DROP,) if verdict.state == State.CONFLICT else ()
+        # Changed code with no bug in it (fixed in other words, as resolved): it keeps
+        # guarding; code that is gone altogether is the maintainer's to drop.
+        gone = verdict.state == State.CONFLICT and verdict.reason != Reason.CONFLICT
+        return (Choice.DROP,) if gone else ()
     if verdict.state == State.APPLIES:
         return ()
     if verdict.state == State.UPSTREAM:
         # Never archived as upstream without the maintainer saying so: nothing upstream
-        # merged it, the same text is there by coincidence or by another change.
-        return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP) if is_local(patch) else ()
+        # merged it, the same text is there by coincidence or by another change; nor where
+        # its trailers name a later release than this one (the text and the trailers
+        # disagree: the maintainer says which is right).
+        disagree = verdict.trailer_state == State.APPLIES and bool(patch.trailers.applied_upstream)
+        if is_local(patch) or disagree:
+            return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP)
+        return ()
     if verdict.state == State.CONFLICT:
-        return (Choice.KEEP, Choice.DROP, Choice.RESOLVE_UPSTREAM)
+        return (Choice.KEEP, Choice.DROP, *resolve)
     return (Choice.KEEP, Choice.DROP)  # absent: the code was never there
 
 
@@ -118,6 +127,7 @@ class Context:
     renames: Mapping[str, str]
     decisions: Mapping[str, Decision]
     parked_reasons: Mapping[str, str]
+    keys: tuple[str, ...] = ()  # every patch's key: short ids are unique among them
 
 
 class _Tree:
@@ -160,7 +170,11 @@ _Applier = _Tree | _Worktree
 
 
 def _placed(patch: Patch, verdict: Verdict) -> bytes:
-    """The patch's bytes, its paths moved where the code went."""
+    """The patch's bytes as they apply to the new base: its paths moved where the code went,
+    or refreshed by token match (the verdict's own), else as it is."""
+    placed = verdict.placed
+    if placed is not None:
+        return placed
     return rewrite_paths(patch.raw, dict(verdict.moved_to)) if verdict.moved_to else patch.raw
 
 
@@ -219,7 +233,7 @@ def _step(applier: _Applier, section: Section, patch: Patch, ctx: Context, *, dr
                 notes=(
                     "the rebase will stop here for a hand resolution in .rebase/worktree"
                     " (or decide now: "
-                    + ", ".join(f"{c.flag} {short_id(step.key, (step.key,))}" for c in step.options)
+                    + ", ".join(f"{c.flag} {short_id(step.key, ctx.keys)}" for c in step.options)
                     + ")",
                 ),
             )
@@ -354,22 +368,10 @@ def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstre
                 f"{decision.choice.flag} {decision.patch}: not an option for a patch {where}"
                 f" (its options: {allowed})"
             )
-        if (
-            decision.choice == Choice.RESOLVE_UPSTREAM
-            and onto.version is None
-            and step.verdict.text_state == State.CONFLICT
-        ):
-            # The archived patch would conflict on a pin whose version its trailers cannot be
-            # compared with: `check` could not tell it from a lost fix.
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: {onto.label} has no release version and"
-                " the patch conflicts there, so `check` could not tell the archived patch from"
-                " a lost fix: rebase onto a release, or a ref named like one (v1.2.0)"
-            )
         newer = (
             decision.release is not None
             and onto.version is not None
-            and Version(decision.release) > Version(onto.version)
+            and versions.older(onto.version, decision.release)
         )
         if newer:
             raise BadInput(
@@ -410,6 +412,7 @@ def _context(project: Project, mirror: Mirror, state: RebaseState) -> Context:
         renames=dict(state.renames),
         decisions={d.patch: d for d in state.decisions},
         parked_reasons=dict(read_series_entries(project.parked_file)),
+        keys=tuple(p.key for _, p in _ordered(project_series(project))),
     )
 
 
@@ -432,6 +435,7 @@ def start(
     ref: str | None,
     choices: Sequence[tuple[Choice, str]] = (),
     release: str | None = None,
+    allow_downgrade: bool = False,
 ) -> Outcome:
     if state_path(project).exists():
         raise BadInput(
@@ -449,6 +453,11 @@ def start(
     onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
     if onto.commit == old.commit:
         raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
+    if onto.version and versions.older(onto.version, project.pin) and not allow_downgrade:
+        raise BadInput(
+            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
+            " --allow-downgrade)"
+        )
     state = RebaseState(
         phase="running",
         old_pin=project.pin,
@@ -524,7 +533,12 @@ def resume(
     later = list(new)
     if state.stop == "conflict":
         decided = ctx.decisions.get(last.key)
-        if decided is not None:
+        if decided is not None and last.decision == decided.choice:
+            # `--keep` of an archived patch whose bug is back, taken with a conflict: the
+            # decision is made, the conflict is resolved by hand.
+            later = [d for d in later if d != decided]
+            decided = None
+        elif decided is not None:
             _validate([last], [decided], state.onto)
             later.remove(decided)
         patch = next(p for _, p in _ordered(series) if p.key == last.key)
@@ -551,7 +565,7 @@ def _settle_conflict(
     ctx: Context,
 ) -> Step:
     """The conflicted patch after the maintainer's work: resolved (one commit), or decided."""
-    flags = ", ".join(f"{c.flag} {short_id(last.key, (last.key,))}" for c in last.options)
+    flags = ", ".join(f"{c.flag} {short_id(last.key, ctx.keys)}" for c in last.options)
     if worktree.am_in_progress():
         if decided is not None:
             worktree.am_abort()
@@ -623,7 +637,7 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
             )
             save(project, state)
             lines = (
-                _next_steps(project, worktree, step)
+                _next_steps(project, worktree, step, ctx.keys)
                 if step.action == "conflict"
                 else ("rerun: vllm-patchset rebase --continue <an option above>",)
             )
@@ -632,16 +646,18 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
     return _finish(project, mirror, state)
 
 
-def _next_steps(project: Project, worktree: Repo, step: Step) -> tuple[str, ...]:
+def _next_steps(
+    project: Project, worktree: Repo, step: Step, keys: tuple[str, ...]
+) -> tuple[str, ...]:
     files = " ".join(worktree.unmerged_paths()) or "(the files of the hunks above)"
-    name = short_id(step.key, (step.key,))
+    name = short_id(step.key, keys)
     return (
         f"1. cd {worktree.path}",
         f"2. resolve the conflict in: {files}",
         "3. git add <the files> && git am --continue (keeps the patch's message, author and date)",
         f"4. cd {project.root} && vllm-patchset rebase --continue",
-        "Or decide instead: vllm-patchset rebase --continue"
-        f" --keep {name} | --drop {name} | --resolve-upstream {name}",
+        "Or decide instead: vllm-patchset rebase --continue "
+        + " | ".join(f"{c.flag} {name}" for c in step.options),
         "To give up: vllm-patchset rebase --abort (everything is restored as it was).",
         "Nothing in patches/, pyproject.toml, the lock or CHANGELOG.md has changed yet.",
     )
@@ -750,6 +766,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
                 ref=args.ref,
                 choices=choices,
                 release=args.release,
+                allow_downgrade=args.allow_downgrade,
             )
     except KeyboardInterrupt:
         fsio.interrupt_leaves(interrupted_message(project))
@@ -788,5 +805,10 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--release", metavar="VERSION", help="for --resolve-upstream: the release with the fix"
+    )
+    p.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="rebase onto a release older than the pin (refused without it)",
     )
     p.set_defaults(func=cmd_rebase)

@@ -91,6 +91,20 @@ def short_id(patch: str) -> str:
     return {"upstreamed": "U", "parked": "P"}.get(folder, "") + number
 
 
+def unique_ids(patches: Sequence[str]) -> dict[str, str]:
+    """Each patch's short id, unique among `patches` (series, archive and parked together):
+    where two share one (`U0001` for two archived fixes numbered 0001), the first word of
+    the name joins it (`U0001-nvfp4`), else the whole key."""
+    short = {p: short_id(p) for p in patches}
+    shared = {i for i in short.values() if list(short.values()).count(i) > 1}
+    ids = {
+        p: f"{i}-{p.rpartition('/')[2].split('-')[1]}" if i in shared and i != p else i
+        for p, i in short.items()
+    }
+    taken = list(ids.values())
+    return {p: p if taken.count(i) > 1 else i for p, i in ids.items()}
+
+
 def _wrap(text: str, indent: str) -> list[str]:
     """Lines of at most 100 columns; paths and words with hyphens are never cut."""
     return textwrap.wrap(
@@ -104,7 +118,7 @@ def matrix_table(
     """Versions as rows, patches as columns under their short ids, a legend of both; states
     coloured when `colour`. Fits 100 columns for a few patches (long notes are wrapped)."""
     patches = list(dict.fromkeys(v.patch for vs in columns.values() for v in vs))
-    ids = {p: short_id(p) for p in patches}
+    ids = unique_ids(patches)
     rows: list[list[tuple[str, str]]] = [[("version", "")] + [(ids[p], "") for p in patches]]
     for label, verdicts in columns.items():
         by_patch = {v.patch: v for v in verdicts}

@@ -27,10 +27,11 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from vllm_patchset import locate
 from vllm_patchset.edits import rewrite_paths
 from vllm_patchset.errors import GitError
 from vllm_patchset.gitrepo import Repo
-from vllm_patchset.series import Hunk, Patch, parse_patch_bytes
+from vllm_patchset.series import FilePatch, Hunk, Patch, parse_patch_bytes
 from vllm_patchset.upstream import parse_version
 
 LOCATE_RATIO = 0.8  # a pre-image window this similar is "the same code, changed"
@@ -54,7 +55,9 @@ class Reason(StrEnum):
     NOT_FOUND = "not-found"  # not there, and no version to tell why          -> absent
     CONFLICT = "conflict"  # the hunks are there, changed                     -> conflict
     REWRITTEN = "rewritten"  # the code was there (or should be) and is gone  -> conflict
-    AMBIGUOUS = "ambiguous"  # the code is in several places, or partly moved -> conflict
+    AMBIGUOUS = "ambiguous"  # the code is in several places, or in another scope -> conflict
+    REFRESHED = "refreshed"  # its code is there, reformatted or beside a copy: a patch
+    # refreshed by token match applies (the same tokens as its post-image)   -> applies
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,14 @@ class Verdict:
     three_way: str | None = None  # "clean", "no change", "conflict"; None: not tried
     moved_to: tuple[tuple[str, str], ...] = ()  # (path in the patch, path on this tree)
     candidates: tuple[str, ...] = ()  # where the code may have gone (ambiguous)
+    refreshed: str = ""  # the patch placed by token match on this tree (REFRESHED), as text
+    bug_present: bool = False  # a hunk's pre-image (the bug) is located on this tree
+
+    @property
+    def placed(self) -> bytes | None:
+        """The patch as it applies to this tree, when it is not the patch's own bytes: its
+        paths moved (`moved_to`) or refreshed by token match."""
+        return self.refreshed.encode("utf-8") if self.refreshed else None
 
     @property
     def words(self) -> str:
@@ -134,6 +145,8 @@ class Verdict:
             "three_way": self.three_way,
             "moved_to": [list(m) for m in self.moved_to],
             "candidates": list(self.candidates),
+            "refreshed": self.refreshed,
+            "bug_present": self.bug_present,
         }
 
     @staticmethod
@@ -182,6 +195,8 @@ class Verdict:
             three_way=three_way,
             moved_to=moved,
             candidates=strings(doc["candidates"]),
+            refreshed=str(doc.get("refreshed", "")),
+            bug_present=bool(doc.get("bug_present", False)),
         )
 
 
@@ -324,14 +339,23 @@ def decide(
     pending: bool = True,
     base: str = "this base",
 ) -> tuple[State, Reason, tuple[str, ...]]:
-    """The state rules: the text's state, the trailers' (None: unknown), whether the patch
-    applied on the previous base (None: no previous base), the 3-way merge's outcome, whether
-    moved code was found in several places, and whether `Applied-upstream` is still empty.
+    """The state rules. The text decides (its state: `applies`, `upstream`, `conflict`: the
+    hunks are there, changed, `absent`: the code the patch changes is not there); the trailers
+    (None: unknown), whether the patch applied on the previous base (None: no previous base),
+    the 3-way merge's outcome and whether `Applied-upstream` is still empty only tell the
+    reasons apart and name the disagreements: they never make a patch `upstream`.
     Returns the state, its reason and the warnings (disagreements that change a decision)."""
     said = trailers.value if trailers else None
     against = f"text says {text.value}, trailers say {said}"
+    warn: tuple[str, ...]
     if text == State.APPLIES:
-        warn = (against,) if trailers in (State.UPSTREAM, State.ABSENT) else ()
+        warn = (
+            (f"{against}: the bug is back (a revert?); the text decides",)
+            if trailers == State.UPSTREAM
+            else (against,)
+            if trailers == State.ABSENT
+            else ()
+        )
         return State.APPLIES, Reason.APPLIES, warn
     if text == State.UPSTREAM:
         warn = (
@@ -341,25 +365,17 @@ def decide(
         )
         return State.UPSTREAM, Reason.UPSTREAM, warn
     if text == State.CONFLICT:
+        warn = ()
         if trailers == State.UPSTREAM:
-            return (
-                State.UPSTREAM,
-                Reason.UPSTREAM,
-                (f"{against}: the hunks are there in other words; taken as upstream",),
-            )
-        warn = (against,) if trailers == State.ABSENT else ()
+            warn = (f"{against}: the code it changes is still there, changed; not upstream",)
+        elif trailers == State.ABSENT:
+            warn = (against,)
         if three_way == "clean":
             return State.APPLIES, Reason.THREE_WAY, warn
         return State.CONFLICT, Reason.CONFLICT, warn
-    # text == ABSENT: the code the patch changes is not where the patch says.
+    # text == ABSENT: neither the code the patch changes nor its fix is where the patch says.
     if ambiguous:
         return State.CONFLICT, Reason.AMBIGUOUS, ()
-    if trailers == State.UPSTREAM:
-        return (
-            State.UPSTREAM,
-            Reason.UPSTREAM,
-            (f"{against}: the code it changes is gone; taken as upstream",),
-        )
     clean = (
         ("3-way merge: clean, although the code it changes was not found",)
         if (three_way == "clean")
@@ -367,6 +383,16 @@ def decide(
     )
     if trailers == State.ABSENT:
         return State.ABSENT, Reason.NEVER_THERE, clean
+    if trailers == State.UPSTREAM:
+        return (
+            State.CONFLICT,
+            Reason.REWRITTEN,
+            (
+                f"{against}: neither its fix nor the code it changes is there (rewritten"
+                " upstream?); not taken as upstream",
+                *clean,
+            ),
+        )
     if was_applied:
         return (
             State.CONFLICT,
@@ -390,6 +416,7 @@ def decide(
 
 
 def text_state(hunks: tuple[HunkFinding, ...], applies: bool) -> State:
+    """The text's state from the line findings alone (the token findings refine it)."""
     if applies:
         return State.APPLIES
     if all(h.result_present for h in hunks):
@@ -397,6 +424,249 @@ def text_state(hunks: tuple[HunkFinding, ...], applies: bool) -> State:
     if all(h.result_present or h.located for h in hunks):
         return State.CONFLICT
     return State.ABSENT
+
+
+# -- the code on the tree, by tokens -------------------------------------------------------------
+@dataclass(frozen=True)
+class _Look:
+    """One hunk on the tree, by tokens (locate.py)."""
+
+    number: int
+    path: str
+    hunk: Hunk
+    pre: locate.Side
+    post: locate.Side
+    scope: locate.Scope | None  # its place on the old base (None: unknown)
+    sites: tuple[int, ...]  # token indices of its pre-image in the file, in that scope
+    elsewhere: tuple[int, ...]  # ... in another scope
+    present: bool  # its changes are there (the post-image's added code, no removed code)
+    text: str | None  # the file on the tree
+    line_sites: int  # places where its pre-image's lines are, exactly
+
+    @property
+    def row(self) -> int | None:
+        """The row where its one site's pre-image starts (its first line, blank or not)."""
+        if len(self.sites) != 1 or self.text is None or not self.pre.tokens:
+            return None
+        lead = self.pre.tokens[0].start[0] - 1
+        return locate.tokens(self.text)[self.sites[0]].start[0] - lead
+
+    def places(self) -> list[str]:
+        """Where its pre-image is: by tokens, else (a hunk tokenize cannot read) by lines."""
+        if self.sites or self.elsewhere:
+            return [self.where(at) for at in (*self.sites, *self.elsewhere)]
+        lines = (self.text or "").split("\n")
+        return [f"{self.path}:{i + 1}" for i in _find_block(lines, self.hunk.pre)]
+
+    def where(self, at: int) -> str:
+        assert self.text is not None
+        row = locate.tokens(self.text)[at].start[0]
+        return f"{self.path}:{row} ({locate.dotted(locate.site_scope(self.text, at, self.pre))})"
+
+
+_BLOBS: dict[tuple[str, str], str | None] = {}
+
+
+def _blob_text(repo: Repo, sha: str) -> str | None:
+    """A blob by its id (from a patch's `index` line: hex only, never an option), if the
+    repository has it."""
+    key = (str(repo.path), sha)
+    if key not in _BLOBS:
+        try:
+            data: bytes | None = repo.run_bytes("cat-file", "blob", sha)
+        except GitError:
+            data = None
+        _BLOBS[key] = data.decode("utf-8", "surrogateescape") if data is not None else None
+    return _BLOBS[key]
+
+
+def _old_scope(repo: Repo, file_patch: FilePatch, hunk: Hunk) -> locate.Scope | None:
+    """The scope the hunk's change had where the patch was written: its pre-image in the
+    patch's old blob, else its post-image in the new one (None when neither is at hand)."""
+    for sha, post, start in (
+        (file_patch.old_blob, False, hunk.old_start),
+        (file_patch.new_blob, True, hunk.new_start),
+    ):
+        text = _blob_text(repo, sha) if sha else None
+        if text is None:
+            continue
+        hunk_side = locate.side(hunk, post=post)
+        hits = locate.find(locate.words(text), hunk_side.words)
+        if not hits:
+            continue
+        toks = locate.tokens(text)
+        lead = hunk_side.tokens[0].start[0] - 1
+        best = min(hits, key=lambda i: abs(toks[i].start[0] - lead - start))
+        return locate.site_scope(text, best, hunk_side)
+    return None
+
+
+def _token_present(hay: tuple[str, ...], pre: locate.Side, post: locate.Side) -> bool:
+    """Every change of the hunk is there: its added code found, its removed code gone (but
+    where it is part of the added code); a pure removal: its context, without it."""
+    changes = list(zip(pre.changes, post.changes, strict=True))
+    if not any(a < b or c < d for (a, b), (c, d) in changes):
+        return False  # comments only: the line findings tell
+    if locate.find(hay, post.words):
+        return True
+    if all(c == d for _, (c, d) in changes):
+        return False  # a pure removal whose context is not there as the patch leaves it
+    for (a, b), (c, d) in changes:
+        removed, added = pre.words[a:b], post.words[c:d]
+        spans = [(i, i + len(added)) for i in locate.find(hay, added)] if added else []
+        if added and not spans:
+            return False
+        for j in locate.find(hay, removed) if removed else []:
+            if not any(s <= j and j + len(removed) <= e for s, e in spans):
+                return False
+    return True
+
+
+def _looks(repo: Repo, tree: str, patch: Patch) -> tuple[_Look, ...]:
+    out: list[_Look] = []
+    number = 0
+    for file_patch in patch.files:
+        blob = repo.read_blob(tree, file_patch.path)
+        text = blob.decode("utf-8", "surrogateescape") if blob is not None else None
+        hay = locate.words(text) if text is not None else ()
+        for hunk in file_patch.hunks:
+            number += 1
+            pre, post = locate.side(hunk, post=False), locate.side(hunk, post=True)
+            if not post.readable:
+                pre = replace(pre, readable=False)
+            scope = _old_scope(repo, file_patch, hunk)
+            hits = locate.find(hay, pre.words) if text is not None and pre.readable else []
+            scoped = tuple(
+                i for i in hits if scope is None or locate.site_scope(text or "", i, pre) == scope
+            )
+            out.append(
+                _Look(
+                    number=number,
+                    path=file_patch.path,
+                    hunk=hunk,
+                    pre=pre,
+                    post=post,
+                    scope=scope,
+                    sites=scoped,
+                    elsewhere=tuple(i for i in hits if i not in scoped),
+                    present=text is not None and pre.readable and _token_present(hay, pre, post),
+                    text=text,
+                    line_sites=len(_find_block(text.split("\n"), hunk.pre)) if text else 0,
+                )
+            )
+    return tuple(out)
+
+
+def _kind(look: _Look, finding: HunkFinding) -> str:
+    """What the tree holds of one hunk: "git" (no code to compare: git's placement), "site"
+    (its pre-image, once, in its scope), "ambiguous" (several sites, or only in another
+    scope), "present" (its changes), "changed" (a window alike), "lost" (none of these)."""
+    if not look.pre.words or not look.pre.readable:  # its exact lines only
+        if look.line_sites == 1:
+            return "git"
+        if look.line_sites > 1:
+            return "ambiguous"
+        return "present" if finding.result_present else "changed" if finding.located else "lost"
+    if len(look.sites) == 1:
+        return "site"
+    if len(look.sites) > 1:
+        return "ambiguous"
+    if finding.result_present:
+        return "present"
+    if look.elsewhere:
+        return "ambiguous"
+    return "changed" if finding.located else "lost"
+
+
+def _refreshed_patch(patch: Patch, looks: tuple[_Look, ...], kinds: list[str]) -> str | None:
+    """The patch placed by token match: each file's hunks made at their one site, the hunks
+    already there left out; None when a file's result is not the post-images' tokens."""
+    diffs: list[str] = []
+    for file_patch in patch.files:
+        mine = [(look, kind) for look, kind in zip(looks, kinds, strict=True)]
+        mine = [(look, kind) for look, kind in mine if look.path == file_patch.path]
+        placements = [(look.hunk, look.sites[0]) for look, kind in mine if kind == "site"]
+        if not placements:
+            continue
+        text = mine[0][0].text
+        assert text is not None
+        new = locate.refresh(text, placements)
+        if new is None or not text.endswith("\n") or not new.endswith("\n"):
+            return None  # (a file with no final newline: left to git and the maintainer)
+        path = file_patch.path
+        body = difflib.unified_diff(
+            text.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            f"a/{path}",
+            f"b/{path}",
+        )
+        lines = "".join(line if line.endswith("\n") else line + "\n" for line in body)
+        diffs.append(f"diff --git a/{path} b/{path}\n{lines}")
+    head = patch.raw.decode("utf-8").partition("\ndiff --git ")[0]
+    return head + "\n" + "".join(diffs) + "-- \n"
+
+
+def _related(old: locate.Scope, new: locate.Scope, bases: tuple[str, ...]) -> bool:
+    """Whether code found in scope `new` is the code that was in scope `old`: the same scope,
+    another method of the same class, or a method of a class the old one derives from."""
+    if not old or not new:
+        return old == new and bool(old)
+    if new == old or (len(old) > 1 and new[: len(old) - 1] == old[:-1]):
+        return True
+    return len(old) > 1 and new[0] in bases
+
+
+def _bug_elsewhere(
+    repo: Repo, tree: str, looks: tuple[_Look, ...], hunks: tuple[HunkFinding, ...]
+) -> tuple[str, ...]:
+    """Where the removed code of a hunk that has no site in its file is, across the package:
+    in a scope related to its old one (locate `_related`), or with a window of tokens at least
+    LOCATE_RATIO alike to its pre-image (a copy in unrelated code is not the patch's code)."""
+    places: list[str] = []
+    for look, finding in zip(looks, hunks, strict=True):
+        if look.sites or look.elsewhere or not look.pre.readable:
+            continue
+        own = (  # the hunk's own window, changed (a conflict there, not code elsewhere)
+            range(finding.found_at, finding.found_at + len(look.hunk.pre))
+            if finding.located and finding.found_at is not None
+            else range(0)
+        )
+        for a, b in look.pre.changes:
+            # An argument's separator is not the bug: the expression may stand alone there.
+            while a < b and look.pre.words[a] == ",":
+                a += 1
+            while b > a and look.pre.words[b - 1] == ",":
+                b -= 1
+            core = look.pre.words[a:b]
+            names = [w for w in core if w.isidentifier()]
+            if len(core) < 4 or not names:
+                continue
+            bases: tuple[str, ...] = ()
+            if look.scope and len(look.scope) > 1 and look.text is not None:
+                bases = locate.class_bases(look.text, look.scope[0])
+            suffix = PurePosixPath(look.path).suffix
+            for path in repo.grep_files(tree, max(names, key=len), f"*{suffix}"):
+                blob = repo.read_blob(tree, path) or b""
+                text = blob.decode("utf-8", "surrogateescape")
+                if not all(name in text for name in names):
+                    continue  # cheap: every name of it is there, before the file's tokens
+                hay = locate.words(text)
+                for at in locate.find(hay, core):
+                    start = max(0, at - a)
+                    window = hay[start : start + len(look.pre.words)]
+                    alike = locate.similarity(window, look.pre.words) >= LOCATE_RATIO
+                    first = locate.tokens(text)[at].start[0]
+                    last = locate.tokens(text)[at + len(core) - 1].end[0]
+                    scope = locate.scope_of(text, first, last)
+                    if path == look.path and first in own:
+                        continue
+                    if alike or (
+                        look.scope is not None
+                        and scope is not None
+                        and _related(look.scope, scope, bases)
+                    ):
+                        places.append(f"{path}:{first} ({locate.dotted(scope)})")
+    return tuple(dict.fromkeys(places))
 
 
 def classify(
@@ -413,15 +683,110 @@ def classify(
 ) -> Verdict:
     """The state of `patch` on `tree` (the upstream tree `base`, earlier patches applied).
 
-    `was_applied`: whether it applied on the previous base (a rebase knows); `three_way`: try
-    a 3-way merge where git's plain apply fails; `renames`: git's rename detection from the
-    previous base (old path -> new path). Code that is not where the patch says is searched
-    for across the package: found in one place, the patch is classified there (`moved`)."""
+    The text decides, by tokens (locate.py): `applies` where git applies it and every hunk
+    lands at the one place its pre-image has in the scope it had (else a patch refreshed by
+    token match, `refreshed`); `upstream` only where every hunk's changes are there and no
+    hunk's pre-image (the bug) is, anywhere in the package; code in several places, or in
+    another scope, is `ambiguous` (a stop naming the places). `was_applied`: whether it
+    applied on the previous base (a rebase knows); `three_way`: try a 3-way merge where the
+    hunks are there, changed; `renames`: git's rename detection from the previous base (old
+    path -> new path). Code that is not where the patch says is searched for across the
+    package: found in one place, the patch is classified there (`moved`)."""
     applies, _ = repo.check_apply(tree, patch.raw)
-    hunks = find_hunks(repo, tree, patch)
-    text = text_state(hunks, applies)
-    candidates: tuple[str, ...] = ()
-    if text == State.ABSENT and follow_moves:
+    lines = find_hunks(repo, tree, patch)
+    looks = _looks(repo, tree, patch)
+    hunks = tuple(
+        replace(h, result_present=h.result_present or look.present)
+        for h, look in zip(lines, looks, strict=True)
+    )
+    kinds = [_kind(look, h) for look, h in zip(looks, hunks, strict=True)]
+    bug_here = any(
+        (look.sites or look.elsewhere) and not (not look.hunk.removed and h.result_present)
+        for look, h in zip(looks, hunks, strict=True)
+    )
+    expected = trailer_state(patch, version)
+    pending = not patch.trailers.applied_upstream
+
+    def verdict(
+        state: State,
+        reason: Reason,
+        text: State,
+        warnings: tuple[str, ...] = (),
+        **extra: Any,
+    ) -> Verdict:
+        bug = bool(extra.pop("bug", False)) or bug_here
+        cosmetic = _upstream_drift(repo, tree, patch, hunks) if state == State.UPSTREAM else []
+        if state == State.UPSTREAM and extra.get("three_way") == "conflict":
+            cosmetic.append("3-way merge: conflict (the release's code differs from the patch's)")
+        return Verdict(
+            patch=patch.key,
+            base=base,
+            state=state,
+            reason=reason,
+            text_state=text,
+            trailer_state=expected,
+            hunks=hunks,
+            warnings=warnings,
+            cosmetic=tuple(cosmetic),
+            bug_present=bug,
+            **extra,
+        )
+
+    def trailer_note(state: State) -> tuple[str, ...]:
+        return decide(state, expected, pending=pending, base=base)[2]
+
+    # 1. git applies it, each hunk at the one place its code has in its scope.
+    placed_by_git = all(
+        kind == "git" or (kind == "site" and look.row == h.applies_at)
+        for kind, look, h in zip(kinds, looks, hunks, strict=True)
+    )
+    if applies and placed_by_git:
+        return verdict(State.APPLIES, Reason.APPLIES, State.APPLIES, trailer_note(State.APPLIES))
+    # 2. Its code is there once in its scope, reformatted or beside a copy, or partly fixed
+    # upstream: placed by token match.
+    if all(k in ("site", "present") for k in kinds) and "site" in kinds:
+        refreshed = _refreshed_patch(patch, looks, kinds)
+        if refreshed is not None:
+            notes = [
+                f"hunk {look.number} ({look.path}): placed by token match at"
+                f" {look.where(look.sites[0])}"
+                for look, kind in zip(looks, kinds, strict=True)
+                if kind == "site" and not (applies and look.row is not None)
+            ]
+            notes += [
+                f"hunk {look.number} ({look.path}): its change is there already (partly"
+                " upstream); the refreshed patch leaves it out"
+                for look, kind in zip(looks, kinds, strict=True)
+                if kind == "present"
+            ]
+            return verdict(
+                State.APPLIES,
+                Reason.REFRESHED,
+                State.APPLIES,
+                (*notes, *trailer_note(State.APPLIES)),
+                refreshed=refreshed,
+            )
+    # 3. Code in several places, or only in another scope: the maintainer says where.
+    if "ambiguous" in kinds:
+        places = [
+            place
+            for look, kind in zip(looks, kinds, strict=True)
+            if kind == "ambiguous"
+            for place in look.places()
+        ]
+        return verdict(
+            State.CONFLICT,
+            Reason.AMBIGUOUS,
+            State.CONFLICT,
+            (
+                "the code it changes is in several places, or in another class or function"
+                " than on the old base: " + ", ".join(places) + "; move the patch by hand"
+                " (queue import) or decide",
+            ),
+            candidates=tuple(places),
+        )
+    # 4. Files whose code went elsewhere, whole: followed (`moved`).
+    if follow_moves and "lost" in kinds:
         moves, candidates = _relocation(repo, tree, patch, hunks, renames or {})
         if moves:
             moved = parse_patch_bytes(rewrite_paths(patch.raw, dict(moves)), patch.path, patch.key)
@@ -435,49 +800,76 @@ def classify(
                 three_way=three_way,
                 follow_moves=False,
             )
-            where = ", ".join(f"{a} -> {b}" for a, b in moves)
-            return replace(
-                there,
-                reason=Reason.MOVED,
-                moved_to=moves,
-                warnings=(f"moved: {where}", *there.warnings),
-            )
-    merged = _three_way(repo, tree, patch) if three_way and text != State.APPLIES else None
-    expected = trailer_state(patch, version)
+            if there.state != State.CONFLICT or there.reason != Reason.AMBIGUOUS:
+                where = ", ".join(f"{a} -> {b}" for a, b in moves)
+                placed = there.refreshed or rewrite_paths(patch.raw, dict(moves)).decode()
+                return replace(
+                    there,
+                    patch=patch.key,
+                    reason=Reason.MOVED,
+                    moved_to=moves,
+                    refreshed=placed,
+                    warnings=(f"moved: {where}", *there.warnings),
+                )
+            return replace(there, patch=patch.key, moved_to=moves)
+    else:
+        candidates = ()
+    # 5. The bug elsewhere in the package (a helper, a mixin, another module): needed, and
+    # the maintainer carries it there.
+    elsewhere = _bug_elsewhere(repo, tree, looks, hunks)
+    if elsewhere or candidates:
+        named = {place.split(":", 1)[0] for place in elsewhere}
+        found = (*elsewhere, *(c for c in candidates if c not in named))
+        return verdict(
+            State.CONFLICT,
+            Reason.AMBIGUOUS,
+            State.CONFLICT,
+            (
+                "the code it fixes is not where the patch says; it is at "
+                + ", ".join(found)
+                + ": carry the fix there by hand (queue import) or decide",
+            ),
+            candidates=found,
+            bug=bool(elsewhere),
+        )
+    # 6. Every change there, no bug anywhere: upstream.
+    if all(
+        k == "present" or (k == "git" and h.result_present)
+        for k, h in zip(kinds, hunks, strict=True)
+    ):
+        merged = _three_way(repo, tree, patch) if three_way else None
+        _, _, warn = decide(State.UPSTREAM, expected, pending=pending, base=base)
+        return verdict(State.UPSTREAM, Reason.UPSTREAM, State.UPSTREAM, warn, three_way=merged)
+    # 7. Part of the code is there (changed, or with its bug), part is gone.
+    if all(k in ("site", "present", "changed", "git") for k in kinds):
+        text = State.CONFLICT
+    elif bug_here:
+        lost = [str(look.number) for look, k in zip(looks, kinds, strict=True) if k == "lost"]
+        kept = [
+            look.where(look.sites[0]) for look, k in zip(looks, kinds, strict=True) if k == "site"
+        ]
+        return verdict(
+            State.CONFLICT,
+            Reason.REWRITTEN,
+            State.CONFLICT,
+            (
+                f"hunk(s) {', '.join(lost)}: the code they change is gone from {base}, while"
+                f" the code the others fix is still there ({', '.join(kept)}): port the patch"
+                " by hand (queue import) or decide",
+            ),
+        )
+    else:
+        text = State.ABSENT
+    merged = _three_way(repo, tree, patch) if three_way else None
     state, reason, warnings = decide(
         text,
         expected,
         was_applied=was_applied,
         three_way=merged,
-        ambiguous=bool(candidates),
-        pending=not patch.trailers.applied_upstream,
+        pending=pending,
         base=base,
     )
-    if candidates:
-        warnings = (
-            "the code it changes is not where the patch says; it may be in "
-            + ", ".join(candidates)
-            + ": move the patch by hand (queue import) or decide",
-            *warnings,
-        )
-    cosmetic: list[str] = []
-    if state == State.UPSTREAM:
-        cosmetic += _upstream_drift(repo, tree, patch, hunks)
-        if merged == "conflict":
-            cosmetic.append("3-way merge: conflict (the release's code differs from the patch's)")
-    return Verdict(
-        patch=patch.key,
-        base=base,
-        state=state,
-        reason=reason,
-        text_state=text,
-        trailer_state=expected,
-        hunks=hunks,
-        warnings=warnings,
-        cosmetic=tuple(cosmetic),
-        three_way=merged,
-        candidates=candidates,
-    )
+    return verdict(state, reason, text, warnings, three_way=merged)
 
 
 def _three_way(repo: Repo, tree: str, patch: Patch) -> str:

@@ -12,13 +12,25 @@ cut short (a kill, a power cut) is finished by running `swap_in` again, or undon
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_patchset import versions
 from vllm_patchset.checks import problems, project_series
 from vllm_patchset.config import Project
-from vllm_patchset.edits import insert_entry, set_ci_images, set_pin, with_trailer
+from vllm_patchset.edits import (
+    insert_entry,
+    set_ci_images,
+    set_pin,
+    set_readme,
+    set_torch_comment,
+    set_unreleased_pin,
+    torch_of,
+    with_trailer,
+)
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.fsio import fsync_dir, remove_file, remove_tree
 from vllm_patchset.gitrepo import Repo
@@ -26,9 +38,10 @@ from vllm_patchset.overlay import build_overlay
 from vllm_patchset.rebase_report import changelog_entry, range_diff, today
 from vllm_patchset.rebase_state import RebaseState, Section, rebase_dir
 from vllm_patchset.series import Patch, read_series_entries, write_series_file
-from vllm_patchset.upstream import Mirror, git_source_commit, is_remote_url
+from vllm_patchset.upstream import Mirror, Upstream, git_source_commit, is_remote_url
 
 CHANGELOG = "CHANGELOG.md"
+README = "README.md"
 # The GPU CI files whose vLLM image tags follow a release pin.
 CI_FILES = (".github/workflows/gpu-validation.yml", ".buildkite/gpu-validation.yml")
 STAGE = "stage"
@@ -98,6 +111,7 @@ def rewritten_paths(project: Project) -> list[str]:
         "pyproject.toml",
         rel(project, project.lock_path),
         CHANGELOG,
+        README,
         *CI_FILES,
         rel(project, project.overlay_dir / project.package),
     ]
@@ -128,13 +142,27 @@ def stage_project(
         if step.action in ("refreshed", "resolved", "unarchived"):
             assert step.commit is not None
             (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
-            if step.action == "unarchived":
+            if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
                 data = with_trailer(data, "")
                 here.unlink()
                 archived.remove(step.name)
                 unarchived.append(step.name)
             else:
                 active.append(step.name)
+                if versions.older(step.applied_upstream, state.new_pin) or (
+                    step.applied_upstream == state.new_pin
+                ):
+                    # Its trailer says merged by now; the code says needed (a revert, or a
+                    # trailer that was wrong): the code decides, the trailer is emptied.
+                    data = with_trailer(data, "")
+                    step = dataclasses.replace(
+                        step,
+                        notes=(
+                            *step.notes,
+                            f"Applied-upstream: {step.applied_upstream} emptied: the bug is"
+                            f" still in {state.new_pin}",
+                        ),
+                    )
             _new_file(patches / step.name, here).write_bytes(data)
             kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
             step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
@@ -169,6 +197,8 @@ def stage_project(
         git_url=state.git if state.git and is_remote_url(state.git) else None,
         requirement=release,
     )
+    if release:
+        new_pyproject = set_torch_comment(new_pyproject, state.new_pin, _torch(mirror, onto))
     (stage / "pyproject.toml").write_text(new_pyproject, encoding="utf-8")
     images = False
     for ci_file in CI_FILES:
@@ -185,7 +215,21 @@ def stage_project(
     pinned = f"vllm=={state.new_pin}"
     requirement = new_pyproject.count(pinned) > old_pyproject.count(pinned)
     entry = changelog_entry(state, today(), requirement=requirement, images=images)
-    (stage / CHANGELOG).write_text(insert_entry(old_log, entry), encoding="utf-8")
+    new_log = insert_entry(old_log, entry)
+    if release:
+        sha256 = re.search(r"\bsha256:([0-9a-f]{64})\b", onto.source)
+        new_log = set_unreleased_pin(new_log, state.new_pin, sha256.group(1) if sha256 else None)
+    (stage / CHANGELOG).write_text(new_log, encoding="utf-8")
+    if (project.root / README).is_file() and release:
+        (stage / README).write_text(
+            set_readme(
+                (project.root / README).read_text("utf-8"),
+                state.old_pin,
+                state.new_pin,
+                _readme_rows(project, state),
+            ),
+            encoding="utf-8",
+        )
     (folder / "entry.md").write_text(entry, encoding="utf-8")
     try:
         staged = Project.load(stage, project.cache_dir)
@@ -200,6 +244,42 @@ def stage_project(
         )
     moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
     return dataclasses.replace(state, moves=tuple(moves))
+
+
+def _readme_rows(project: Project, state: RebaseState) -> dict[str, tuple[str, str, str] | None]:
+    """Each patch's row of the README's table: its new key, release with the fix, state."""
+    rows: dict[str, tuple[str, str, str] | None] = {}
+    archive = project.upstreamed_file.parent.name
+    parked = project.parked_file.parent.name
+    for step in state.steps:
+        if step.action == "dropped":
+            rows[step.key] = None
+            continue
+        key = {
+            "archived": f"{archive}/{step.name}",
+            "unarchived": step.name,
+        }.get(step.action, step.key)
+        if step.action == "parked" and step.section != Section.PARKED:
+            key = f"{parked}/{step.name}"
+        release = step.applied_upstream if step.action != "unarchived" else ""
+        rows[step.key] = (key, release, step.verdict.state.value)
+    return rows
+
+
+def _torch(mirror: Mirror, onto: Upstream) -> str | None:
+    """The torch the release requires, from its sdist's `requirements/cuda.txt` (None: not a
+    PyPI release, or no such pin there)."""
+    if not onto.source.startswith("pypi:") or onto.version is None:
+        return None
+    sdist = mirror.sdists / f"{mirror.package}-{onto.version}.tar.gz"
+    member = f"{mirror.package}-{onto.version}/requirements/cuda.txt"
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            handle = tar.extractfile(member)
+            data = handle.read() if handle is not None else b""
+    except (OSError, KeyError, tarfile.TarError, EOFError):
+        return None
+    return torch_of(data.decode("utf-8", "replace"))
 
 
 def _new_file(path: Path, replacing: Path | None = None) -> Path:

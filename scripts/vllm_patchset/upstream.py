@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-from vllm_patchset import archives, index
+from vllm_patchset import archives, index, versions
 from vllm_patchset.config import Project
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
@@ -48,14 +48,11 @@ class Upstream:
 
 def parse_version(version: str) -> Version | None:
     """The PEP 440 version, or None when `version` is not one (e.g. "git:nightly")."""
-    try:
-        return Version(version)
-    except InvalidVersion:
-        return None
+    return versions.parse(version)
 
 
 def is_version(version: str) -> bool:
-    return parse_version(version) is not None
+    return versions.is_version(version)
 
 
 def check_version(version: str) -> str:
@@ -64,9 +61,9 @@ def check_version(version: str) -> str:
     return version
 
 
-def sort_versions(versions: Iterable[str]) -> list[str]:
+def sort_versions(releases: Iterable[str]) -> list[str]:
     """Release versions in PEP 440 order (0.22.0 < 0.22.1 < 0.25.0rc1 < 0.25.0 < 0.25.0.post1)."""
-    return sorted(versions, key=Version)
+    return versions.ordered(releases)
 
 
 def is_remote_url(source: str) -> bool:

@@ -1,0 +1,379 @@
+"""Where a hunk's code is on a tree, layout and comments aside.
+
+Code is compared as Python token streams (`tokenize`, with comments, line breaks and
+indentation tokens dropped, string literals compared by value and a trailing comma before a
+closing bracket ignored), so a file that upstream reformatted (another line length, a call
+joined onto one line, other quotes) still shows the same code. A place in a file has an
+enclosing scope (`ast`: the classes and functions around it, innermost last), so a hunk is
+only placed where its code was: the same class and function it had on the old base.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from functools import lru_cache
+
+from vllm_patchset.series import Hunk
+
+_LAYOUT = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENDMARKER,
+    tokenize.ENCODING,
+}
+_WORD = re.compile(r"\w+|[^\w\s]")
+_CLOSERS = frozenset(")]}")
+Scope = tuple[str, ...]  # ("Experts", "apply"): class Experts, method apply; () the module
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str  # the token (a string literal: its value's repr)
+    start: tuple[int, int]  # (row, 1-based; column, 0-based)
+    end: tuple[int, int]
+
+
+def _string(text: str) -> str:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    return repr(value)
+
+
+def readable(text: str) -> bool:
+    """Whether `tokenize` reads `text` through (a fragment that starts or ends inside a string
+    is not: its tokens are not the file's, and only its exact lines can be located)."""
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO(text).readline):
+            pass
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return True
+
+
+def _raw_tokens(lines: list[str]) -> list[Token]:
+    """Tokens of `lines`; a fragment that `tokenize` cannot read through (a hunk that starts
+    inside a string, an unmatched bracket) is read on from the next line, the line it failed
+    on split into words."""
+    out: list[Token] = []
+    row = 0  # lines already read
+    while row < len(lines):
+        first = row + 1  # the 1-based row of the chunk's first line
+        reader = io.StringIO("".join(lines[row:])).readline
+        try:
+            for tok in tokenize.generate_tokens(reader):
+                if tok.type in _LAYOUT or tok.string == ";":  # `;` ends a statement, as a line
+                    continue
+                text = _string(tok.string) if tok.type == tokenize.STRING else tok.string
+                out.append(
+                    Token(
+                        text,
+                        (tok.start[0] + first - 1, tok.start[1]),
+                        (tok.end[0] + first - 1, tok.end[1]),
+                    )
+                )
+            return out
+        except (tokenize.TokenError, SyntaxError) as exc:
+            failed = _error_row(exc)
+            after = out[-1].end[0] + 1 if out else first
+            at = max(first, failed + first - 1 if failed else after)
+            out = [t for t in out if t.start[0] < at]
+            if at <= len(lines):
+                line = lines[at - 1].split("#", 1)[0]
+                out += [
+                    Token(m.group(), (at, m.start()), (at, m.end())) for m in _WORD.finditer(line)
+                ]
+            row = at
+    return out
+
+
+def _error_row(exc: Exception) -> int:
+    if isinstance(exc, SyntaxError):
+        return exc.lineno or 0
+    position = exc.args[1] if len(exc.args) > 1 else None
+    return position[0] if isinstance(position, tuple) and position else 0
+
+
+@lru_cache(maxsize=1024)
+def tokens(text: str) -> tuple[Token, ...]:
+    """The code of `text` as tokens (see the module's docstring)."""
+    raw = _raw_tokens(text.splitlines(keepends=True))
+    return tuple(
+        t
+        for i, t in enumerate(raw)
+        if not (t.text == "," and i + 1 < len(raw) and raw[i + 1].text in _CLOSERS)
+    )
+
+
+def words(text: str) -> tuple[str, ...]:
+    return tuple(t.text for t in tokens(text))
+
+
+def find(hay: tuple[str, ...], needle: tuple[str, ...]) -> list[int]:
+    """Every index where `needle` starts in `hay`."""
+    if not needle:
+        return []
+    first, size = needle[0], len(needle)
+    return [
+        i
+        for i, word in enumerate(hay)
+        if word == first and hay[i : i + size] == needle and i + size <= len(hay)
+    ]
+
+
+def similarity(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+# -- a hunk's two sides ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Side:
+    """One side of a hunk (the pre-image or the post-image) as tokens, with the token range of
+    each change on it (the removed tokens on the pre-image, the added ones on the post-image;
+    an empty range where the change has none on this side: where it goes)."""
+
+    tokens: tuple[Token, ...]
+    changes: tuple[tuple[int, int], ...]
+    lines: tuple[str, ...]
+    readable: bool  # tokenize read it through (else only its exact lines are located)
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(t.text for t in self.tokens)
+
+
+def side(hunk: Hunk, *, post: bool) -> Side:
+    mine, other = ("+", "-") if post else ("-", "+")
+    lines: list[str] = []
+    groups: list[tuple[int, int]] = []  # each change: (first line on this side, lines)
+    in_run = False
+    for line in hunk.lines:
+        tag = line[0]
+        if tag == " ":
+            in_run = False
+            lines.append(line[1:])
+            continue
+        if not in_run:
+            groups.append((len(lines), 0))
+            in_run = True
+        if tag == mine:
+            start, count = groups[-1]
+            groups[-1] = (start, count + 1)
+            lines.append(line[1:])
+        elif tag != other:  # pragma: no cover - the parser allows nothing else
+            raise ValueError(line)
+    joined = "".join(f"{line}\n" for line in lines)
+    found = tokens(joined)
+    changes = []
+    for start, count in groups:
+        inside = [i for i, t in enumerate(found) if start < t.start[0] <= start + count]
+        before = sum(1 for t in found if t.start[0] <= start)
+        changes.append((inside[0], inside[-1] + 1) if inside else (before, before))
+    changed = {start + k for start, count in groups for k in range(1, count + 1)}
+    # A token across a change's edge (a string the change edits inside) cannot be split.
+    whole = all(
+        len({row in changed for row in range(t.start[0], t.end[0] + 1)}) == 1
+        for t in found
+        if t.end[0] > t.start[0]
+    )
+    return Side(found, tuple(changes), tuple(lines), whole and readable(joined))
+
+
+# -- scopes ------------------------------------------------------------------------------------
+@lru_cache(maxsize=256)
+def _definitions(text: str) -> tuple[tuple[int, int, Scope], ...] | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    out: list[tuple[int, int, Scope]] = []
+
+    def visit(node: ast.AST, path: Scope) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                here = (*path, child.name)
+                out.append((start, child.end_lineno or child.lineno, here))
+                visit(child, here)
+            else:
+                visit(child, path)
+
+    visit(tree, ())
+    return tuple(out)
+
+
+def scope_of(text: str, first: int, last: int) -> Scope | None:
+    """The innermost class or function of `text` holding rows `first`..`last` (None: `text`
+    is not Python that `ast` reads)."""
+    definitions = _definitions(text)
+    if definitions is None:
+        return None
+    best: Scope = ()
+    for start, end, path in definitions:
+        if start <= first and last <= end and len(path) > len(best):
+            best = path
+    return best
+
+
+def class_bases(text: str, name: str) -> tuple[str, ...]:
+    """The base classes (their last dotted names) of the classes called `name` in `text`."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return ()
+    bases: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            for base in node.bases:
+                dotted = ast.unparse(base)
+                bases.append(dotted.rsplit(".", 1)[-1].split("[", 1)[0])
+    return tuple(bases)
+
+
+def _rows(toks: tuple[Token, ...], at: int, span: tuple[int, int], size: int) -> tuple[int, int]:
+    """The rows of a change (`span`, within a side of `size` tokens placed at token `at` of
+    `toks`): its own tokens' rows, or for an empty change the rows of its neighbours."""
+    a, b = span
+    if a < b:
+        return toks[at + a].start[0], toks[at + b - 1].end[0]
+    before = toks[at + a - 1].end[0] if a > 0 else None
+    after = toks[at + a].start[0] if a < size else None
+    first = before if before is not None else after
+    last = after if after is not None else before
+    assert first is not None and last is not None
+    return first, last
+
+
+def site_scope(text: str, at: int, hunk_side: Side) -> Scope | None:
+    """The scope of the changes of `hunk_side` placed at token `at` of `text`: the innermost
+    scope that holds every one of them."""
+    toks = tokens(text)
+    size = len(hunk_side.tokens)
+    if not size:
+        return None
+    found: list[Scope] = []
+    for span in hunk_side.changes:
+        first, last = _rows(toks, at, span, size)
+        scope = scope_of(text, first, last)
+        if scope is None:
+            return None
+        found.append(scope)
+    common: Scope = found[0] if found else ()
+    for scope in found[1:]:
+        n = 0
+        while n < min(len(common), len(scope)) and common[n] == scope[n]:
+            n += 1
+        common = common[:n]
+    return common
+
+
+def dotted(scope: Scope | None) -> str:
+    if scope is None:
+        return "?"
+    return ".".join(scope) or "<module>"
+
+
+# -- a refreshed file --------------------------------------------------------------------------
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _reindent(lines: list[str], delta: int) -> list[str]:
+    if delta >= 0:
+        return [" " * delta + line if line.strip() else line for line in lines]
+    return [line[min(-delta, _indent(line)) :] if line.strip() else line for line in lines]
+
+
+def _added_lines(hunk: Hunk, change: int) -> tuple[list[str], list[str]]:
+    """(removed lines, added lines) of the hunk's `change`-th run of changed lines."""
+    runs: list[tuple[list[str], list[str]]] = []
+    in_run = False
+    for line in hunk.lines:
+        if line[0] == " ":
+            in_run = False
+            continue
+        if not in_run:
+            runs.append(([], []))
+            in_run = True
+        (runs[-1][0] if line[0] == "-" else runs[-1][1]).append(line[1:])
+    return runs[change]
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    for i, char in enumerate(text):
+        if char == "\n":
+            starts.append(i + 1)
+    return starts
+
+
+def refresh(text: str, placements: list[tuple[Hunk, int]]) -> str | None:
+    """`text` with each hunk's change made at the token `at` where its pre-image is; None when
+    the result's tokens are not the post-images' (the refresh is then not trusted)."""
+    toks = tokens(text)
+    starts = _line_starts(text)
+    lines = text.split("\n")
+
+    def line_start(row: int) -> int:
+        return starts[row - 1] if row - 1 < len(starts) else len(text)
+
+    def offset(pos: tuple[int, int]) -> int:
+        return line_start(pos[0]) + pos[1]
+
+    edits: list[tuple[int, int, str]] = []  # (start offset, end offset, new text)
+    expected = list(words(text))
+    for hunk, at in sorted(placements, key=lambda p: -p[1]):
+        pre, post = side(hunk, post=False), side(hunk, post=True)
+        expected[at : at + len(pre.tokens)] = list(post.words)
+        for number, (a, b) in enumerate(pre.changes):
+            removed, added = _added_lines(hunk, number)
+            old_first = next((line for line in removed if line.strip()), None)
+            if a < b:  # the removed tokens' place
+                first_tok, last_tok = toks[at + a], toks[at + b - 1]
+                row, end_row = first_tok.start[0], last_tok.end[0]
+                head = lines[row - 1][: first_tok.start[1]]
+                tail = lines[end_row - 1][last_tok.end[1] :].split("#", 1)[0]
+                if not head.strip() and not tail.strip() and old_first is not None:
+                    delta = _indent(lines[row - 1]) - _indent(old_first)
+                    new = "".join(f"{line}\n" for line in _reindent(added, delta))
+                    edits.append((line_start(row), line_start(end_row + 1), new))
+                else:
+                    inline = " ".join(s for line in added if (s := line.split("#", 1)[0].strip()))
+                    edits.append((offset(first_tok.start), offset(last_tok.end), inline))
+                continue
+            if a >= len(pre.tokens):
+                return None  # an addition after the last token: no place to anchor it
+            next_tok = toks[at + a]
+            row = next_tok.start[0]
+            if lines[row - 1][: next_tok.start[1]].strip():
+                inline = " ".join(s for line in added if (s := line.split("#", 1)[0].strip()))
+                edits.append((offset(next_tok.start), offset(next_tok.start), inline + " "))
+                continue
+            anchor = next((line for line in reversed(pre.lines) if line.strip()), "")
+            old_next = _old_line_of(pre, a)
+            delta = _indent(lines[row - 1]) - _indent(old_next if old_next is not None else anchor)
+            # Blank lines before the next token in the hunk's pre-image stay before it.
+            new = "".join(f"{line}\n" for line in _reindent(added, delta))
+            edits.append((line_start(row), line_start(row), new))
+    out = text
+    for start, end, new in sorted(edits, key=lambda e: -e[0]):
+        out = out[:start] + new + out[end:]
+    if list(words(out)) != expected:
+        return None
+    return out
+
+
+def _old_line_of(pre: Side, index: int) -> str | None:
+    """The pre-image line that holds token `index`."""
+    if index >= len(pre.tokens):
+        return None
+    return pre.lines[pre.tokens[index].start[0] - 1]
