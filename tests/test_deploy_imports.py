@@ -23,7 +23,11 @@ DEPLOY_MODULES = [
     "vllm_patchset.deploy",
     "vllm_patchset.errors",
     "vllm_patchset.fsio",
+    # git's boundary module, for its checks of git sources; GitPython itself is imported at the
+    # first git call only (blocked here).
+    "vllm_patchset.gitrepo",
     "vllm_patchset.installed",
+    "vllm_patchset.jsonfile",
     "vllm_patchset.lock",
     "vllm_patchset.pack",
 ]
