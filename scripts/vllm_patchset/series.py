@@ -191,6 +191,15 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
             old_blob, new_blob = index.group(1), index.group(2)
         elif line.startswith(("GIT binary patch", "Binary files")):
             raise MalformedPatch(patch, f"binary diff of {path}")
+        elif re.fullmatch(r"(new|deleted) file mode 1[26]0000", line):
+            # A symbolic link (a way out of the tree) or a submodule: never written.
+            raise MalformedPatch(patch, f"{path}: {line}: a link or a submodule, refused")
+        elif line.startswith(("--- ", "+++ ")):
+            side, named = ("a", match.group(1)) if line[0] == "-" else ("b", match.group(2))
+            if line[4:] != f"{side}/{named}":
+                raise MalformedPatch(
+                    patch, f"{path}: {line!r} names another file than its 'diff --git' line"
+                )
         i += 1
     zero = re.fullmatch(r"0+", old_blob or "")
     old_blob = None if zero else old_blob
