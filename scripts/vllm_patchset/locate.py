@@ -293,8 +293,8 @@ def _reindent(lines: list[str], delta: int) -> list[str]:
     return [line[min(-delta, _indent(line)) :] if line.strip() else line for line in lines]
 
 
-def _added_lines(hunk: Hunk, change: int) -> tuple[list[str], list[str]]:
-    """(removed lines, added lines) of the hunk's `change`-th run of changed lines."""
+def change_runs(hunk: Hunk) -> list[tuple[list[str], list[str]]]:
+    """(removed lines, added lines) of each run of changed lines in the hunk."""
     runs: list[tuple[list[str], list[str]]] = []
     in_run = False
     for line in hunk.lines:
@@ -305,7 +305,7 @@ def _added_lines(hunk: Hunk, change: int) -> tuple[list[str], list[str]]:
             runs.append(([], []))
             in_run = True
         (runs[-1][0] if line[0] == "-" else runs[-1][1]).append(line[1:])
-    return runs[change]
+    return runs
 
 
 def _line_starts(text: str) -> list[int]:
@@ -335,7 +335,7 @@ def refresh(text: str, placements: list[tuple[Hunk, int]]) -> str | None:
         pre, post = side(hunk, post=False), side(hunk, post=True)
         expected[at : at + len(pre.tokens)] = list(post.words)
         for number, (a, b) in enumerate(pre.changes):
-            removed, added = _added_lines(hunk, number)
+            removed, added = change_runs(hunk)[number]
             old_first = next((line for line in removed if line.strip()), None)
             if a < b:  # the removed tokens' place
                 first_tok, last_tok = toks[at + a], toks[at + b - 1]

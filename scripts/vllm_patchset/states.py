@@ -237,17 +237,7 @@ def _closest_window(lines: list[str], pre: tuple[str, ...]) -> tuple[float, int]
 
 def _change_groups(hunk: Hunk) -> list[tuple[list[str], list[str]]]:
     """(removed, added) code lines of each run of changed lines in the hunk."""
-    groups: list[tuple[list[str], list[str]]] = []
-    in_run = False
-    for line in hunk.lines:
-        if line[0] == " ":
-            in_run = False
-            continue
-        if not in_run:
-            groups.append(([], []))
-            in_run = True
-        (groups[-1][0] if line[0] == "-" else groups[-1][1]).append(line[1:])
-    return [(_code(removed), _code(added)) for removed, added in groups]
+    return [(_code(removed), _code(added)) for removed, added in locate.change_runs(hunk)]
 
 
 def _result_present(code_lines: list[str], hunk: Hunk) -> bool:
