@@ -83,6 +83,18 @@ def run_case(
     return out
 
 
+def run_in_project(
+    project: Project,
+    case: Case,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """``run_case`` with ``--project`` naming ``project`` unless the case names one itself."""
+    if "--project" not in case.argv:
+        case.argv = ["--project", project.root, *case.argv]
+    return run_case(case, monkeypatch, capsys)
+
+
 def _setting(project: Project, line: str, *, replace: str | None = None) -> Path:
     """pyproject.toml with `line` in [tool.vllm-patchset] (or in place of `replace`)."""
     text = project.pyproject.read_text()
@@ -234,10 +246,7 @@ def test_settings_are_checked_before_use(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    case = make(tiny, tmp_path)
-    if "--project" not in case.argv:
-        case.argv = ["--project", tiny.root, *case.argv]
-    run_case(case, monkeypatch, capsys)
+    run_in_project(tiny, make(tiny, tmp_path), monkeypatch, capsys)
 
 
 # -- 2. the caller's environment and values that could read as options ------------------------------
@@ -837,10 +846,7 @@ def test_the_tools_own_files_are_checked(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    case = make(tiny, tmp_path)
-    if "--project" not in case.argv:
-        case.argv = ["--project", tiny.root, *case.argv]
-    run_case(case, monkeypatch, capsys)
+    run_in_project(tiny, make(tiny, tmp_path), monkeypatch, capsys)
 
 
 REBASE_JOURNALS = [  # (how the journal is damaged, what the one line says of it)
