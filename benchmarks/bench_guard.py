@@ -1,4 +1,5 @@
-"""Time the runtime guard (`vllm_patchset.guard.register`) the way a vLLM process pays for it.
+"""Time the runtime guard (`vllm_patchset.deploy.guard.register`) the way a vLLM process
+pays for it.
 
     python benchmarks/bench_guard.py --target DIR [--runs N] [--out FILE]
 
@@ -23,14 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_patchset import guard
+from vllm_patchset.deploy import guard
 
 PRELOADED = "import logging, json, hashlib, pathlib, typing, importlib.util\n"
 CHILD = """\
 import time
 t = time.perf_counter()
-import vllm_patchset.guard
-vllm_patchset.guard.register()
+import vllm_patchset.deploy.guard
+vllm_patchset.deploy.guard.register()
 print((time.perf_counter() - t) * 1e3)
 """
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from packaging.version import Version
-from vllm_patchset.config import Project
-from vllm_patchset.overlay import patches_for, walk
-from vllm_patchset.upstream import mirror_for
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.build import patches_for, walk
+from vllm_patchset.overlay.upstream import mirror_for
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST = Version("0.20.0")

@@ -24,8 +24,8 @@ from support import (
 )
 from synthetic import Story, make_story
 from vllm_install import full_pristine, overlay, pristine, target
-from vllm_patchset.config import Project
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.upstream import Mirror
 
 # The real vLLM wheel's fixtures, for every test module.
 __all__ = ["full_pristine", "overlay", "pristine", "target"]

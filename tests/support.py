@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset.cli import main
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.overlay.upstream import Mirror
 
 if TYPE_CHECKING:
     import pytest

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from support import git
-from vllm_patchset.config import Project
-from vllm_patchset.gitrepo import FORMAT_PATCH_ARGS, Repo
-from vllm_patchset.overlay import build_overlay
-from vllm_patchset.upstream import Mirror, git_source_commit
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo
+from vllm_patchset.overlay.build import build_overlay
+from vllm_patchset.overlay.upstream import Mirror, git_source_commit
 
 BOT = {
     "GIT_AUTHOR_NAME": "vllm-patchset",

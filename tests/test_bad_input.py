@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from synthetic import STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.upstream import Mirror
 
 FIX = STORY_FIX.name
 SERIES = f"{FIX}\n{STORY_LOCAL.name}\n"

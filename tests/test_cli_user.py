@@ -24,8 +24,8 @@ from support import export_committed
 from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import OVERLAID, PATCHES, Overlay, Pristine
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
-from vllm_patchset.config import Project
-from vllm_patchset.kit import write_kit
+from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.infra.config import Project
 
 SERIES = ", ".join(PATCHES)
 HEAD = ("ok", "command", "exit_code")

@@ -43,8 +43,8 @@ from vllm_install import (
     tree_state,
 )
 from vllm_patchset.cli import main
-from vllm_patchset.deploy import KILL_ENV, LOCK_TIMEOUT_ENV
-from vllm_patchset.lock import Lock, LockEntry
+from vllm_patchset.deploy.deploy import KILL_ENV, LOCK_TIMEOUT_ENV
+from vllm_patchset.overlay.lock import Lock, LockEntry
 
 N = len(OVERLAID)
 STATE = ".vllm-patchset"

@@ -18,18 +18,21 @@ from vllm_install import OVERLAID, Overlay
 DEPLOY_MODULES = [
     "vllm_patchset",
     "vllm_patchset.cli",
-    "vllm_patchset.config",
     "vllm_patchset.console",
     "vllm_patchset.deploy",
+    "vllm_patchset.deploy.deploy",
+    "vllm_patchset.deploy.pack",
     "vllm_patchset.errors",
-    "vllm_patchset.fsio",
+    "vllm_patchset.infra",
+    "vllm_patchset.infra.config",
+    "vllm_patchset.infra.fsio",
     # git's boundary module, for its checks of git sources; GitPython itself is imported at the
     # first git call only (blocked here).
-    "vllm_patchset.gitrepo",
-    "vllm_patchset.installed",
-    "vllm_patchset.jsonfile",
-    "vllm_patchset.lock",
-    "vllm_patchset.pack",
+    "vllm_patchset.infra.gitrepo",
+    "vllm_patchset.infra.installed",
+    "vllm_patchset.infra.jsonfile",
+    "vllm_patchset.overlay",
+    "vllm_patchset.overlay.lock",
 ]
 BLOCKED = ("tomlkit", "git")  # None in sys.modules: their import fails
 SCRIPT = """

@@ -21,8 +21,8 @@ import pytest
 from ruamel.yaml import YAML
 from support import REPO, committed, export_committed
 from vllm_install import Pristine
-from vllm_patchset.config import Project
-from vllm_patchset.validate import tree_names
+from vllm_patchset.gpu.validate import tree_names
+from vllm_patchset.infra.config import Project
 
 PIN = Project.load(REPO, None).pin
 IMAGES = {"cuda": f"vllm/vllm-openai:v{PIN}", "rocm": f"vllm/vllm-openai-rocm:v{PIN}"}

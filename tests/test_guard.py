@@ -24,7 +24,7 @@ from vllm_install import (
     replace_file,
     run_cli,
 )
-from vllm_patchset import guard
+from vllm_patchset.deploy import guard
 
 STARTUP = """\
 import logging, sys
@@ -35,7 +35,7 @@ vllm_logger.addHandler(handler)
 vllm_logger.setLevel(logging.INFO)
 vllm_logger.propagate = False
 {prelude}
-from vllm_patchset.guard import register
+from vllm_patchset.deploy.guard import register
 register()
 print("vLLM goes on")
 """
@@ -68,7 +68,7 @@ def test_entry_point_is_declared_in_the_vllm_general_plugins_group() -> None:
     (point,) = importlib.metadata.entry_points(
         group="vllm.general_plugins", name="vllm_patchset_guard"
     )
-    assert point.value == "vllm_patchset.guard:register"
+    assert point.value == "vllm_patchset.deploy.guard:register"
     assert point.load() is guard.register
 
 
@@ -162,7 +162,7 @@ def test_overlay_not_active_warns_loudly_or_stops_under_strict(
     code, out, err = start(target, strict=True)
     assert (code, out) == (1, [])
     assert err.splitlines()[-1] == (
-        f"vllm_patchset.guard.OverlayNotActive: {message} [VLLM_PATCHSET_STRICT=1]"
+        f"vllm_patchset.deploy.guard.OverlayNotActive: {message} [VLLM_PATCHSET_STRICT=1]"
     )
 
 
@@ -185,7 +185,7 @@ def test_the_guards_own_failures_never_stop_vllm(target: Path) -> None:
     code, out, err = start(target, strict=True, prelude=prelude)
     assert (code, out) == (1, [])
     assert err.splitlines()[-1] == (
-        f"vllm_patchset.guard.OverlayNotActive: {message} [{guard.STRICT_ENV}=1]"
+        f"vllm_patchset.deploy.guard.OverlayNotActive: {message} [{guard.STRICT_ENV}=1]"
     )
 
 

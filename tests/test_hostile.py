@@ -35,10 +35,10 @@ from vllm_install import (
     replace_file,
 )
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.fsio import KILL_ENV, LOCK_TIMEOUT_ENV, child
-from vllm_patchset.lock import Lock
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import KILL_ENV, LOCK_TIMEOUT_ENV, child
+from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.upstream import Mirror
 
 FIX = STORY_FIX.name  # a patch of the synthetic story's series (the `tiny` project)
 STATE = ".vllm-patchset"
@@ -359,7 +359,7 @@ def start_guard(target: Path) -> tuple[int, list[str], str]:
         "handler.setFormatter(logging.Formatter('%(levelname)s %(message)s'))\n"
         "logging.getLogger('vllm').addHandler(handler)\n"
         "logging.getLogger('vllm').setLevel(logging.INFO)\n"
-        "from vllm_patchset.guard import register\nregister()\nprint('vLLM goes on')\n"
+        "from vllm_patchset.deploy.guard import register\nregister()\nprint('vLLM goes on')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PATCHSET_STRICT"}
     done = subprocess.run(

@@ -24,8 +24,8 @@ from synthetic import (
     Story,
 )
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.lock import Lock, sha256_file
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.lock import Lock, sha256_file
 
 FIX = STORY_FIX.name
 LOCAL = STORY_LOCAL.name

@@ -75,10 +75,11 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
         f"in the serving image: pip install {wheel.name} && vllm-patchset overlay apply\n"
     )
     info = f"vllm_patchset-{version}.dist-info"
-    code = sorted((REPO / "scripts" / "vllm_patchset").glob("*.py"))
+    package = REPO / "scripts" / "vllm_patchset"
+    code = sorted(package.rglob("*.py"))
     with zipfile.ZipFile(wheel) as archive:
         assert archive.namelist() == [
-            *(f"vllm_patchset/{p.name}" for p in code),
+            *(f"vllm_patchset/{p.relative_to(package).as_posix()}" for p in code),
             "vllm_patchset/_overlay/overlay.lock.json",
             *(f"vllm_patchset/_overlay/{rel}" for rel in OVERLAID),
             f"{info}/METADATA",
@@ -87,7 +88,8 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
             f"{info}/RECORD",
         ]
         for path in code:
-            assert archive.read(f"vllm_patchset/{path.name}") == path.read_bytes()
+            name = path.relative_to(package).as_posix()
+            assert archive.read(f"vllm_patchset/{name}") == path.read_bytes()
         assert archive.read("vllm_patchset/_overlay/overlay.lock.json") == lock_bytes(overlay)
         for rel in OVERLAID:
             assert archive.read(f"vllm_patchset/_overlay/{rel}") == overlay.patched(rel)
@@ -109,7 +111,7 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
         ]
         assert archive.read(f"{info}/entry_points.txt").decode() == (
             "[console_scripts]\nvllm-patchset = vllm_patchset.cli:run\n\n"
-            "[vllm.general_plugins]\nvllm_patchset_guard = vllm_patchset.guard:register\n\n"
+            "[vllm.general_plugins]\nvllm_patchset_guard = vllm_patchset.deploy.guard:register\n\n"
         )
         rows = list(csv.reader(io.StringIO(archive.read(f"{info}/RECORD").decode())))
         assert [row[0] for row in rows] == archive.namelist()
@@ -249,7 +251,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert plugins == (
-        "['vllm_patchset.guard:register']\n"
+        "['vllm_patchset.deploy.guard:register']\n"
         f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} ({len(OVERLAID)} files)\n"
     )
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 from vllm_patchset.errors import BadInput, PatchsetError
-from vllm_patchset.fsio import plain_parts
-from vllm_patchset.installed import canonical_name, parse_record
-from vllm_patchset.lock import Lock, LockEntry
-from vllm_patchset.overlay import compare_locks
-from vllm_patchset.series import (
+from vllm_patchset.infra.fsio import plain_parts
+from vllm_patchset.infra.installed import canonical_name, parse_record
+from vllm_patchset.overlay.build import compare_locks
+from vllm_patchset.overlay.lock import Lock, LockEntry
+from vllm_patchset.overlay.upstream import is_remote_url, parse_version
+from vllm_patchset.series.patches import (
     FilePatch,
     Hunk,
     Trailers,
@@ -22,7 +23,6 @@ from vllm_patchset.series import (
     read_series_entries,
     series_bytes,
 )
-from vllm_patchset.upstream import is_remote_url, parse_version
 
 # -- a patch file --------------------------------------------------------------------------------
 HEAD = (

@@ -10,7 +10,7 @@ import pytest
 from support import git
 from synthetic import STORY_FIX, STORY_LOCAL, UTILS
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
+from vllm_patchset.infra.config import Project
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -29,11 +29,11 @@ from support import (
     rebase_json,
 )
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.lock import Lock, sha256_file
-from vllm_patchset.overlay import build_overlay, patches_for
-from vllm_patchset.upstream import Mirror
-from vllm_patchset.validate import NEW_PATH_TESTS, build_trees
+from vllm_patchset.gpu.validate import NEW_PATH_TESTS, build_trees
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.build import build_overlay, patches_for
+from vllm_patchset.overlay.lock import Lock, sha256_file
+from vllm_patchset.overlay.upstream import Mirror
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"

@@ -41,11 +41,11 @@ from synthetic import (
     rewritten,
     write_patches,
 )
-from vllm_patchset import rebase, swap
-from vllm_patchset.config import Project
-from vllm_patchset.fsio import KILL_ENV
-from vllm_patchset.lock import Lock
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import KILL_ENV
+from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.sync import rebase, swap
 
 EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
 FIX = PatchSpec(
@@ -931,7 +931,8 @@ def test_killed_rebase_is_undone_or_finished(
 
 KILLED_MID_SWAP = """\
 import os, signal, sys
-from vllm_patchset import cli, rebase
+from vllm_patchset import cli
+from vllm_patchset.sync import rebase
 real_swap_in = rebase.swap_in
 def swap_in_killed(folder, at, paths):
     real_swap_in(folder, at, paths[:1])  # patches/ moved in, and then the end

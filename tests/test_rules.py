@@ -12,20 +12,18 @@ from pathlib import Path
 import pytest
 from synthetic import LocalIndex
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.edits import (
+from vllm_patchset.errors import BadInput
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.upstream import Upstream, check_version, sort_versions
+from vllm_patchset.series.edits import (
     insert_entry,
     rewrite_paths,
     set_ci_images,
     set_pin,
     with_trailer,
 )
-from vllm_patchset.errors import BadInput
-from vllm_patchset.rebase import is_local, options
-from vllm_patchset.rebase_report import range_diff, short_id
-from vllm_patchset.rebase_state import Choice, Decision, RebaseState, Section, Step
-from vllm_patchset.series import parse_patch_bytes
-from vllm_patchset.states import (
+from vllm_patchset.series.patches import parse_patch_bytes
+from vllm_patchset.series.states import (
     HunkFinding,
     Reason,
     State,
@@ -34,7 +32,9 @@ from vllm_patchset.states import (
     text_state,
     trailer_state,
 )
-from vllm_patchset.upstream import Upstream, check_version, sort_versions
+from vllm_patchset.sync.rebase import is_local, options
+from vllm_patchset.sync.rebase_report import range_diff, short_id
+from vllm_patchset.sync.rebase_state import Choice, Decision, RebaseState, Section, Step
 
 # -- versions ------------------------------------------------------------------------------------
 VERSION_ORDER = [

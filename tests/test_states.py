@@ -9,7 +9,7 @@ import json
 import pytest
 from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, Story
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
+from vllm_patchset.infra.config import Project
 
 ARCHIVED = f"upstreamed/{STORY_ARCHIVED.name}"
 FIX = STORY_FIX.name

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from support import cli, git, rebase_json
 from synthetic import PatchSpec, SyntheticUpstream, make_project
-from vllm_patchset import locate
-from vllm_patchset.config import Project
-from vllm_patchset.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
-from vllm_patchset.overlay import patches_for, walk
-from vllm_patchset.reports import unique_ids
-from vllm_patchset.series import Hunk
-from vllm_patchset.states import Verdict
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.build import patches_for, walk
+from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series import locate
+from vllm_patchset.series.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
+from vllm_patchset.series.patches import Hunk
+from vllm_patchset.series.states import Verdict
+from vllm_patchset.sync.reports import unique_ids
 
 MOE = "vllm/layers/moe.py"
 EMU = "vllm/layers/emulation.py"

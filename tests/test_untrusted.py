@@ -28,12 +28,13 @@ import pytest
 from support import REPO, git, snapshot
 from synthetic import MOE, STORY_FIX, LocalIndex, Story, sdist_bytes
 from vllm_install import EDITED, EDITED_DIR, EDITED_MODULE, Overlay, Pristine, record_mismatches
-from vllm_patchset import bundle, cli, kitparts
+from vllm_patchset import cli
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.fsio import OWNER_MARKER
-from vllm_patchset.kit import write_kit
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.gpu import bundle, kitparts
+from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import OWNER_MARKER
+from vllm_patchset.overlay.upstream import Mirror
 
 STATE = ".vllm-patchset"
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads would end in a RecursionError
@@ -1071,7 +1072,7 @@ def test_deploy_state_is_checked(
 GUARD = (
     "import logging, sys\n"
     "logging.basicConfig(stream=sys.stdout, format='%(levelname)s %(message)s', level=logging.INFO)\n"
-    "from vllm_patchset.guard import register\nregister()\nprint('vLLM goes on')\n"
+    "from vllm_patchset.deploy.guard import register\nregister()\nprint('vLLM goes on')\n"
 )
 
 
@@ -1102,7 +1103,7 @@ def test_strict_stops_on_every_failure_to_confirm(
     )
     assert start_guard(target, strict=True) == (
         1,
-        [f"vllm_patchset.guard.OverlayNotActive: {message} [VLLM_PATCHSET_STRICT=1]"],
+        [f"vllm_patchset.deploy.guard.OverlayNotActive: {message} [VLLM_PATCHSET_STRICT=1]"],
     )
     assert start_guard(target, strict=False) == (0, [f"WARNING {message}", "vLLM goes on"])
 
@@ -1227,7 +1228,7 @@ def test_exit_3_is_named_in_help_readme_and_the_sync_workflow(
 def test_the_deep_json_reader_is_cheap() -> None:
     """The bound is checked without recursion: 200,000 levels are refused in well under the
     time a test may take (no assertion on time; the guard reads the record at every start)."""
-    from vllm_patchset import jsonfile
+    from vllm_patchset.infra import jsonfile
 
     with pytest.raises(jsonfile.BadJson, match=r"^nested deeper than 32 levels$"):
         jsonfile.parse(DEEP)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from vllm_install import OVERLAID, Pristine, replace_file
 from vllm_patchset.cli import main
-from vllm_patchset.config import Project
-from vllm_patchset.upstream import Mirror
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.upstream import Mirror
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from support import export_committed
 from synthetic import CLAMP_BUG, STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, UTILS, Story
-from vllm_patchset import gpurun
-from vllm_patchset.bundle import NAME, _pinned, make_bundle
-from vllm_patchset.config import Project
-from vllm_patchset.validate import build_trees
+from vllm_patchset.gpu import gpurun
+from vllm_patchset.gpu.bundle import NAME, _pinned, make_bundle
+from vllm_patchset.gpu.validate import build_trees
+from vllm_patchset.infra.config import Project
 
 ARCHIVED = f"upstreamed/{STORY_ARCHIVED.name}"
 TREES = ["pristine-1.0", "overlay-1.0", "buggy-0001-1.0", "fixed-0001-1.0"]
@@ -190,7 +190,7 @@ def test_bundle_without_wheels(tiny: Project, tmp_path: Path) -> None:
 
 def test_bundle_with_kit(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
-    from vllm_patchset.kit import write_kit
+    from vllm_patchset.gpu.kit import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -207,7 +207,7 @@ def test_bundle_with_kit(tiny: Project, tmp_path: Path) -> None:
 def test_bundle_with_a_broken_kit_writes_nothing(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.errors import Finding
-    from vllm_patchset.kit import write_kit
+    from vllm_patchset.gpu.kit import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -238,7 +238,7 @@ def test_validate_with_a_kit(
     stops it with one line and no native/ folder."""
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.cli import main
-    from vllm_patchset.kit import write_kit
+    from vllm_patchset.gpu.kit import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from synthetic import BUGGY, FIXED, MOE, MOE_TEXT, PatchSpec, SyntheticUpstream, make_project
-from vllm_patchset import gpurun
 from vllm_patchset.cli import main
+from vllm_patchset.gpu import gpurun
 
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
 TEST = "tests/gpu/test_synthetic.py::test_fix"

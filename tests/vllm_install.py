@@ -33,9 +33,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from support import committed, export_committed
-from vllm_patchset.config import Project
-from vllm_patchset.lock import Lock
-from vllm_patchset.overlay import build_overlay
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.build import build_overlay
+from vllm_patchset.overlay.lock import Lock
 
 VERSION = "0.24.0"
 # vllm ships Linux wheels only; their Python files are the same for every platform.

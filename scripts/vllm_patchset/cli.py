@@ -20,22 +20,24 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 from packaging.version import Version
 
+from vllm_patchset.console import colours, emit, print_json, progress
+
 # The deploy commands (`overlay apply|verify|revert|status|diff`, on a serving image that has
 # the tool's wheel but maybe not every dependency of the other commands) import only what they
 # use: the modules of the other commands are imported by the commands (and by build_parser
 # for the lines that may need them), not here.
-from vllm_patchset import deploy, fsio, pack
-from vllm_patchset.config import Project
-from vllm_patchset.console import colours, emit, print_json, progress
+from vllm_patchset.deploy import deploy, pack
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
 
 if TYPE_CHECKING:
-    from vllm_patchset.states import Verdict
-    from vllm_patchset.upstream import Upstream
+    from vllm_patchset.overlay.upstream import Upstream
+    from vllm_patchset.series.states import Verdict
 
 # Commands registered by modules of their own (each module's register_cli), imported only for
 # a line that may name them.
-COMMAND_MODULES = ("rebase", "validate", "bundle", "kit")
+COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -51,11 +53,11 @@ def _reads_only() -> None:
 
 # -- status / check / matrix / releases --------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
-    from vllm_patchset.checks import lock_freshness, project_series
-    from vllm_patchset.overlay import walk
-    from vllm_patchset.reports import note_lines, state_cell
-    from vllm_patchset.states import classify
-    from vllm_patchset.upstream import mirror_for, pin_base
+    from vllm_patchset.overlay.build import walk
+    from vllm_patchset.overlay.upstream import mirror_for, pin_base
+    from vllm_patchset.series.states import classify
+    from vllm_patchset.sync.checks import lock_freshness, project_series
+    from vllm_patchset.sync.reports import note_lines, state_cell
 
     _reads_only()
     project = _project(args)
@@ -88,14 +90,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _parked(project: Project) -> list[tuple[str, str]]:
-    from vllm_patchset.series import read_series_entries
+    from vllm_patchset.series.patches import read_series_entries
 
     return read_series_entries(project.parked_file)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from vllm_patchset.checks import problems
-    from vllm_patchset.upstream import mirror_for
+    from vllm_patchset.overlay.upstream import mirror_for
+    from vllm_patchset.sync.checks import problems
 
     _reads_only()
     project = _project(args)
@@ -107,9 +109,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay import patches_for, walk_project
-    from vllm_patchset.reports import matrix_json, matrix_table
-    from vllm_patchset.upstream import check_version, mirror_for, sort_versions
+    from vllm_patchset.overlay.build import patches_for, walk_project
+    from vllm_patchset.overlay.upstream import check_version, mirror_for, sort_versions
+    from vllm_patchset.sync.reports import matrix_json, matrix_table
 
     _reads_only()
     project = _project(args)
@@ -142,7 +144,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from vllm_patchset.upstream import mirror_for, parse_version
+    from vllm_patchset.overlay.upstream import mirror_for, parse_version
 
     project = _project(args)
     releases = mirror_for(project).available_versions(pre=args.pre)
@@ -158,7 +160,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 # -- upstream / overlay / tree -----------------------------------------------------------------
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from vllm_patchset.upstream import mirror_for, resolve_base
+    from vllm_patchset.overlay.upstream import mirror_for, resolve_base
 
     _reads_only()
     project = _project(args)
@@ -180,13 +182,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def _base(project: Project, args: argparse.Namespace) -> Upstream:
     """The upstream named by --base/--pin, --git and --ref, else the pin."""
-    from vllm_patchset.upstream import mirror_for, resolve_base
+    from vllm_patchset.overlay.upstream import mirror_for, resolve_base
 
     return resolve_base(project, mirror_for(project), args.base, args.git, args.ref)
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay import build_overlay
+    from vllm_patchset.overlay.build import build_overlay
 
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
@@ -217,7 +219,7 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay import export_tree
+    from vllm_patchset.overlay.build import export_tree
 
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     project = _project(args)
@@ -228,7 +230,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
-    from vllm_patchset.queue import import_queue
+    from vllm_patchset.sync.queue import import_queue
 
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = import_queue(_project(args), force=args.force)
@@ -238,7 +240,7 @@ def cmd_queue_import(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
-    from vllm_patchset.queue import export_queue
+    from vllm_patchset.sync.queue import export_queue
 
     fsio.interrupt_leaves("nothing was changed (what was staged is removed)")
     info = export_queue(_project(args), keep=not args.drop)

@@ -9,13 +9,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_patchset import fsio
-from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, Finding
-from vllm_patchset.gitrepo import Repo
-from vllm_patchset.lock import sha256_bytes
-from vllm_patchset.series import load_series, parse_patch, read_series_file, series_bytes
-from vllm_patchset.upstream import mirror_for, pin_base
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.gitrepo import Repo
+from vllm_patchset.overlay.lock import sha256_bytes
+from vllm_patchset.overlay.upstream import mirror_for, pin_base
+from vllm_patchset.series.patches import load_series, parse_patch, read_series_file, series_bytes
 
 QUEUE_DIR = ".queue"
 BASE_REF = "refs/vllm-patchset/base"  # in the queue repo: the upstream commit it sits on

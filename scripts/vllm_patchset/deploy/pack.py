@@ -24,12 +24,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_patchset import fsio
-from vllm_patchset.config import Project
 from vllm_patchset.console import emit
-from vllm_patchset.deploy import PACKED, overlay_files
+from vllm_patchset.deploy.deploy import PACKED, overlay_files
 from vllm_patchset.errors import BadInput
-from vllm_patchset.lock import Lock, sha256_bytes
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.lock import Lock, sha256_bytes
 
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
@@ -131,7 +131,7 @@ def _record_hash(data: bytes) -> str:
 def wheel_files(project: Project) -> tuple[dict[str, bytes], str, Lock]:
     """The wheel's files (path -> bytes, RECORD last), its version and the lock inside."""
     # The code is the running tool's own package (a checkout's, or an installed wheel's).
-    source = Path(__file__).resolve().parent
+    source = Path(__file__).resolve().parents[1]
     meta = tool_metadata(source)
     lock_bytes = fsio.read_regular(project.lock_path)
     if lock_bytes is None:
@@ -139,7 +139,10 @@ def wheel_files(project: Project) -> tuple[dict[str, bytes], str, Lock]:
     lock = Lock.from_json(lock_bytes.decode("utf-8"), str(project.lock_path))
     overlay = overlay_files(lock, project.overlay_dir)  # each checked against the lock
     version = wheel_version(meta.version, lock_bytes, lock.version)
-    files = {f"{PACKAGE}/{path.name}": path.read_bytes() for path in sorted(source.glob("*.py"))}
+    files = {
+        f"{PACKAGE}/{path.relative_to(source).as_posix()}": path.read_bytes()
+        for path in sorted(source.rglob("*.py"))
+    }
     files[f"{PACKAGE}/{PACKED}/overlay.lock.json"] = lock_bytes
     files.update({f"{PACKAGE}/{PACKED}/{path}": data for path, data in sorted(overlay.items())})
     info = f"{PACKAGE}-{version}.dist-info"

@@ -32,17 +32,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset import fsio, jsonfile
-from vllm_patchset.config import Project
 from vllm_patchset.console import colours, diff_line_style, emit, paint
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
-from vllm_patchset.fsio import (  # re-exported: the tests and the README name them here
+from vllm_patchset.infra import fsio, jsonfile
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import (  # re-exported: the tests and the README name them here
     KILL_ENV,
     LOCK_TIMEOUT_ENV,
     TMP_SUFFIX,
     UnsafePath,
 )
-from vllm_patchset.installed import (
+from vllm_patchset.infra.installed import (
     JOURNAL,
     LOCK_FILE,
     ORIGINALS,
@@ -52,7 +52,7 @@ from vllm_patchset.installed import (
     path_parts,
     probe,
 )
-from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
 
 if TYPE_CHECKING:
     import argparse

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_patchset.edits import rewrite_paths
-from vllm_patchset.rebase_state import Choice, RebaseState, Section, Step
-from vllm_patchset.reports import verdict_json, versions_json
+from vllm_patchset.series.edits import rewrite_paths
+from vllm_patchset.sync.rebase_state import Choice, RebaseState, Section, Step
+from vllm_patchset.sync.reports import verdict_json, versions_json
 
 
 @dataclass(frozen=True)

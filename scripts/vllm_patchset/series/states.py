@@ -27,12 +27,12 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
-from vllm_patchset import locate
-from vllm_patchset.edits import rewrite_paths
 from vllm_patchset.errors import GitError
-from vllm_patchset.gitrepo import Repo
-from vllm_patchset.series import FilePatch, Hunk, Patch, parse_patch_bytes
-from vllm_patchset.upstream import parse_version
+from vllm_patchset.infra.gitrepo import Repo
+from vllm_patchset.series import locate
+from vllm_patchset.series.edits import rewrite_paths
+from vllm_patchset.series.patches import FilePatch, Hunk, Patch, parse_patch_bytes
+from vllm_patchset.versions import parse as parse_version
 
 LOCATE_RATIO = 0.8  # a pre-image window this similar is "the same code, changed"
 

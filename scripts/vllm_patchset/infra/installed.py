@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vllm_patchset.errors import BadInput
-from vllm_patchset.fsio import UnsafePath, plain_parts, read_regular
+from vllm_patchset.infra.fsio import UnsafePath, plain_parts, read_regular
 
 STATE_DIR = ".vllm-patchset"  # beside the package: <target>/.vllm-patchset/
 LOCK_FILE = "lock"
@@ -122,7 +122,7 @@ def probe(python: str, package: str) -> Probe:
     import shutil
     import subprocess  # here: the guard never runs another interpreter
 
-    from vllm_patchset.fsio import child
+    from vllm_patchset.infra.fsio import child
 
     if shutil.which(python) is None:  # said here: through setpriv it would be exit 127
         why = "Permission denied" if os.path.exists(python) else "No such file or directory"

@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 
 from vllm_patchset import versions
-from vllm_patchset.config import Project
 from vllm_patchset.errors import MalformedPatch
-from vllm_patchset.fsio import plain_parts, read_regular
-from vllm_patchset.lock import Lock
-from vllm_patchset.overlay import Walk, compare_locks, lock_for, walk
-from vllm_patchset.series import (
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import plain_parts, read_regular
+from vllm_patchset.overlay.build import Walk, compare_locks, lock_for, walk
+from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.upstream import Mirror, pin_base
+from vllm_patchset.series.patches import (
     Patch,
     Series,
     load_series,
@@ -20,8 +21,7 @@ from vllm_patchset.series import (
     read_series_entries,
     read_series_file,
 )
-from vllm_patchset.states import Reason, State
-from vllm_patchset.upstream import Mirror, pin_base
+from vllm_patchset.series.states import Reason, State
 
 
 def project_series(project: Project) -> Series:

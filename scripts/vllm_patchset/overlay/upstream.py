@@ -22,13 +22,14 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import Version
 
-from vllm_patchset import archives, index, versions
-from vllm_patchset.config import Project
+from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
-from vllm_patchset.fsio import no_symlink_below, plain_parts, read_regular
-from vllm_patchset.gitrepo import Repo, init_bare
-from vllm_patchset.installed import installed_record, installed_version, parse_record, probe
+from vllm_patchset.infra import archives, index
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
+from vllm_patchset.infra.gitrepo import Repo, init_bare
+from vllm_patchset.infra.installed import installed_record, installed_version, parse_record, probe
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
 # A git source that another machine can fetch too (a local path or file:// URL is not one).

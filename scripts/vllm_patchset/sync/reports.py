@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_patchset.console import paint
-from vllm_patchset.states import Verdict
+from vllm_patchset.series.states import Verdict
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:

@@ -30,11 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from vllm_patchset import fsio, index, kitparts
-from vllm_patchset.bundle import download_wheels
-from vllm_patchset.config import Project
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, by_exit_code
+from vllm_patchset.gpu import kitparts
+from vllm_patchset.gpu.bundle import download_wheels
+from vllm_patchset.infra import fsio, index
+from vllm_patchset.infra.config import Project
 
 NAME = "vllm-patchset-kit"
 PLATFORM = "manylinux_2_28_x86_64"

@@ -12,13 +12,20 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_patchset import fsio
-from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
-from vllm_patchset.lock import Lock, LockEntry, sha256_bytes
-from vllm_patchset.series import Patch, load_series, parse_patch_bytes
-from vllm_patchset.states import Reason, State, Verdict, classify
-from vllm_patchset.upstream import Mirror, Upstream, is_pin, mirror_for, pin_base, resolve_base
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.overlay.upstream import (
+    Mirror,
+    Upstream,
+    is_pin,
+    mirror_for,
+    pin_base,
+    resolve_base,
+)
+from vllm_patchset.series.patches import Patch, load_series, parse_patch_bytes
+from vllm_patchset.series.states import Reason, State, Verdict, classify
 
 TREE_INFO = "vllm-patchset-tree.json"
 

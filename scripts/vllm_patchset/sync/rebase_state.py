@@ -19,12 +19,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from vllm_patchset import jsonfile
-from vllm_patchset.config import Project
 from vllm_patchset.errors import BadInput
-from vllm_patchset.fsio import atomic_write, plain_parts
-from vllm_patchset.states import Verdict
-from vllm_patchset.upstream import Upstream
+from vllm_patchset.infra import jsonfile
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import atomic_write, plain_parts
+from vllm_patchset.overlay.upstream import Upstream
+from vllm_patchset.series.states import Verdict
 
 REBASE_DIR = ".rebase"
 STATE_FILE = "state.json"

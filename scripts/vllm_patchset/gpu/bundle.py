@@ -19,11 +19,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from vllm_patchset import archives, fsio, gpurun, jsonfile, kitparts
-from vllm_patchset.config import Project
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, Finding, by_exit_code
-from vllm_patchset.validate import build_trees
+from vllm_patchset.gpu import gpurun, kitparts
+from vllm_patchset.gpu.validate import build_trees
+from vllm_patchset.infra import archives, fsio, jsonfile
+from vllm_patchset.infra.config import Project
 
 LIMIT = 64 * 1024 * 1024
 NAME = "vllm-patchset-gpu"

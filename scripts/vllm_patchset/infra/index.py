@@ -18,8 +18,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_patchset import fsio, jsonfile
 from vllm_patchset.errors import DownloadFailed
+from vllm_patchset.infra import fsio, jsonfile
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 SCHEMES = ("https", "http", "file")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_patchset.errors import BadInput, GitError, NoGit
-from vllm_patchset.fsio import child
+from vllm_patchset.infra.fsio import child
 
 BOT_NAME = "vllm-patchset"
 BOT_EMAIL = "vllm-patchset@users.noreply.github.com"
@@ -322,7 +322,7 @@ class Repo:
         """Write the files of `rev` (a commit or tree) under `dest`: every member checked by
         `archives.checked_members` first (a tree from a git source may hold a symlink that
         leads out, which no tarfile filter of the interpreter is trusted to stop)."""
-        from vllm_patchset import archives
+        from vllm_patchset.infra import archives
 
         data = self.run_bytes("archive", "--format=tar", check_rev(rev))
         try:

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_patchset import jsonfile
 from vllm_patchset.errors import BadInput
-from vllm_patchset.fsio import read_chunks, read_regular
+from vllm_patchset.infra import jsonfile
+from vllm_patchset.infra.fsio import read_chunks, read_regular
 
 LOCK_SCHEMA = 1
 

@@ -25,16 +25,28 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from vllm_patchset import fsio, versions
-from vllm_patchset.checks import project_series
-from vllm_patchset.config import Project
+from vllm_patchset import versions
 from vllm_patchset.console import emit
-from vllm_patchset.edits import rewrite_paths
 from vllm_patchset.errors import BadInput, Finding, GitError
-from vllm_patchset.gitrepo import Repo
-from vllm_patchset.overlay import walk
-from vllm_patchset.rebase_report import Outcome, render_json, render_text, short_id, today
-from vllm_patchset.rebase_state import (
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.gitrepo import Repo
+from vllm_patchset.overlay.build import walk
+from vllm_patchset.overlay.upstream import (
+    Mirror,
+    Upstream,
+    check_version,
+    mirror_for,
+    parse_version,
+    pin_base,
+    sort_versions,
+)
+from vllm_patchset.series.edits import rewrite_paths
+from vllm_patchset.series.patches import Patch, Series, read_series_entries
+from vllm_patchset.series.states import Reason, State, Verdict, classify
+from vllm_patchset.sync.checks import project_series
+from vllm_patchset.sync.rebase_report import Outcome, render_json, render_text, short_id, today
+from vllm_patchset.sync.rebase_state import (
     Choice,
     DamagedState,
     Decision,
@@ -47,10 +59,8 @@ from vllm_patchset.rebase_state import (
     save,
     state_path,
 )
-from vllm_patchset.reports import conflict_report
-from vllm_patchset.series import Patch, Series, read_series_entries
-from vllm_patchset.states import Reason, State, Verdict, classify
-from vllm_patchset.swap import (
+from vllm_patchset.sync.reports import conflict_report
+from vllm_patchset.sync.swap import (
     CHANGELOG,
     STAGE,
     has_backup,
@@ -59,15 +69,6 @@ from vllm_patchset.swap import (
     roll_back,
     stage_project,
     swap_in,
-)
-from vllm_patchset.upstream import (
-    Mirror,
-    Upstream,
-    check_version,
-    mirror_for,
-    parse_version,
-    pin_base,
-    sort_versions,
 )
 
 

@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from vllm_patchset import jsonfile
 from vllm_patchset.errors import PatchsetError
-from vllm_patchset.fsio import read_chunks, read_regular
-from vllm_patchset.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
+from vllm_patchset.infra import jsonfile
+from vllm_patchset.infra.fsio import read_chunks, read_regular
+from vllm_patchset.infra.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
 
 STRICT_ENV = "VLLM_PATCHSET_STRICT"
 # Under "vllm": vLLM's own handler and format print it, at vLLM's log level.

@@ -19,9 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_patchset import versions
-from vllm_patchset.checks import problems, project_series
-from vllm_patchset.config import Project
-from vllm_patchset.edits import (
+from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import fsync_dir, remove_file, remove_tree
+from vllm_patchset.infra.gitrepo import Repo
+from vllm_patchset.overlay.build import build_overlay
+from vllm_patchset.overlay.upstream import Mirror, Upstream, git_source_commit, is_remote_url
+from vllm_patchset.series.edits import (
     insert_entry,
     set_ci_images,
     set_pin,
@@ -31,14 +35,10 @@ from vllm_patchset.edits import (
     torch_of,
     with_trailer,
 )
-from vllm_patchset.errors import BadInput, Finding, PatchsetError
-from vllm_patchset.fsio import fsync_dir, remove_file, remove_tree
-from vllm_patchset.gitrepo import Repo
-from vllm_patchset.overlay import build_overlay
-from vllm_patchset.rebase_report import changelog_entry, range_diff, today
-from vllm_patchset.rebase_state import RebaseState, Section, rebase_dir
-from vllm_patchset.series import Patch, read_series_entries, write_series_file
-from vllm_patchset.upstream import Mirror, Upstream, git_source_commit, is_remote_url
+from vllm_patchset.series.patches import Patch, read_series_entries, write_series_file
+from vllm_patchset.sync.checks import problems, project_series
+from vllm_patchset.sync.rebase_report import changelog_entry, range_diff, today
+from vllm_patchset.sync.rebase_state import RebaseState, Section, rebase_dir
 
 CHANGELOG = "CHANGELOG.md"
 README = "README.md"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vllm_patchset.errors import MalformedPatch, PatchsetError, SeriesError
-from vllm_patchset.fsio import UnsafePath, atomic_write, kind_of, plain_parts, read_regular
+from vllm_patchset.infra.fsio import UnsafePath, atomic_write, kind_of, plain_parts, read_regular
 
 REQUIRED_TRAILERS = (
     "Upstream-PR",

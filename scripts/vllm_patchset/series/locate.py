@@ -18,7 +18,7 @@ import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vllm_patchset.series import Hunk
+from vllm_patchset.series.patches import Hunk
 
 _LAYOUT = {
     tokenize.COMMENT,

@@ -41,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
 try:
-    from vllm_patchset import archives, jsonfile
+    from vllm_patchset.infra import archives, jsonfile
 except ImportError:  # in a GPU bundle, without vllm-patchset: the two files beside this one
     import archives  # type: ignore[import-not-found,no-redef]
     import jsonfile  # type: ignore[import-not-found,no-redef]

@@ -30,14 +30,15 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_patchset import fsio, gpurun, kitparts
-from vllm_patchset.config import Project
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, by_exit_code
-from vllm_patchset.overlay import TREE_INFO, export_tree, patches_for, walk
-from vllm_patchset.series import Patch
-from vllm_patchset.states import State
-from vllm_patchset.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
+from vllm_patchset.gpu import gpurun, kitparts
+from vllm_patchset.infra import fsio
+from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.build import TREE_INFO, export_tree, patches_for, walk
+from vllm_patchset.overlay.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
+from vllm_patchset.series.patches import Patch
+from vllm_patchset.series.states import State
 
 TESTS = "tests/gpu"
 NVFP4_EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"

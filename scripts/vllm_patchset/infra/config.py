@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_patchset.errors import BadInput, PatchsetError
-from vllm_patchset.fsio import no_symlink_below, plain_parts, read_regular
-from vllm_patchset.gitrepo import check_rev, check_source
+from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
+from vllm_patchset.infra.gitrepo import check_rev, check_source
 
 
 def default_cache_dir() -> Path:

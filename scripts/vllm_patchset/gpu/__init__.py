@@ -1,0 +1,1 @@
+"""GPU validation: red/green trees, the offline bundle, the native-ops kit."""
