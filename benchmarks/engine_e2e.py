@@ -1018,8 +1018,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_setup(args: argparse.Namespace) -> int:
     """Assemble a native-ops kit into WORK/native and install vllm-patchset into its site/."""
-    sys.path.insert(0, str(REPO / "scripts" / "vllm_patchset"))
-    import kitparts  # type: ignore[import-not-found]  # from the path above, as on the host
+    sys.path.insert(0, str(REPO / "scripts"))  # stdlib-only modules: no install needed
+    from vllm_patchset.gpu import kitparts
 
     dest = kitparts.assemble(args.kit, args.work / "native")
     site = dest / "site"

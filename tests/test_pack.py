@@ -245,7 +245,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     assert tool("overlay", "status") == (0, report("status", "applied", "patched"), "")
     assert tool("overlay", "diff") == (0, "", "")
     plugins = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m; from vllm_patchset import guard;"
+        [str(python), "-c", "import importlib.metadata as m; from vllm_patchset.deploy import guard;"
          " print([e.value for e in m.entry_points(group='vllm.general_plugins', name='vllm_patchset_guard')]);"
          f" print(guard.check(__import__('pathlib').Path({str(site)!r})).message)"],
         cwd=elsewhere, env=env, capture_output=True, text=True, check=True,

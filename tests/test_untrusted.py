@@ -32,6 +32,7 @@ from vllm_patchset import cli
 from vllm_patchset.cli import main
 from vllm_patchset.gpu import bundle, kitparts
 from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.infra import archives, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import OWNER_MARKER
 from vllm_patchset.overlay.upstream import Mirror
@@ -1317,8 +1318,8 @@ def test_kitparts_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
     kit = _kit(tmp_path / "kit", _tar([big]))
     script = tmp_path / "script"  # kitparts.py with the two modules it imports, as a bundle has
     script.mkdir()
-    for name in ("kitparts.py", "archives.py", "jsonfile.py"):
-        shutil.copy2(Path(kitparts.__file__).parent / name, script / name)
+    for module in (kitparts, archives, jsonfile):
+        shutil.copy2(Path(module.__file__ or ""), script)
     folder = tmp_path / "small"
     folder.mkdir()
     done = subprocess.run(

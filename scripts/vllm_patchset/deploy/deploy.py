@@ -1026,7 +1026,7 @@ class Source:
 
 def packaged_overlay() -> Source | None:
     """The overlay packed into this installed vllm-patchset (`overlay pack`), if any."""
-    folder = Path(__file__).resolve().parent / PACKED
+    folder = Path(__file__).resolve().parents[1] / PACKED
     lock = folder / "overlay.lock.json"
     return Source(Lock.load(lock), folder) if lock.is_file() else None
 
