@@ -41,17 +41,17 @@ from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, quant_dequant  # noqa
 
 # Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
 GROUPS = {
-    1: [(16, True, True)],
-    8: [(16, False, True), (16, True, True)],
-    32: [(16, False, True), (16, False, False)],
-    128: [(16, False, False), (32, False, False)],
-    512: [(32, False, False), (64, False, False)],
+    1: [(16, True, True), (16, True, False)],
+    8: [(16, False, True), (16, True, True), (16, False, False), (16, True, False)],
+    32: [(16, False, True), (16, False, False), (32, False, False)],
+    128: [(16, False, False), (32, False, False), (64, False, False)],
+    512: [(16, False, False), (32, False, False), (64, False, False)],
 }
 # Bucket bound (largest token count) -> (token count swept, groups it may pick). Naive blocks
 # (no moe_align_block_size) only where the kernel module allows them (few tokens per expert).
 BUCKETS = {
-    4: (1, [(16, True, True)]),
-    16: (8, [(16, False, True)]),
+    4: (1, GROUPS[1]),
+    16: (8, [g for g in GROUPS[8] if not g[1]]),
     64: (32, GROUPS[32]),
     256: (128, GROUPS[128]),
     1 << 62: (512, GROUPS[512]),
@@ -70,15 +70,37 @@ def _tiles(*tiles: tuple[int, int, int]) -> list[tuple[int, int, int, int]]:
     return [(block_n, BLOCK_K, warps, stages) for block_n, warps, stages in tiles]
 
 
+# Narrow programs (one or two warps) won at every size on an H200 (2026-12-01 sweep); the wide
+# ones stay as candidates for other GPUs.
 W13 = {
-    16: _tiles((16, 4, 3), (32, 4, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3)),
-    32: _tiles((32, 4, 3), (32, 8, 3), (64, 8, 3), (128, 8, 3)),
-    64: _tiles((32, 8, 3), (64, 8, 3), (64, 8, 2), (128, 8, 3)),
+    16: _tiles(
+        (16, 1, 3),
+        (32, 1, 3),
+        (16, 2, 3),
+        (32, 2, 2),
+        (32, 2, 3),
+        (32, 2, 4),
+        (64, 2, 3),
+        (64, 2, 4),
+        (64, 4, 3),
+        (128, 8, 3),
+    ),
+    32: _tiles((32, 2, 3), (64, 2, 3), (32, 4, 3), (64, 4, 3), (128, 8, 3)),
+    64: _tiles((32, 4, 3), (64, 4, 3), (64, 2, 3), (128, 8, 2), (128, 8, 3)),
 }
 W2 = {
-    16: _tiles((32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3)),
-    32: _tiles((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3)),
-    64: _tiles((64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3)),
+    16: _tiles(
+        (32, 2, 3),
+        (64, 2, 3),
+        (64, 2, 4),
+        (128, 2, 3),
+        (32, 1, 3),
+        (64, 1, 3),
+        (128, 4, 3),
+        (64, 4, 3),
+    ),
+    32: _tiles((64, 2, 3), (64, 4, 3), (128, 4, 3)),
+    64: _tiles((64, 4, 3), (64, 2, 3), (128, 4, 3), (128, 8, 3)),
 }
 
 
