@@ -22,6 +22,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
+from killable import KILL_ENV
 from vllm_install import (
     EDITED,
     EDITED_DIR,
@@ -43,7 +44,7 @@ from vllm_install import (
     tree_state,
 )
 from vllm_patchset.cli import main
-from vllm_patchset.deploy.deploy import KILL_ENV, LOCK_TIMEOUT_ENV
+from vllm_patchset.deploy.deploy import LOCK_TIMEOUT_ENV
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
 N = len(OVERLAID)

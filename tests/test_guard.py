@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from killable import KILL_ENV
 from vllm_install import (
     EDITED,
     EDITED_MODULE,
@@ -140,7 +141,7 @@ def interrupted(target: Path, overlay: Overlay) -> str:
         "apply",
         "--target",
         str(target),
-        env={"VLLM_PATCHSET_TEST_KILL_AFTER": str(KILLED_MID_APPLY)},
+        env={KILL_ENV: str(KILLED_MID_APPLY)},
     )
     assert killed.returncode == -signal.SIGKILL
     return (

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from killable import KILL_ENV, KILLABLE
 from support import REPO, git, snapshot
 from synthetic import MOE, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import (
@@ -36,7 +37,7 @@ from vllm_install import (
 )
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
-from vllm_patchset.infra.fsio import KILL_ENV, LOCK_TIMEOUT_ENV, child
+from vllm_patchset.infra.fsio import LOCK_TIMEOUT_ENV, child
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
 
@@ -68,7 +69,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """`vllm-patchset ARGS` in a process of its own: where a FIFO could block, or a signal hit."""
     return subprocess.run(
-        [sys.executable, "-m", "vllm_patchset", *map(str, argv)],
+        [*KILLABLE, *map(str, argv)],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

@@ -15,11 +15,11 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from killable import KILL_AT_ENV, KILL_ENV, KILLABLE
 from support import cli, git, rebase_json
 from synthetic import (
     BASE,
@@ -41,11 +41,10 @@ from synthetic import (
     rewritten,
     write_patches,
 )
+from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.infra.fsio import KILL_ENV
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
-from vllm_patchset.sync import rebase, swap
 
 EPOCH = "1782518400"  # SOURCE_DATE_EPOCH: 2026-06-27
 FIX = PatchSpec(
@@ -83,6 +82,19 @@ def sha256s(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.relative_to(root).parts[0] not in (".git", ".rebase")
     }
+
+
+def signal_at(kind: str, where: Path, signum: int) -> fsio.Observer:
+    """An observer of the file-system layer that sends `signum` to this process at the first
+    write point of `kind` on `where`."""
+    sent: list[int] = []
+
+    def observe(seen: str, path: Path) -> None:
+        if (seen, path) == (kind, where) and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+
+    return observe
 
 
 def onto(upstream: SyntheticUpstream, version: str) -> tuple[str, ...]:
@@ -666,27 +678,16 @@ def test_resolve_upstream_on_a_ref_with_no_version(
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("then", ["--continue", "--abort"])
 def test_signal_during_the_swap(
-    tiny: Project,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    signum: int,
-    then: str,
+    tiny: Project, capsys: pytest.CaptureFixture[str], signum: int, then: str
 ) -> None:
     """Before: Ctrl-C there printed "interrupted; nothing was left half-written" with
     patches/ rewritten and the pin, the lock and CHANGELOG.md not (SIGTERM killed it silently).
-    The signal has to land between two moves of the swap: a wrapper around swap_in sends it
-    to this process there (the swap itself runs as it is)."""
+    The signal lands between two moves of the swap: at the layer's write point of patches/
+    moved into the checkout (`fsio.observed`)."""
     root = tiny.root
     before = sha256s(root)
-    real_swap_in = swap.swap_in
-
-    def swap_in_interrupted(folder: Path, at: Path, paths: Sequence[str]) -> None:
-        real_swap_in(folder, at, paths[:1])  # patches/ moved in ...
-        os.kill(os.getpid(), signum)  # ... the signal ...
-        real_swap_in(folder, at, paths)  # ... and the rest
-
-    monkeypatch.setattr(rebase, "swap_in", swap_in_interrupted)
-    code, out, err = cli(capsys, root, "rebase", "--onto", "1.0.1")
+    with fsio.observed(signal_at("moved", root / "patches", signum)):
+        code, out, err = cli(capsys, root, "rebase", "--onto", "1.0.1")
     assert (code, out) == (128 + signum, "")
     assert err == (
         f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase was done: the"
@@ -708,23 +709,16 @@ def test_signal_during_the_swap(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_while_staging_changes_nothing(
-    tiny: Project,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    signum: int,
+    tiny: Project, capsys: pytest.CaptureFixture[str], signum: int
 ) -> None:
-    """Interrupted while the rebased project is staged (a wrapper sends the signal as staging
-    starts): the checkout is as it was, and the message says so and what cleans up."""
+    """Interrupted while the rebased project is staged (the signal at the layer's write point
+    of patches/ copied into the stage): the checkout is as it was, and the message says so and
+    what cleans up."""
     root = tiny.root
     before = sha256s(root)
-    real_stage = swap.stage_project
-
-    def stage_interrupted(*args: object) -> object:
-        os.kill(os.getpid(), signum)
-        return real_stage(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(rebase, "stage_project", stage_interrupted)
-    assert cli(capsys, root, "rebase", "--onto", "1.0.1") == (
+    with fsio.observed(signal_at("copied", root / ".rebase" / "stage" / "patches", signum)):
+        done = cli(capsys, root, "rebase", "--onto", "1.0.1")
+    assert done == (
         128 + signum,
         "",
         f"vllm-patchset: interrupted ({signal.Signals(signum).name}); the rebase changed nothing"
@@ -850,7 +844,7 @@ def test_git_pin_is_found_again_by_its_commit(
 
 # -- the story: killed, or running beside another writer -------------------------------------------
 # `rebase --onto 1.0.1` of the story: both series patches refreshed one line down, the archived
-# one stays; 18 write points (each write has two, see fsio._test_hook): the journal (phase
+# one stays; 18 write points (each write has two, see tests/killable.py): the journal (phase
 # "running") at 1-6, staging from 7, the journal's phase "swap" at 16, "done" at 18.
 KILL_POINTS = {"journal": 1, "running": 2, "staging": 7, "staged": 15, "swap": 16, "done": 18}
 
@@ -858,7 +852,7 @@ KILL_POINTS = {"journal": 1, "running": 2, "staging": 7, "staged": 15, "swap": 1
 def run_rebase(root: Path, cache: Path, *args: str, env: dict[str, str]) -> int:
     """`vllm-patchset rebase ARGS` in a process of its own (to be killed); its exit status."""
     return subprocess.run(
-        [sys.executable, "-m", "vllm_patchset", "--project", str(root), "rebase", *args],
+        [*KILLABLE, "--project", str(root), "rebase", *args],
         env={**os.environ, "VLLM_PATCHSET_CACHE": str(cache), "SOURCE_DATE_EPOCH": EPOCH, **env},
         capture_output=True,
         timeout=120,
@@ -929,19 +923,6 @@ def test_killed_rebase_is_undone_or_finished(
     expect_rebased_onto_1_0_1(capsys, root, story)
 
 
-KILLED_MID_SWAP = """\
-import os, signal, sys
-from vllm_patchset import cli
-from vllm_patchset.sync import rebase
-real_swap_in = rebase.swap_in
-def swap_in_killed(folder, at, paths):
-    real_swap_in(folder, at, paths[:1])  # patches/ moved in, and then the end
-    os.kill(os.getpid(), signal.SIGKILL)
-rebase.swap_in = swap_in_killed
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("then", ["--abort", "--continue"])
 def test_rebase_killed_in_the_middle_of_the_swap(
     tiny: Project, story: Story, capsys: pytest.CaptureFixture[str], then: str
@@ -950,22 +931,10 @@ def test_rebase_killed_in_the_middle_of_the_swap(
     everything back byte for byte, `--continue` finishes."""
     root = tiny.root
     before = sha256s(root)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            KILLED_MID_SWAP,
-            "--project",
-            str(root),
-            "rebase",
-            "--onto",
-            "1.0.1",
-        ],
-        env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH},
-        capture_output=True,
-        timeout=120,
+    killed = run_rebase(
+        root, story.cache, "--onto", "1.0.1", env={KILL_AT_ENV: f"moved::{root / 'patches'}"}
     )
-    assert done.returncode == -signal.SIGKILL
+    assert killed == -signal.SIGKILL
     assert phase(root) == "swap"
     assert sha256s(root) != before  # half swapped
     assert cli(capsys, root, "rebase", then)[0] == 0
@@ -987,16 +956,7 @@ def test_a_second_writer_is_refused_while_a_rebase_runs(
     assert cli(capsys, root, "queue", "import")[0] == 0
     env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH, KILL_ENV: "2:STOP"}
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm_patchset",
-            "--project",
-            str(root),
-            "rebase",
-            "--onto",
-            "1.0.1",
-        ],
+        [*KILLABLE, "--project", str(root), "rebase", "--onto", "1.0.1"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -1016,3 +976,33 @@ def test_a_second_writer_is_refused_while_a_rebase_runs(
         os.kill(process.pid, signal.SIGCONT)
     assert process.wait(timeout=120) == 0
     expect_rebased_onto_1_0_1(capsys, root, story)
+
+
+def test_the_swaps_moves_are_write_points(
+    tiny: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every move of the swap (each old path to the backup, each staged one in) is a write
+    point of the file-system layer, where the kill hook of the tests can stop the run (before,
+    the swap renamed by itself and the kill tests reached none of them)."""
+    root = tiny.root
+    seen: list[tuple[str, str]] = []
+
+    def record(kind: str, path: Path) -> None:
+        if kind == "moved":
+            seen.append((kind, path.relative_to(root).as_posix()))
+
+    with fsio.observed(record):
+        assert cli(capsys, root, "rebase", "--onto", "1.0.1")[0] == 0
+    assert seen == [
+        ("moved", ".rebase/stage/overlay/vllm"),  # the staged overlay build
+        ("moved", ".rebase/backup/patches"),  # the swap: each old one aside, the new one in
+        ("moved", "patches"),
+        ("moved", ".rebase/backup/pyproject.toml"),
+        ("moved", "pyproject.toml"),
+        ("moved", ".rebase/backup/overlay/overlay.lock.json"),
+        ("moved", "overlay/overlay.lock.json"),
+        ("moved", ".rebase/backup/CHANGELOG.md"),
+        ("moved", "CHANGELOG.md"),
+        ("moved", "overlay/vllm"),  # not built in this checkout: a marker, no backup
+        ("moved", ".rebase/discarded"),  # the cleanup: the backup goes in one rename
+    ]

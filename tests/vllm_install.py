@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
+from killable import KILLABLE
 from support import committed, export_committed
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import build_overlay
@@ -258,7 +259,7 @@ def read_only(root: Path) -> Iterator[list[str]]:
 
 def cli_command(overlay: Overlay, *args: str) -> list[str]:
     project = overlay.project
-    return [sys.executable, "-m", "vllm_patchset", "--project", str(project.root),
+    return [*KILLABLE, "--project", str(project.root),
             "--cache-dir", str(project.cache_dir), "overlay", *args]  # fmt: skip
 
 

@@ -37,7 +37,6 @@ from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import (  # re-exported: the tests and the README name them here
-    KILL_ENV,
     LOCK_TIMEOUT_ENV,
     TMP_SUFFIX,
     UnsafePath,
@@ -61,7 +60,7 @@ RECORD_SCHEMA = 1
 UNDO = "undo"  # in the state dir while an apply runs: bytes it replaced that revert does not need
 STATE_NAMES = (LOCK_FILE, JOURNAL, RECORD, ORIGINALS, UNDO)  # all the tool ever makes there
 
-__all__ = ["KILL_ENV", "LOCK_TIMEOUT_ENV", "TMP_SUFFIX", "UnsafePath"]
+__all__ = ["LOCK_TIMEOUT_ENV", "TMP_SUFFIX", "UnsafePath"]
 
 
 class VersionMismatch(Finding):
@@ -324,8 +323,8 @@ def _left(exc: BaseException, note: str) -> None:
 
 def _journal_done(target: Target, path: str) -> None:
     try:
-        with _state_path(target, JOURNAL).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"done": path}) + "\n")
+        with fsio.writing(_state_path(target, JOURNAL), append=True) as handle:
+            handle.write((json.dumps({"done": path}) + "\n").encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
@@ -416,10 +415,7 @@ def _remove_state_dir(target: Target) -> str | None:
     fsio.remove_tree(_state_path(target, ORIGINALS))
     fsio.remove_tree(_state_path(target, UNDO))
     fsio.remove_file(_state_path(target, LOCK_FILE))  # a run waiting on it takes a new one
-    try:
-        os.rmdir(target.state)
-    except OSError as exc:
-        raise fsio.WriteFailed(target.state, exc) from None
+    fsio.remove_dir(target.state)
     return None
 
 

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import argparse
 import lzma
-import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -113,7 +110,7 @@ def download_wheels(
 ) -> list[Path]:
     """cp<python_version> manylinux wheels of `requirements` (no dependencies of their own: the
     host has them), and the pydantic-core that the downloaded pydantic pins."""
-    dest.mkdir(parents=True, exist_ok=True)
+    fsio.make_dir(dest, parents=True, exist_ok=True)
     _pip_download(dest, python_version, requirements)
     for pydantic in dest.glob("pydantic-[0-9]*.whl"):
         _pip_download(dest, python_version, (_pinned(pydantic, "pydantic-core"),))
@@ -124,7 +121,7 @@ def _pip_download(dest: Path, python_version: str, requirements: tuple[str, ...]
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
     command += ["--only-binary=:all:", "--python-version", python_version, "--implementation"]
     command += ["cp", *(f"--platform={p}" for p in PLATFORMS), "--dest", str(dest)]
-    result = subprocess.run([*command, *requirements], capture_output=True, text=True)
+    result = fsio.run_child([*command, *requirements], capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise BadInput(f"pip download {' '.join(requirements)} failed: {last}")
@@ -167,17 +164,18 @@ def make_bundle(
         except kitparts.KitError as exc:
             raise by_exit_code(str(exc), exc.exit_code) from None
         kit_files = [kitparts.MANIFEST, *(part.name for part in manifest.parts)]
-    with tempfile.TemporaryDirectory(prefix="vllm-patchset-bundle-") as tmp:
-        root = Path(tmp) / NAME
+    with fsio.temp_dir("vllm-patchset-bundle-") as tmp:
+        root = tmp / NAME
         with progress("bundle: building the trees"):
             built = build_trees(project, root)
-        shutil.copy2(Path(gpurun.__file__), root / "gpurun.py")
+        fsio.copy_file(Path(gpurun.__file__), root / "gpurun.py", metadata=True)
         for module in (kitparts, archives, jsonfile):  # kitparts imports the other two
-            shutil.copy2(Path(module.__file__ or ""), root / Path(module.__file__ or "").name)
+            source = Path(module.__file__ or "")
+            fsio.copy_file(source, root / source.name, metadata=True)
         if wheels:
             with progress("bundle: downloading the wheels"):
                 download_wheels(root / "wheels", python_version)
-        (root / "run.sh").write_text(RUN_SH.format(kit=KIT_NAME), encoding="utf-8")
+        fsio.write_file(root / "run.sh", RUN_SH.format(kit=KIT_NAME))
         trees = "\n".join(
             f"  {s.name}: "
             + (
@@ -188,33 +186,34 @@ def make_bundle(
             for s in built.specs
         )
         readme = README.format(archive=archive.name, name=NAME, trees=trees)
-        (root / "README.txt").write_text(readme, encoding="utf-8")
-        archive.parent.mkdir(parents=True, exist_ok=True)
+        fsio.write_file(root / "README.txt", readme)
+        fsio.make_dir(archive.parent, parents=True, exist_ok=True)
         partial = archive.with_name(archive.name + ".part")
         # One xz stream with a 64 MiB window: the trees share most files, so they compress
         # together to little more than one.
         try:
             with (
                 progress(f"bundle: compressing {archive.name}"),
-                lzma.open(partial, "wb", preset=level) as xz,
+                fsio.writing(partial) as raw,
+                lzma.open(raw, "wb", preset=level) as xz,
                 tarfile.open(fileobj=xz, mode="w") as tar,
             ):
                 tar.add(root, arcname=NAME)
         except BaseException:
-            partial.unlink(missing_ok=True)
+            fsio.remove_file(partial)
             raise
     size = partial.stat().st_size
     if size >= LIMIT:
-        partial.unlink()
+        fsio.remove_file(partial)
         raise Finding(f"bundle is {size / 2**20:.1f} MiB, over the 64 MiB limit (try --no-wheels)")
     if kit is not None and not in_place:
         # What verify checked, and only that: kit.json and its parts (regular files, each
         # lstat-checked), nothing else the folder may hold.
         with progress(f"bundle: copying the kit to {kit_copy}"):
-            kit_copy.mkdir(parents=True)
+            fsio.make_dir(kit_copy, parents=True)
             for name in kit_files:
-                shutil.copyfile(kit / name, kit_copy / name, follow_symlinks=False)
-    partial.replace(archive)
+                fsio.copy_file(kit / name, kit_copy / name, follow_symlinks=False)
+    fsio.move(partial, archive)
     return archive
 
 

@@ -2,7 +2,9 @@
 
 Standard library only: ``vllm-patchset validate`` imports it, and ``vllm-patchset bundle``
 ships it to GPU hosts that have torch but neither network nor vllm-patchset, where it runs as
-``python3 gpurun.py BUNDLE_DIR``.
+``python3 gpurun.py BUNDLE_DIR``. Since it travels alone, it keeps its own standard-library
+writes and children (the manifest, the logs, pytest runs) instead of the file-system layer
+(``infra/fsio/``), which does not travel; tests/test_fs_layer.py lets it.
 
 The manifest (``manifest.json``) lists trees; each names the pytest selection to run and the
 expected outcome of each regression test: ``red`` (fails: the bug is there) or ``green``

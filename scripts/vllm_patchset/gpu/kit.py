@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import io
 import lzma
-import shutil
 import tarfile
 import zipfile
 from collections.abc import Sequence
@@ -143,10 +142,10 @@ def write_kit(
         raise BadInput(f"{dest} exists already: give a new folder")
     if not 0 <= level <= 9:
         raise BadInput(f"xz level {level} is not in 0..9")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    fsio.make_dir(dest.parent, parents=True, exist_ok=True)
     staging = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    fsio.discard_tree(staging)
+    fsio.make_dir(staging)
     # The x86 branch filter makes the compiled extensions about a tenth smaller.
     filters = [{"id": lzma.FILTER_X86}, {"id": lzma.FILTER_LZMA2, "preset": level}]
     try:
@@ -175,12 +174,12 @@ def write_kit(
             wheels={p.name: kitparts.sha256_file(p) for p in wheels},
             parts=tuple(parts.parts),
         )
-        (staging / kitparts.MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
-        staging.rename(dest)
+        fsio.write_file(staging / kitparts.MANIFEST, manifest.to_json())
+        fsio.move(staging, dest)
     except (zipfile.BadZipFile, OSError) as exc:
         raise BadInput(f"cannot write the kit of {wheel.name}: {exc}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        fsio.discard_tree(staging)
     return manifest
 
 
@@ -195,7 +194,7 @@ def build_kit(
 ) -> kitparts.Manifest:
     wheel, sha256 = pin_wheel(project, platform)
     scratch = dest.with_name(f".{dest.name}.wheels")
-    shutil.rmtree(scratch, ignore_errors=True)
+    fsio.discard_tree(scratch)
     try:
         wheels = []
         if with_wheels:
@@ -204,7 +203,7 @@ def build_kit(
         with progress(f"kit build: compressing {wheel.name} into parts"):
             return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        fsio.discard_tree(scratch)
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

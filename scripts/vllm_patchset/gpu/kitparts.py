@@ -18,6 +18,10 @@ installed into `site/` with pip (no index), and only then is the staging folder 
 DIR. A missing, truncated or altered part, or a file that is not the wheel's, is one line on
 stderr and nothing is written. `vllm-patchset kit build` (kit.py) writes kits; this module is
 also copied into `vllm-patchset bundle`'s archive, for hosts without vllm-patchset.
+
+Since it travels alone, it keeps its own standard-library writes and children (open, rename,
+rmtree, mkdtemp, subprocess for pip) instead of the file-system layer (`infra/fsio/`), which
+does not travel; tests/test_fs_layer.py lets it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tomllib
 from contextlib import redirect_stdout
@@ -73,10 +72,8 @@ def _add_metadata(tree: Path, version: str) -> None:
     """vLLM's platform detection reads its version with importlib.metadata (a pure tree has no
     dist-info): give the tree the METADATA an installed vllm has."""
     info = tree / f"vllm-{version}.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n", encoding="utf-8"
-    )
+    fsio.make_dir(info, exist_ok=True)
+    fsio.write_file(info / "METADATA", f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
 
 
 def _write_pytest_ini(project: Project, root: Path) -> None:
@@ -89,13 +86,13 @@ def _write_pytest_ini(project: Project, root: Path) -> None:
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
         lines.extend(f"    {value}" for value in options.get(key, ()))
-    (root / "pytest.ini").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fsio.write_file(root / "pytest.ini", "\n".join(lines) + "\n")
 
 
 def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: dict[str, object]) -> None:
-    dest.mkdir(parents=True)
+    fsio.make_dir(dest, parents=True)
     mirror.repo.archive_to(git_tree, dest)
-    (dest / TREE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    fsio.write_file(dest / TREE_INFO, json.dumps(info, indent=2) + "\n")
 
 
 def build_trees(project: Project, root: Path) -> BuiltTrees:
@@ -138,9 +135,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
         if patch.key.startswith("upstreamed/"):
             specs.extend(_upstreamed_trees(mirror, pin, patch, trees))
 
-    shutil.copytree(
-        project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__")
-    )
+    fsio.copy_tree(project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__"))
     _write_pytest_ini(project, root)
     gpurun.write_manifest(root, specs)
     return BuiltTrees(root, tuple(specs))
@@ -221,9 +216,8 @@ def tree_names(project: Project) -> list[str]:
 
 def _require_torch(python: str) -> None:
     """One line, before anything is built, where `python` cannot import torch."""
-    argv, preexec = fsio.child([python, "-c", "import torch"])
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=preexec)
+        done = fsio.run_child([python, "-c", "import torch"], capture_output=True, text=True)
     except OSError as exc:
         raise BadInput(f"validate: cannot run --python {python}: {exc.strerror}") from None
     if done.returncode != 0:

@@ -11,7 +11,10 @@ Each is written with O_CREAT | O_EXCL | O_NOFOLLOW in chunks, below a fresh fold
 this extraction writes in.
 
 Standard library only: `kitparts.py` (copied into the GPU bundle, for hosts without
-vllm-patchset) uses it, and the bundle carries this file beside it.
+vllm-patchset) uses it, and the bundle carries this file beside it. So it writes the members
+itself (os.open, os.mkdir, os.chmod), not through the file-system layer (`infra/fsio/`), which
+does not travel: one of the three modules (with kitparts.py and gpurun.py) that
+tests/test_fs_layer.py lets write on their own.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import io
 import os
 import re
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_patchset.errors import BadInput, GitError, NoGit
+from vllm_patchset.infra import fsio
 from vllm_patchset.infra.fsio import child
 
 BOT_NAME = "vllm-patchset"
@@ -137,7 +137,7 @@ class Repo:
         git = _gitpython()
         full_env = git_env(env)
         cmd = git.Git(str(self.path))
-        with tempfile.TemporaryFile() as stdin_file:
+        with fsio.scratch_file() as stdin_file:
             if stdin is not None:
                 stdin_file.write(stdin)
                 stdin_file.seek(0)
@@ -315,8 +315,8 @@ class Repo:
 
     @contextmanager
     def _temp_index(self) -> Iterator[dict[str, str]]:
-        with tempfile.TemporaryDirectory(prefix="vllm-patchset-index-") as tmp:
-            yield {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        with fsio.temp_dir("vllm-patchset-index-") as tmp:
+            yield {"GIT_INDEX_FILE": str(tmp / "index")}
 
     def archive_to(self, rev: str, dest: Path) -> None:
         """Write the files of `rev` (a commit or tree) under `dest`: every member checked by
@@ -360,12 +360,12 @@ class Repo:
 
     def format_patches(self, base: str, head: str = "HEAD") -> list[tuple[str, bytes]]:
         """(file name, bytes) of each commit in base..head, as `git format-patch` writes them."""
-        with tempfile.TemporaryDirectory(prefix="vllm-patchset-fp-") as tmp:
+        with fsio.temp_dir("vllm-patchset-fp-") as tmp:
             names = self.run(
                 "format-patch",
                 *FORMAT_PATCH_ARGS,
                 "-o",
-                tmp,
+                str(tmp),
                 f"{check_rev(base)}..{check_rev(head)}",
                 "--",
             ).split()
@@ -451,7 +451,7 @@ def init_bare(path: Path) -> Repo:
     repo = Repo(path)
     if not (path / "HEAD").is_file():
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            fsio.make_dir(path, parents=True, exist_ok=True)
         except OSError as exc:
             raise GitError("init", str(exc)) from None
         repo.run("init", "--quiet", "--bare")

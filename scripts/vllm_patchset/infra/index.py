@@ -117,10 +117,10 @@ def fetch(entry: IndexFile, folder: Path) -> Path:
                 f"{entry.filename}: sha256 {got} does not match the index's {entry.sha256}"
                 " (truncated or altered download; nothing was imported)"
             )
-        partial.replace(target)
+        fsio.move(partial, target)
         print(f"downloaded {entry.filename}, sha256 verified", file=sys.stderr)
     finally:
-        partial.unlink(missing_ok=True)
+        fsio.remove_file(partial)
     return target
 
 
@@ -129,7 +129,7 @@ def download(url: str, dest: Path, name: str) -> None:
     from vllm_patchset.console import progress
 
     try:
-        with urllib.request.urlopen(url, timeout=120) as response, dest.open("wb") as out:
+        with urllib.request.urlopen(url, timeout=120) as response, fsio.writing(dest) as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with progress(f"downloading {name}", total, unit="bytes") as step:
                 while chunk := response.read(1 << 20):

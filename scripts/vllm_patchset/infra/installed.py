@@ -122,14 +122,13 @@ def probe(python: str, package: str) -> Probe:
     import shutil
     import subprocess  # here: the guard never runs another interpreter
 
-    from vllm_patchset.infra.fsio import child
+    from vllm_patchset.infra.fsio import run_child
 
     if shutil.which(python) is None:  # said here: through setpriv it would be exit 127
         why = "Permission denied" if os.path.exists(python) else "No such file or directory"
         raise BadInput(f"cannot run --python {python}: {why}")
-    argv, preexec = child([python, "-c", _PROBE, package])
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=120, preexec_fn=preexec)
+        done = run_child([python, "-c", _PROBE, package], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise BadInput(f"cannot run --python {python}: {why}") from None

@@ -217,7 +217,7 @@ def build_overlay(
             data = mirror.repo.read_blob(result.tree, entry.path)
             assert data is not None
             fsio.atomic_write(staging.joinpath(*entry.path.split("/")), data)
-        (staging / project.package).mkdir(exist_ok=True)
+        fsio.make_dir(staging / project.package, exist_ok=True)
         with fsio.deferred_signals():  # the overlay and its lock change together, or neither
             fsio.replace_dir(staging / project.package, target / project.package)
             if update_lock or lock_path != project.lock_path:
@@ -259,8 +259,8 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
         with fsio.deferred_signals():
             if exists:
                 for name in (project.package, TREE_INFO):
-                    os.rename(staging / name, dest / name)
+                    fsio.move(staging / name, dest / name)
             else:
-                os.rename(staging, dest)
+                fsio.move(staging, dest)
             fsio.interrupt_leaves(f"the tree in {dest} had been written (the run was complete)")
     return dest

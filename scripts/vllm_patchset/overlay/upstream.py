@@ -14,7 +14,6 @@ import json
 import re
 import sys
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from packaging.version import Version
 from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
-from vllm_patchset.infra import archives, index
+from vllm_patchset.infra import archives, fsio, index
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
@@ -145,9 +144,8 @@ class Mirror:
         sdist, sha256, url = self._download_sdist(version)
         with (
             progress(f"importing {sdist.name} into the mirror"),
-            tempfile.TemporaryDirectory(prefix="vllm-patchset-sdist-") as tmp,
+            fsio.temp_dir("vllm-patchset-sdist-") as root,
         ):
-            root = Path(tmp)
             _extract_package(sdist, root, self.package)
             tree = self.repo.tree_from_directory(root)
         return self._store(
@@ -216,9 +214,8 @@ class Mirror:
             site, version, record = _locate_installed(python or sys.executable, self.package)
         with (
             progress(f"importing the installed {self.package} {version} into the mirror"),
-            tempfile.TemporaryDirectory(prefix="vllm-patchset-installed-") as tmp,
+            fsio.temp_dir("vllm-patchset-installed-") as root,
         ):
-            root = Path(tmp)
             for path, digest in record.items():
                 if path.split("/", 1)[0] != self.package or not _kept(path):
                     continue  # the dist-info, scripts (`../../bin/…`), bytecode
@@ -246,8 +243,8 @@ class Mirror:
                         f"{site / path} {what}: the installed {self.package} {version} was modified"
                     )
                 out = root.joinpath(*parts)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(data)
+                fsio.make_dir(out.parent, parents=True, exist_ok=True)
+                fsio.write_file(out, data)
             tree = self.repo.tree_from_directory(root)
         return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +79,7 @@ def import_queue(project: Project, *, force: bool = False) -> QueueInfo:
         _save_snapshot(queue, project)
         with fsio.deferred_signals():
             fsio.remove_tree(path)
-            os.rename(staging / QUEUE_DIR, path)
+            fsio.move(staging / QUEUE_DIR, path)
             fsio.interrupt_leaves(f"the queue in {path} had been made (the run was complete)")
     return QueueInfo(path, upstream.label, tuple(p.name for p in series.active))
 
@@ -99,10 +98,10 @@ def export_queue(project: Project, *, keep: bool = True) -> QueueInfo:
     if queue.is_dirty():
         raise Finding(f"{path} has uncommitted changes: commit them (git commit) first")
     exported = queue.format_patches(BASE_REF)
-    with tempfile.TemporaryDirectory(prefix="vllm-patchset-export-") as tmp:
+    with fsio.temp_dir("vllm-patchset-export-") as tmp:
         for name, data in exported:  # trailers and paths checked before anything is written
-            (Path(tmp) / name).write_bytes(data)
-            parse_patch(Path(tmp) / name)
+            fsio.write_file(tmp / name, data)
+            parse_patch(tmp / name)
     folder = project.patches_dir
     old = read_series_file(project.series_file)
     names = [name for name, _ in exported]

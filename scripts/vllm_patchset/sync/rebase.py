@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -489,17 +488,17 @@ def start(
             f"{folder / 'backup'} holds files of an interrupted rebase: `rebase --abort`"
         )
     _cleanup(project)  # what a kill at the very end of a cleanup may have left
-    folder.mkdir()
-    (folder / ".gitignore").write_text("*\n", encoding="utf-8")
+    fsio.make_dir(folder)
+    fsio.write_file(folder / ".gitignore", "*\n")
     # Written whole, then linked in: never a half-written state.
     draft = folder / f"state.{os.getpid()}.json"
-    draft.write_text(state.to_json(), encoding="utf-8")
+    fsio.write_file(draft, state.to_json())
     try:
-        os.link(draft, state_path(project))
+        fsio.link(draft, state_path(project))
     except FileExistsError:
         raise BadInput(f"another rebase started in {project.root} meanwhile") from None
     finally:
-        draft.unlink()
+        fsio.remove_file(draft)
     mirror.repo.clone_shared(folder / "worktree", onto.commit)
     return _take(project, mirror, state, series)
 
@@ -702,11 +701,11 @@ def _cleanup(project: Project) -> None:
     never half of it. The state file goes last."""
     folder = rebase_dir(project)
     if (folder / "backup").exists():
-        (folder / "backup").rename(folder / "discarded")
+        fsio.move(folder / "backup", folder / "discarded")
     for leftover in ("worktree", STAGE, "discarded"):
-        shutil.rmtree(folder / leftover, ignore_errors=True)
-    state_path(project).unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
+        fsio.discard_tree(folder / leftover)
+    fsio.remove_file(state_path(project))
+    fsio.discard_tree(folder)
 
 
 # -- interruptions -------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_patchset import versions
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
+from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import fsync_dir, remove_file, remove_tree
 from vllm_patchset.infra.gitrepo import Repo
@@ -68,15 +68,15 @@ def swap_in(folder: Path, root: Path, paths: Sequence[str]) -> None:
         if not staged.exists():
             continue  # moved in by an earlier run
         if not saved.exists() and not _marker(folder, rel).exists():
-            saved.parent.mkdir(parents=True, exist_ok=True)
+            fsio.make_dir(saved.parent, parents=True, exist_ok=True)
             if target.exists() or target.is_symlink():
-                target.rename(saved)
+                fsio.move(target, saved)
             else:
-                _marker(folder, rel).touch()
+                fsio.touch(_marker(folder, rel))
             fsync_dir(saved.parent)
         remove(target)  # only after a kill between the two renames: the staged one again
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged.rename(target)
+        fsio.make_dir(target.parent, parents=True, exist_ok=True)
+        fsio.move(staged, target)
         fsync_dir(target.parent)
 
 
@@ -87,11 +87,11 @@ def roll_back(folder: Path, root: Path, paths: Sequence[str]) -> None:
         target, saved, marker = root / rel, folder / BACKUP / rel, _marker(folder, rel)
         if saved.exists() or saved.is_symlink():
             remove(target)
-            saved.rename(target)
+            fsio.move(saved, target)
             fsync_dir(target.parent)
         elif marker.exists():
             remove(target)
-            marker.unlink()
+            remove_file(marker)
 
 
 def has_backup(folder: Path) -> bool:
@@ -126,7 +126,7 @@ def stage_project(
     stage = folder / STAGE
     remove(stage)
     patches = stage / rel(project, project.patches_dir)
-    shutil.copytree(project.patches_dir, patches)
+    fsio.copy_tree(project.patches_dir, patches)
     archive_dir = stage / rel(project, project.upstreamed_file.parent)
     parked_dir = stage / rel(project, project.parked_file.parent)
     series = project_series(project)
@@ -144,7 +144,7 @@ def stage_project(
             (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
             if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
                 data = with_trailer(data, "")
-                here.unlink()
+                remove_file(here)
                 archived.remove(step.name)
                 unarchived.append(step.name)
             else:
@@ -163,21 +163,21 @@ def stage_project(
                             f" still in {state.new_pin}",
                         ),
                     )
-            _new_file(patches / step.name, here).write_bytes(data)
+            fsio.write_file(_new_file(patches / step.name, here), data)
             kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
             step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
         elif step.action == "archived" and step.section == Section.SERIES:
-            _new_file(archive_dir / step.name).write_bytes(
-                with_trailer(patch.raw, step.applied_upstream)
+            fsio.write_file(
+                _new_file(archive_dir / step.name), with_trailer(patch.raw, step.applied_upstream)
             )
-            here.unlink()
+            remove_file(here)
             archived.append(step.name)
         elif step.action == "parked" and step.section == Section.SERIES:
-            parked_dir.mkdir(parents=True, exist_ok=True)
-            here.rename(_new_file(parked_dir / step.name))
+            fsio.make_dir(parked_dir, parents=True, exist_ok=True)
+            fsio.move(here, _new_file(parked_dir / step.name))
             parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
         elif step.action == "dropped":
-            here.unlink()
+            remove_file(here)
             if step.section == Section.UPSTREAMED:
                 archived.remove(step.name)
         steps.append(step)
@@ -199,14 +199,14 @@ def stage_project(
     )
     if release:
         new_pyproject = set_torch_comment(new_pyproject, state.new_pin, _torch(mirror, onto))
-    (stage / "pyproject.toml").write_text(new_pyproject, encoding="utf-8")
+    fsio.write_file(stage / "pyproject.toml", new_pyproject)
     images = False
     for ci_file in CI_FILES:
         if (project.root / ci_file).is_file() and release:
             old_text = (project.root / ci_file).read_text("utf-8")
             new_text = set_ci_images(old_text, state.new_pin)
             images = images or new_text != old_text
-            _new_file(stage / ci_file).write_text(new_text, encoding="utf-8")
+            fsio.write_file(_new_file(stage / ci_file), new_text)
     old_log = (
         (project.root / CHANGELOG).read_text("utf-8")
         if (project.root / CHANGELOG).is_file()
@@ -219,18 +219,18 @@ def stage_project(
     if release:
         sha256 = re.search(r"\bsha256:([0-9a-f]{64})\b", onto.source)
         new_log = set_unreleased_pin(new_log, state.new_pin, sha256.group(1) if sha256 else None)
-    (stage / CHANGELOG).write_text(new_log, encoding="utf-8")
+    fsio.write_file(stage / CHANGELOG, new_log)
     if (project.root / README).is_file() and release:
-        (stage / README).write_text(
+        fsio.write_file(
+            stage / README,
             set_readme(
                 (project.root / README).read_text("utf-8"),
                 state.old_pin,
                 state.new_pin,
                 _readme_rows(project, state),
             ),
-            encoding="utf-8",
         )
-    (folder / "entry.md").write_text(entry, encoding="utf-8")
+    fsio.write_file(folder / "entry.md", entry)
     try:
         staged = Project.load(stage, project.cache_dir)
         build_overlay(staged, update_lock=True)
@@ -286,5 +286,5 @@ def _new_file(path: Path, replacing: Path | None = None) -> Path:
     """`path`, refused when a file of another patch is there already."""
     if path.exists() and path != replacing:
         raise BadInput(f"{path.name} exists already in {path.parent.name}/: rename the patch")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fsio.make_dir(path.parent, parents=True, exist_ok=True)
     return path
