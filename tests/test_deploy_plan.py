@@ -15,7 +15,7 @@ from vllm_patchset.deploy.plan import Plan, plan_apply, plan_revert
 from vllm_patchset.deploy.record import Record, Step, read_record, write_record
 from vllm_patchset.deploy.report import FileState
 from vllm_patchset.deploy.target import HashMismatch, Target
-from vllm_patchset.deploy.transaction import Transaction, recover
+from vllm_patchset.deploy.transaction import Transaction
 from vllm_patchset.errors import Finding, PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
@@ -399,7 +399,7 @@ def test_recover_rolls_back_an_apply_stopped_half_way(tmp_path: Path) -> None:
     transaction.begin()
     fsio.atomic_write(target.root / A, NEW[A])
     transaction.mark_done(A)  # killed here: no record
-    note = recover(target)
+    note = Transaction.recover(target)
     assert (note, _files(target), _state(target)) == (
         "rolled back an interrupted apply (1 of 2 files had been replaced)",
         OLD,
@@ -418,7 +418,7 @@ def test_recover_finishes_an_apply_that_had_committed(tmp_path: Path) -> None:
         transaction.id,
         {},
     )
-    note = recover(target)  # killed after the record, before the journal went
+    note = Transaction.recover(target)  # killed after the record, before the journal went
     record = read_record(target)
     assert (note, _files(target), record and record.transaction) == (
         "finished an interrupted apply (it had committed)",
@@ -440,7 +440,7 @@ def test_recover_finishes_a_revert(tmp_path: Path) -> None:
     transaction = Transaction(target, "revert", REVERT_STEPS)
     transaction.begin()
     transaction.mark_done(A)  # killed here: A restored, B not
-    note = recover(target)
+    note = Transaction.recover(target)
     assert (note, _files(target), _state(target)) == (
         "finished an interrupted revert (1 of 2 files had been restored)",
         OLD,

@@ -32,7 +32,7 @@ from vllm_patchset.deploy.report import (
 )
 from vllm_patchset.deploy.source import no_overlay, overlay_files
 from vllm_patchset.deploy.target import UNDO, ReadOnlyTarget, Target, check_writable
-from vllm_patchset.deploy.transaction import Transaction, recover, restore
+from vllm_patchset.deploy.transaction import Transaction
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.installed import JOURNAL, ORIGINALS, STATE_DIR
 from vllm_patchset.overlay.lock import Lock, sha256_bytes
@@ -64,7 +64,7 @@ def apply(
                 return make_report("apply", "already applied", target, lock, plan.files, plan.notes)
         raise
     with target.locked():
-        repaired = recover(target)
+        repaired = Transaction.recover(target)
         plan = plan_apply(target, lock, read_record(target), force=force)
         if plan.done:
             notes = [repaired, *plan.notes]
@@ -152,7 +152,7 @@ def revert(target: Target, lock: Lock, *, dry_run: bool = False, force: bool = F
             plan_revert(target, lock, record, force=force)
         raise
     with target.locked():
-        repaired = recover(target)
+        repaired = Transaction.recover(target)
         plan = plan_revert(target, lock, read_record(target), force=force)
         outcome, notes = _revert_plan(target, plan)
         notes.append(target.remove_state_dir())
@@ -186,7 +186,7 @@ def _revert_plan(target: Target, plan: Plan) -> tuple[str, list[str | None]]:
     if plan.steps:
         with Transaction.run(target, "revert", plan.steps) as transaction:
             for step in plan.steps:
-                restore(target, step, want=step.after_sha256, other=step.before_sha256)
+                transaction.restore(step)
                 transaction.mark_done(step.path)
             target.forget()
         return "reverted", notes
@@ -274,7 +274,7 @@ def _repair(target: Target, lock: Lock) -> tuple[str | None, bool]:
     try:
         target.check_writable([target.path(e.path) for e in lock.entries])
         with target.locked():
-            note = recover(target)
+            note = Transaction.recover(target)
         fsio.interrupt_leaves(f"{note}; nothing else was changed")
     except ReadOnlyTarget as exc:
         return f"an interrupted run is pending and cannot be repaired: {exc}", False

@@ -78,7 +78,7 @@ class Transaction:
         leave the journal for the next run and raise `exc`."""
         with fsio.deferred_signals():
             try:
-                note = recover(self.target)  # the same code that repairs a killed run
+                note = self.recover(self.target)  # the same code that repairs a killed run
             except (PatchsetError, OSError) as again:
                 _left(
                     exc,
@@ -88,6 +88,24 @@ class Transaction:
                 )
                 raise exc from None
         _left(exc, self._outcome(note))
+
+    def restore(self, step: Step) -> None:
+        """A revert's step: the file back to its saved original."""
+        _restore(self.target, step, want=step.after_sha256, other=step.before_sha256)
+
+    @staticmethod
+    def recover(target: Target) -> str | None:
+        """Repair what a killed run left (the caller holds the lock); a note, or None."""
+        fsio.sweep_temp([target.state])  # a run killed writing its journal leaves a temp file
+        journal = read_journal(target)
+        if journal is None:
+            return None
+        note = _settle(target, journal, read_record(target))
+        fsio.remove_tree(target.state_path(UNDO))
+        fsio.sweep_temp({target.path(s.path).parent for s in journal.steps})
+        fsio.remove_file(target.state_path(JOURNAL))
+        fsio.fsync_dir(target.state)
+        return note
 
     def _outcome(self, note: str | None) -> str:
         if note is None:
@@ -107,20 +125,6 @@ def _left(exc: BaseException, note: str) -> None:
     fsio.interrupt_leaves(note)
 
 
-def recover(target: Target) -> str | None:
-    """Repair what a killed run left (the caller holds the lock); a note, or None."""
-    fsio.sweep_temp([target.state])  # a run killed while writing its journal leaves a temp file
-    journal = read_journal(target)
-    if journal is None:
-        return None
-    note = _settle(target, journal, read_record(target))
-    fsio.remove_tree(target.state_path(UNDO))
-    fsio.sweep_temp({target.path(s.path).parent for s in journal.steps})
-    fsio.remove_file(target.state_path(JOURNAL))
-    fsio.fsync_dir(target.state)
-    return note
-
-
 def _settle(target: Target, journal: Journal, record: Record | None) -> str:
     """Finish a committed apply or any revert, roll back an apply that had not committed."""
     n = len(journal.steps)
@@ -128,11 +132,11 @@ def _settle(target: Target, journal: Journal, record: Record | None) -> str:
         return "finished an interrupted apply (it had committed)"
     if journal.op == "apply":
         undone = [
-            restore(target, s, want=s.before_sha256, other=s.after_sha256) for s in journal.steps
+            _restore(target, s, want=s.before_sha256, other=s.after_sha256) for s in journal.steps
         ]
         _drop_new_originals(target, journal, record)
         return f"rolled back an interrupted apply ({sum(undone)} of {n} files had been replaced)"
-    done = [restore(target, s, want=s.after_sha256, other=s.before_sha256) for s in journal.steps]
+    done = [_restore(target, s, want=s.after_sha256, other=s.before_sha256) for s in journal.steps]
     target.forget()
     return f"finished an interrupted revert ({n - sum(done)} of {n} files had been restored)"
 
@@ -147,7 +151,7 @@ def _drop_new_originals(target: Target, journal: Journal, record: Record | None)
             fsio.remove_file(target.state_path(ORIGINALS, *step.path.split("/")))
 
 
-def restore(target: Target, step: Step, *, want: str, other: str) -> bool:
+def _restore(target: Target, step: Step, *, want: str, other: str) -> bool:
     """Make the file's sha256 `want`: it is `want` already, or `other` and its original is saved.
 
     True when it had to restore the file."""
