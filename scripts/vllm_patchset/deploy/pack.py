@@ -25,7 +25,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_patchset.console import emit
-from vllm_patchset.deploy.deploy import PACKED, overlay_files
+from vllm_patchset.deploy.source import PACKED, overlay_files
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
