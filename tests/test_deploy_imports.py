@@ -18,6 +18,16 @@ from vllm_install import OVERLAID, Overlay
 DEPLOY_MODULES = [
     "vllm_patchset",
     "vllm_patchset.cli",
+    # the command modules that live with the command line: their handlers import the work
+    "vllm_patchset.commands",
+    "vllm_patchset.commands.check",
+    "vllm_patchset.commands.fetch",
+    "vllm_patchset.commands.matrix",
+    "vllm_patchset.commands.overlay",
+    "vllm_patchset.commands.queue",
+    "vllm_patchset.commands.releases",
+    "vllm_patchset.commands.status",
+    "vllm_patchset.commands.tree",
     "vllm_patchset.console",
     "vllm_patchset.deploy",
     "vllm_patchset.deploy.deploy",
@@ -33,6 +43,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.infra.jsonfile",
     "vllm_patchset.overlay",
     "vllm_patchset.overlay.lock",
+    "vllm_patchset.registry",
 ]
 BLOCKED = ("tomlkit", "git")  # None in sys.modules: their import fails
 SCRIPT = """

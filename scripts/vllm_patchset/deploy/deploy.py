@@ -53,6 +53,7 @@ from vllm_patchset.infra.installed import (
     probe,
 )
 from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.registry import add_command
 
 if TYPE_CHECKING:
     import argparse
@@ -1105,7 +1106,7 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         " changed since apply",
     }
     for name, text in helps.items():
-        p = osub.add_parser(name, help=text)
+        p = add_command(osub, name, cmd_deploy, help=text, writes_checkout=False)
         where = p.add_mutually_exclusive_group()
         where.add_argument(
             "--target",
@@ -1127,7 +1128,6 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(
                 "--diff", action="store_true", help="also print the changes as a unified diff"
             )
-        p.set_defaults(func=cmd_deploy)
 
 
 NO_OVERLAY = (

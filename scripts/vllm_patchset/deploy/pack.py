@@ -30,6 +30,7 @@ from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.lock import Lock, sha256_bytes
+from vllm_patchset.registry import add_command
 
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
@@ -175,13 +176,16 @@ def pack(project: Project, out_dir: Path) -> Packed:
 
 
 def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = osub.add_parser(
-        "pack", help="a wheel of vllm-patchset with the overlay inside, for a serving image"
+    p = add_command(
+        osub,
+        "pack",
+        cmd_pack,
+        help="a wheel of vllm-patchset with the overlay inside, for a serving image",
+        writes_checkout=True,  # it reads the overlay whole
     )
     p.add_argument(
         "--out", type=Path, metavar="DIR", help="where to write the wheel (default: dist/)"
     )
-    p.set_defaults(func=cmd_pack)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from vllm_patchset.overlay.upstream import (
     pin_base,
     sort_versions,
 )
+from vllm_patchset.registry import add_command
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
 from vllm_patchset.series.states import Reason, State, Verdict, classify
@@ -779,7 +780,13 @@ def cmd_rebase(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("rebase", help="take the series onto a new vLLM release or git ref")
+    p = add_command(
+        sub,
+        "rebase",
+        cmd_rebase,
+        help="take the series onto a new vLLM release or git ref",
+        writes_checkout=True,
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--onto", metavar="VERSION", help="a vLLM release from the package index")
     what.add_argument("--onto-git", metavar="URL|PATH", help="a git repository holding vllm/")
@@ -812,4 +819,3 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="rebase onto a release older than the pin (refused without it)",
     )
-    p.set_defaults(func=cmd_rebase)

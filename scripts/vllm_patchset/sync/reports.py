@@ -1,8 +1,8 @@
-"""Text and JSON renderings of verdicts (status, matrix, check)."""
+"""The reports of verdicts (status, matrix, rebase) as data: the text a person reads and the
+body of the JSON document; `console.emit` prints the one or the other."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -41,12 +41,40 @@ def versions_json(columns: Mapping[str, Iterable[Verdict]]) -> dict[str, dict[st
     return {label: {v.patch: v.state.value for v in vs} for label, vs in columns.items()}
 
 
-def matrix_json(columns: dict[str, Sequence[Verdict]]) -> str:
-    doc = {
+def matrix_body(columns: Mapping[str, Sequence[Verdict]]) -> dict[str, object]:
+    """`matrix --json`'s report: each version's states, and each verdict in full."""
+    return {
         "versions": versions_json(columns),
         "details": {label: {v.patch: verdict_json(v) for v in vs} for label, vs in columns.items()},
     }
-    return json.dumps(doc, indent=2)
+
+
+def status_report(
+    package: str,
+    pin: str,
+    verdicts: Sequence[Verdict],
+    parked: Mapping[str, str],
+    freshness: str,
+    *,
+    verbose: bool,
+) -> tuple[str, dict[str, object]]:
+    """`status`: the text (the pin, a line a patch, the notes, the lock) and the JSON body;
+    `parked`: the reason of each parked patch."""
+    lines = [f"pin: {package} {pin}"]
+    for verdict in verdicts:
+        why = f" (parked: {parked[verdict.patch]})" if verdict.patch in parked else ""
+        lines.append(f"  {verdict.patch}: {state_cell(verdict)}{why}")
+    lines += note_lines([(v.patch, v) for v in verdicts], verbose=verbose)
+    lines.append(f"lock: {freshness}")
+    body: dict[str, object] = {
+        "pin": pin,
+        "patches": {v.patch: v.state.value for v in verdicts},
+        "warnings": {v.patch: list(v.warnings) for v in verdicts},
+        "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
+        "parked": dict(parked),
+        "lock": freshness,
+    }
+    return "\n".join(lines), body
 
 
 def state_cell(verdict: Verdict) -> str:
