@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -46,7 +45,7 @@ from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
 from vllm_patchset.series.states import Reason, State, Verdict, classify
 from vllm_patchset.sync.checks import project_series
-from vllm_patchset.sync.rebase_report import Outcome, render_json, render_text, short_id, today
+from vllm_patchset.sync.rebase_report import Outcome, render_text, report_body, short_id, today
 from vllm_patchset.sync.rebase_state import (
     Choice,
     DamagedState,
@@ -774,9 +773,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         fsio.interrupt_leaves(interrupted_message(project))
         raise
     text = render_text(outcome, verbose=args.verbose)
-    return emit(
-        args, text, json.loads(render_json(outcome)), 1 if outcome.status == "stopped" else 0
-    )
+    return emit(args, text, report_body(outcome), 1 if outcome.status == "stopped" else 0)
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
