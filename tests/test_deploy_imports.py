@@ -39,6 +39,7 @@ DEPLOY_MODULES = [
     # git's boundary module, for its checks of git sources; GitPython itself is imported at the
     # first git call only (blocked here).
     "vllm_patchset.infra.gitrepo",
+    "vllm_patchset.infra.hashes",
     "vllm_patchset.infra.installed",
     "vllm_patchset.infra.jsonfile",
     "vllm_patchset.overlay",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import importlib.util
 import json
 import os
@@ -42,6 +41,7 @@ from vllm_patchset.infra.fsio import (  # re-exported: the tests and the README 
     TMP_SUFFIX,
     UnsafePath,
 )
+from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
 from vllm_patchset.infra.installed import (
     JOURNAL,
     LOCK_FILE,
@@ -52,7 +52,7 @@ from vllm_patchset.infra.installed import (
     path_parts,
     probe,
 )
-from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.overlay.lock import Lock, LockEntry
 from vllm_patchset.registry import add_command
 
 if TYPE_CHECKING:
@@ -185,15 +185,12 @@ def _file_sha(target: Target, rel: str) -> str | None:
     """The sha256 of an installed file, streamed in chunks (a large file is never held whole),
     or None when it is missing; a FIFO or a link is refused before it is opened."""
     path = package_path(target, rel)
-    digest = hashlib.sha256()
     try:
-        for chunk in fsio.read_chunks(path):
-            digest.update(chunk)
+        return sha256_file(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise fsio.ReadFailed(path, exc) from None
-    return digest.hexdigest()
 
 
 # -- the record and the journal -----------------------------------------------------------------

@@ -20,7 +20,6 @@ A host with a normal vLLM install (users' CI, vLLM's images) needs none of this.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import lzma
 import shutil
@@ -36,6 +35,7 @@ from vllm_patchset.gpu import kitparts
 from vllm_patchset.gpu.bundle import download_wheels
 from vllm_patchset.infra import fsio, index
 from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
 from vllm_patchset.registry import add_command, add_group
 
 NAME = "vllm-patchset-kit"
@@ -156,7 +156,7 @@ def write_kit(
             records = [n for n in names if n.endswith(".dist-info/RECORD")]
             if len(records) != 1:
                 raise BadInput(f"{wheel.name} holds {len(records)} dist-info RECORDs, expected 1")
-            record_sha256 = hashlib.sha256(archive.read(records[0])).hexdigest()
+            record_sha256 = sha256_bytes(archive.read(records[0]))
             with (
                 kitparts.PartWriter(staging, part_limit) as parts,
                 lzma.open(cast(BinaryIO, parts), "wb", filters=filters) as xz,
@@ -173,7 +173,7 @@ def write_kit(
             wheel_sha256=wheel_sha256,
             record_sha256=record_sha256,
             site_files=len(names),
-            wheels={p.name: kitparts.sha256_file(p) for p in wheels},
+            wheels={p.name: sha256_file(p) for p in wheels},
             parts=tuple(parts.parts),
         )
         (staging / kitparts.MANIFEST).write_text(manifest.to_json(), encoding="utf-8")

@@ -3,28 +3,15 @@ overlaid file its pristine and patched sha256 and the patches that touch it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import jsonfile
-from vllm_patchset.infra.fsio import read_chunks, read_regular
+from vllm_patchset.infra.fsio import read_regular
 
 LOCK_SCHEMA = 1
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Streamed in chunks: a large file is never held whole."""
-    digest = hashlib.sha256()
-    for chunk in read_chunks(path):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
