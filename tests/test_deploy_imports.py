@@ -34,6 +34,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.deploy.pack",
     "vllm_patchset.errors",
     "vllm_patchset.infra",
+    "vllm_patchset.infra.codec",
     "vllm_patchset.infra.config",
     "vllm_patchset.infra.fsio",
     # git's boundary module, for its checks of git sources; GitPython itself is imported at the

@@ -291,6 +291,19 @@ BAD_LOCKS = [
     ('{"schema": 1}', "no 'files'"),
     (LOCK_JSON.replace('"files": {', '"files": ["'), "not JSON"),
     (LOCK_JSON.replace('"schema": 1', '"schema": 2'), None),
+    # Every value is checked against the lock's fields (infra/codec.py).
+    (
+        LOCK_JSON.replace('"version": "0.24.0"', '"version": 24'),
+        "'version' is a JSON number, not a JSON string)",
+    ),
+    (
+        LOCK_JSON.replace('"4444', '["4444').replace('4444",', '4444"],'),
+        "files['vllm/b/c.py']: 'patched_sha256' is a JSON array, not a JSON string)",
+    ),
+    (
+        LOCK_JSON.replace('"0002-y.patch"\n  ]', "2\n  ]"),
+        "'patches[1]' is a JSON number, not a JSON string)",
+    ),
 ]
 
 

@@ -32,7 +32,10 @@ T = TypeVar("T")
 def to_doc(value: Any) -> Any:
     """`value` as JSON values (see the module's docstring)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.metadata.get("json", f.name): _field_doc(f, getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.metadata.get("json", f.name): _field_doc(f, getattr(value, f.name))
+            for f in dataclasses.fields(value)
+        }
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (tuple, list)):
@@ -73,7 +76,7 @@ def _kind(value: Any) -> str:
 
 
 def _decode(hint: Any, value: Any, where: str, key: str) -> Any:
-    name = f"{where}{key!r}" if key else where.removesuffix(": ") or "the document"
+    name = f"{where}{key!r}" if key else where.removesuffix(": ")
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
@@ -81,31 +84,43 @@ def _decode(hint: Any, value: Any, where: str, key: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _decode(inner, value, where, key)
     if dataclasses.is_dataclass(hint):
-        return _dataclass(typing.cast("type", hint), _expect(value, dict, name), f"{where}{key}: " if key else where)
+        inner_where = f"{where}{key}: " if key else where
+        return _dataclass(typing.cast("type", hint), _expect(value, dict, name), inner_where)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            known = ", ".join(repr(m.value) for m in hint)
-            raise BadJson(f"{name} is {value!r}, not one of {known}") from None
+        return _enum(hint, value, name)
     if origin is tuple:
-        items = _expect(value, list, name)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(items))
-        if len(items) != len(args):
-            raise BadJson(f"{name} has {len(items)} items, not {len(args)}")
-        return tuple(_decode(a, v, where, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, items, strict=True)))
+        return _tuple(args, _expect(value, list, name), where, key)
     if origin is dict:
         items = _expect(value, dict, name)
         return {k: _decode(args[1], v, where, f"{key}[{k!r}]") for k, v in items.items()}
-    if hint is Any:
-        return value
-    return _expect(value, hint, name)
+    return value if hint is Any else _expect(value, hint, name)
+
+
+def _enum(kind: type[enum.Enum], value: Any, name: str) -> enum.Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(repr(m.value) for m in kind)
+        raise BadJson(f"{name} is {value!r}, not one of {known}") from None
+
+
+def _tuple(args: tuple[Any, ...], items: list[Any], where: str, key: str) -> tuple[Any, ...]:
+    """`tuple[X, ...]` (any length) or `tuple[X, Y]` (that many)."""
+    kinds = [args[0]] * len(items) if len(args) == 2 and args[1] is Ellipsis else list(args)
+    if len(items) != len(kinds):
+        raise BadJson(f"{where}{key!r} has {len(items)} items, not {len(kinds)}")
+    return tuple(
+        _decode(k, v, where, f"{key}[{i}]")
+        for i, (k, v) in enumerate(zip(kinds, items, strict=True))
+    )
 
 
 def _expect(value: Any, kind: type, name: str) -> Any:
+    """`value` when it is a `kind`; else BadJson: "'key' is a JSON string, not a JSON number"
+    (without a name, for the whole document, as jsonfile says it)."""
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise BadJson(f"{name} is a JSON {_kind(value)}, not a JSON {_kind(kind())}")
+        named = f"{name} is " if name else ""
+        raise BadJson(f"{named}a JSON {_kind(value)}, not a JSON {_kind(kind())}")
     return value
 
 
@@ -114,13 +129,26 @@ def _dataclass(cls: type, doc: dict[str, Any], where: str) -> Any:
     for field in dataclasses.fields(cls):
         key = field.metadata.get("json", field.name)
         if key not in doc:
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            if (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
                 raise BadJson(f"no {where}{key!r}")
             continue
-        value = doc[key]
         keyed = field.metadata.get("keyed")
-        if keyed is not None:
-            items = _expect(value, dict, f"{where}{key!r}")
-            value = [{keyed: k, **_expect(v, dict, f"{where}{key}[{k!r}]")} for k, v in items.items()]
-        values[field.name] = _decode(hints[field.name], value, where, key)
+        if keyed is None:
+            values[field.name] = _decode(hints[field.name], doc[key], where, key)
+            continue
+        # A tuple of dataclasses kept as an object by one of their fields (the lock's files).
+        item = typing.get_args(hints[field.name])[0]
+        items = _expect(doc[key], dict, f"{where}{key!r}")
+        values[field.name] = tuple(
+            _decode(
+                item,
+                {keyed: k, **_expect(v, dict, f"{where}{key}[{k!r}]")},
+                f"{where}{key}[{k!r}]: ",
+                "",
+            )
+            for k, v in items.items()
+        )
     return cls(**values)

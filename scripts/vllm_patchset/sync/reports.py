@@ -12,25 +12,26 @@ from vllm_patchset.series.states import Verdict
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
     """A verdict in the JSON reports (matrix details, rebase patches)."""
+    doc = verdict.to_doc()
     return {
-        "state": verdict.state.value,
-        "verdict": verdict.reason.value,
-        "text_state": verdict.text_state.value,
-        "trailer_state": verdict.trailer_state.value if verdict.trailer_state else None,
-        "three_way": verdict.three_way,
-        "moved_to": {a: b for a, b in verdict.moved_to} or None,
-        "candidates": list(verdict.candidates),
-        "warnings": list(verdict.warnings),
+        "state": doc["state"],
+        "verdict": doc["reason"],
+        "text_state": doc["text_state"],
+        "trailer_state": doc["trailer_state"],
+        "three_way": doc["three_way"],
+        "moved_to": dict(verdict.moved_to) or None,
+        "candidates": doc["candidates"],
+        "warnings": doc["warnings"],
         "disagreements": list(verdict.disagreements),
         "hunks": [
             # The expected and found lines only where the hunk does not apply.
             {
                 k: v
-                for k, v in h.to_doc().items()
-                if (h.applies_at is None and not h.result_present)
+                for k, v in h.items()
+                if (h["applies_at"] is None and not h["result_present"])
                 or k not in ("expected", "found", "found_at")
             }
-            for h in verdict.hunks
+            for h in doc["hunks"]
         ],
     }
 
