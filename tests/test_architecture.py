@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "versions": 0,
     "console": 0,
+    "registry": 0,
     "infra": 1,
     "series": 2,
     "overlay": 3,

@@ -18,6 +18,16 @@ from vllm_install import OVERLAID, Overlay
 DEPLOY_MODULES = [
     "vllm_patchset",
     "vllm_patchset.cli",
+    # the command modules that live with the command line: their handlers import the work
+    "vllm_patchset.commands",
+    "vllm_patchset.commands.check",
+    "vllm_patchset.commands.fetch",
+    "vllm_patchset.commands.matrix",
+    "vllm_patchset.commands.overlay",
+    "vllm_patchset.commands.queue",
+    "vllm_patchset.commands.releases",
+    "vllm_patchset.commands.status",
+    "vllm_patchset.commands.tree",
     "vllm_patchset.console",
     "vllm_patchset.deploy",
     "vllm_patchset.deploy.bytecode",
@@ -32,6 +42,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.deploy.transaction",
     "vllm_patchset.errors",
     "vllm_patchset.infra",
+    "vllm_patchset.infra.codec",
     "vllm_patchset.infra.config",
     "vllm_patchset.infra.fsio",
     "vllm_patchset.infra.fsio.children",
@@ -42,10 +53,12 @@ DEPLOY_MODULES = [
     # git's boundary module, for its checks of git sources; GitPython itself is imported at the
     # first git call only (blocked here).
     "vllm_patchset.infra.gitrepo",
+    "vllm_patchset.infra.hashes",
     "vllm_patchset.infra.installed",
     "vllm_patchset.infra.jsonfile",
     "vllm_patchset.overlay",
     "vllm_patchset.overlay.lock",
+    "vllm_patchset.registry",
 ]
 BLOCKED = ("tomlkit", "git")  # None in sys.modules: their import fails
 SCRIPT = """

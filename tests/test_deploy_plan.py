@@ -18,7 +18,8 @@ from vllm_patchset.deploy.target import HashMismatch, Target
 from vllm_patchset.deploy.transaction import Transaction
 from vllm_patchset.errors import Finding, PatchsetError
 from vllm_patchset.infra import fsio
-from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.infra.hashes import sha256_bytes
+from vllm_patchset.overlay.lock import Lock, LockEntry
 
 A, B = "vllm/a.py", "vllm/b.py"
 # sha256s stand-ins: a0 pristine, a1 patched, a2 another overlay's, a9 neither

@@ -25,7 +25,8 @@ from synthetic import (
 )
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.lock import Lock, sha256_file
+from vllm_patchset.infra.hashes import sha256_file
+from vllm_patchset.overlay.lock import Lock
 
 FIX = STORY_FIX.name
 LOCAL = STORY_LOCAL.name

@@ -31,8 +31,9 @@ from support import (
 from vllm_patchset.cli import main
 from vllm_patchset.gpu.validate import NEW_PATH_TESTS, build_trees
 from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.hashes import sha256_file
 from vllm_patchset.overlay.build import build_overlay, patches_for
-from vllm_patchset.overlay.lock import Lock, sha256_file
+from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"

@@ -28,8 +28,8 @@ import pytest
 from support import REPO, git, snapshot
 from synthetic import MOE, STORY_FIX, LocalIndex, Story, sdist_bytes
 from vllm_install import EDITED, EDITED_DIR, EDITED_MODULE, Overlay, Pristine, record_mismatches
-from vllm_patchset import cli
 from vllm_patchset.cli import main
+from vllm_patchset.commands import status
 from vllm_patchset.gpu import bundle, kitparts
 from vllm_patchset.gpu.kit import write_kit
 from vllm_patchset.infra import archives, jsonfile
@@ -1196,7 +1196,7 @@ def test_an_internal_error_is_one_line_and_exit_3(
     def broken(args: object) -> int:
         raise exc
 
-    monkeypatch.setattr(cli, "cmd_status", broken)
+    monkeypatch.setattr(status, "cmd_status", broken)
     code = main(["--project", str(tiny.root), "status", *(["--json"] if as_json else [])])
     out, err = capsys.readouterr()
     if words is None:  # what no check foresaw, from the OS: its words, the same exit code

@@ -36,6 +36,7 @@ from vllm_patchset.infra.fsio import (  # re-exported: the tests and the README 
 )
 from vllm_patchset.infra.installed import STATE_DIR
 from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.registry import add_command
 
 if TYPE_CHECKING:
     import argparse
@@ -60,7 +61,7 @@ FORCES = {
 def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`overlay apply|verify|revert|status|diff`, called by cli.build_parser."""
     for name, text in HELPS.items():
-        p = osub.add_parser(name, help=text)
+        p = add_command(osub, name, cmd_deploy, help=text, writes_checkout=False)
         where = p.add_mutually_exclusive_group()
         where.add_argument(
             "--target",
@@ -82,7 +83,6 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(
                 "--diff", action="store_true", help="also print the changes as a unified diff"
             )
-        p.set_defaults(func=cmd_deploy)
 
 
 NO_OVERLAY = (

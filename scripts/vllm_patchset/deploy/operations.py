@@ -34,8 +34,9 @@ from vllm_patchset.deploy.source import no_overlay, overlay_files
 from vllm_patchset.deploy.target import UNDO, ReadOnlyTarget, Target, check_writable
 from vllm_patchset.deploy.transaction import Transaction
 from vllm_patchset.infra import fsio
+from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.infra.installed import JOURNAL, ORIGINALS, STATE_DIR
-from vllm_patchset.overlay.lock import Lock, sha256_bytes
+from vllm_patchset.overlay.lock import Lock
 
 
 # -- apply -------------------------------------------------------------------------------------

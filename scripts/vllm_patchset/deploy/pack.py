@@ -12,8 +12,6 @@ version.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import importlib.metadata
 import io
 import re
@@ -29,7 +27,9 @@ from vllm_patchset.deploy.source import PACKED, overlay_files
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.lock import Lock, sha256_bytes
+from vllm_patchset.infra.hashes import record_hash, sha256_bytes
+from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.registry import add_command
 
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
@@ -123,11 +123,6 @@ def tool_metadata(source: Path) -> Metadata:
         raise BadInput(f"{DIST} is not installed, and {source} is not in its checkout") from None
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"sha256={digest}"
-
-
 def wheel_files(project: Project) -> tuple[dict[str, bytes], str, Lock]:
     """The wheel's files (path -> bytes, RECORD last), its version and the lock inside."""
     # The code is the running tool's own package (a checkout's, or an installed wheel's).
@@ -152,7 +147,7 @@ def wheel_files(project: Project) -> tuple[dict[str, bytes], str, Lock]:
         b"Tag: py3-none-any\n"
     )
     files[f"{info}/entry_points.txt"] = meta.entry_points_file()
-    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
+    record = "".join(f"{p},{record_hash(d)},{len(d)}\n" for p, d in files.items())
     files[f"{info}/RECORD"] = f"{record}{info}/RECORD,,\n".encode()
     return files, version, lock
 
@@ -175,13 +170,16 @@ def pack(project: Project, out_dir: Path) -> Packed:
 
 
 def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = osub.add_parser(
-        "pack", help="a wheel of vllm-patchset with the overlay inside, for a serving image"
+    p = add_command(
+        osub,
+        "pack",
+        cmd_pack,
+        help="a wheel of vllm-patchset with the overlay inside, for a serving image",
+        writes_checkout=True,  # it reads the overlay whole
     )
     p.add_argument(
         "--out", type=Path, metavar="DIR", help="where to write the wheel (default: dist/)"
     )
-    p.set_defaults(func=cmd_pack)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

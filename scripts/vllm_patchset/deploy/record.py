@@ -49,7 +49,7 @@ def read_record(target: Target) -> Record | None:
         if doc["schema"] != RECORD_SCHEMA:
             raise BadInput(f"{path}: record schema {doc['schema']} is not {RECORD_SCHEMA}")
         return Record(
-            lock=Lock.from_json(json.dumps(doc["lock"]), str(path)),
+            lock=Lock.from_doc(doc["lock"], str(path)),
             originals={str(k): str(v) for k, v in doc["originals"].items()},
             transaction=str(doc["transaction"]),
         )
@@ -69,7 +69,7 @@ def write_record(
     doc = {
         "schema": RECORD_SCHEMA,
         "transaction": txid,
-        "lock": json.loads(lock.to_json()),
+        "lock": lock.to_doc(),
         "originals": dict(sorted(originals.items())),
         "patched_sizes": dict(sorted(sizes.items())),
     }

@@ -11,8 +11,9 @@ from vllm_patchset.errors import BadInput, Finding
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import UnsafePath
+from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.infra.installed import path_parts
-from vllm_patchset.overlay.lock import Lock, sha256_bytes
+from vllm_patchset.overlay.lock import Lock
 
 PACKED = "_overlay"  # in the package of a wheel `overlay pack` built: the lock and vllm/**
 

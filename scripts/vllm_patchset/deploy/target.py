@@ -12,7 +12,6 @@ symlink below the target, only paths inside the package)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.fsio import UnsafePath
+from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
 from vllm_patchset.infra.installed import (
     JOURNAL,
     LOCK_FILE,
@@ -33,7 +33,7 @@ from vllm_patchset.infra.installed import (
     path_parts,
     probe,
 )
-from vllm_patchset.overlay.lock import Lock, sha256_bytes
+from vllm_patchset.overlay.lock import Lock
 
 UNDO = "undo"  # in the state dir while an apply runs: bytes it replaced that revert does not need
 STATE_NAMES = (LOCK_FILE, JOURNAL, RECORD, ORIGINALS, UNDO)  # all the tool ever makes there
@@ -125,15 +125,12 @@ class Target:
         """The sha256 of an installed file, streamed in chunks (a large file is never held
         whole), or None when it is missing; a FIFO or a link is refused before it is opened."""
         path = self.path(rel)
-        digest = hashlib.sha256()
         try:
-            for chunk in fsio.read_chunks(path):
-                digest.update(chunk)
+            return sha256_file(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise fsio.ReadFailed(path, exc) from None
-        return digest.hexdigest()
 
     def pending(self) -> bool:
         """Did a run stop before its end (a journal, or the temp file of one being written)?"""

@@ -22,8 +22,8 @@ from vllm_patchset.deploy.record import Journal, Record, Step, read_journal, rea
 from vllm_patchset.deploy.target import UNDO, Target
 from vllm_patchset.errors import Finding, PatchsetError
 from vllm_patchset.infra import fsio
+from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.infra.installed import JOURNAL, ORIGINALS
-from vllm_patchset.overlay.lock import sha256_bytes
 
 
 class Transaction:

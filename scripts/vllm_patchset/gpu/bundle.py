@@ -22,6 +22,7 @@ from vllm_patchset.gpu import gpurun, kitparts
 from vllm_patchset.gpu.validate import build_trees
 from vllm_patchset.infra import archives, fsio, jsonfile
 from vllm_patchset.infra.config import Project
+from vllm_patchset.registry import add_command
 
 LIMIT = 64 * 1024 * 1024
 NAME = "vllm-patchset-gpu"
@@ -218,13 +219,18 @@ def make_bundle(
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bundle", help="one archive to run the GPU validation offline")
+    p = add_command(
+        sub,
+        "bundle",
+        cmd_bundle,
+        help="one archive to run the GPU validation offline",
+        writes_checkout=False,
+    )
     p.add_argument("--out", type=Path, help=f"the archive (default: build/{NAME}.tar.xz)")
     p.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave wheels out")
     p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
     p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
     p.add_argument("--kit", type=Path, help=f"a native-ops kit (kit build), copied to {KIT_NAME}/")
-    p.set_defaults(func=cmd_bundle)
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:

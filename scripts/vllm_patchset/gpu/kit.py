@@ -20,7 +20,6 @@ A host with a normal vLLM install (users' CI, vLLM's images) needs none of this.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import lzma
 import tarfile
@@ -35,6 +34,8 @@ from vllm_patchset.gpu import kitparts
 from vllm_patchset.gpu.bundle import download_wheels
 from vllm_patchset.infra import fsio, index
 from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
+from vllm_patchset.registry import add_command, add_group
 
 NAME = "vllm-patchset-kit"
 PLATFORM = "manylinux_2_28_x86_64"
@@ -154,7 +155,7 @@ def write_kit(
             records = [n for n in names if n.endswith(".dist-info/RECORD")]
             if len(records) != 1:
                 raise BadInput(f"{wheel.name} holds {len(records)} dist-info RECORDs, expected 1")
-            record_sha256 = hashlib.sha256(archive.read(records[0])).hexdigest()
+            record_sha256 = sha256_bytes(archive.read(records[0]))
             with (
                 kitparts.PartWriter(staging, part_limit) as parts,
                 lzma.open(cast(BinaryIO, parts), "wb", filters=filters) as xz,
@@ -171,7 +172,7 @@ def write_kit(
             wheel_sha256=wheel_sha256,
             record_sha256=record_sha256,
             site_files=len(names),
-            wheels={p.name: kitparts.sha256_file(p) for p in wheels},
+            wheels={p.name: sha256_file(p) for p in wheels},
             parts=tuple(parts.parts),
         )
         fsio.write_file(staging / kitparts.MANIFEST, manifest.to_json())
@@ -207,22 +208,36 @@ def build_kit(
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    kit = sub.add_parser("kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
-    ksub = kit.add_subparsers(dest="kit_command", title="commands", metavar="COMMAND")
-    p = ksub.add_parser("build", help="download the pin's wheel, write the kit's parts")
+    ksub = add_group(sub, "kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
+    p = add_command(
+        ksub,
+        "build",
+        cmd_kit_build,
+        help="download the pin's wheel, write the kit's parts",
+        writes_checkout=False,
+    )
     p.add_argument("--out", type=Path, help=f"a new folder (default: build/{NAME})")
     p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
     p.add_argument("--no-wheels", dest="wheels", action="store_false", help="vLLM's wheel only")
     p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
     p.add_argument("--platform", default=PLATFORM, help="the wheel's platform tag")
-    p.set_defaults(func=cmd_kit_build)
-    p = ksub.add_parser("verify", help="check every part's size and sha256")
+    p = add_command(
+        ksub,
+        "verify",
+        cmd_kit_verify,
+        help="check every part's size and sha256",
+        writes_checkout=False,
+    )
     p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
-    p.set_defaults(func=cmd_kit_verify)
-    p = ksub.add_parser("assemble", help="check, unpack, check every file against the RECORD")
+    p = add_command(
+        ksub,
+        "assemble",
+        cmd_kit_assemble,
+        help="check, unpack, check every file against the RECORD",
+        writes_checkout=False,
+    )
     p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
     p.add_argument("--dest", type=Path, required=True, help="the folder to create")
-    p.set_defaults(func=cmd_kit_assemble)
 
 
 def _parts(manifest: kitparts.Manifest) -> list[dict[str, object]]:

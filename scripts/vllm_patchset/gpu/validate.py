@@ -36,6 +36,7 @@ from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import TREE_INFO, export_tree, patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
+from vllm_patchset.registry import add_command
 from vllm_patchset.series.patches import Patch
 from vllm_patchset.series.states import State
 
@@ -190,7 +191,13 @@ def _upstreamed_trees(
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("validate", help="GPU tests on pristine, overlaid and buggy trees")
+    p = add_command(
+        sub,
+        "validate",
+        cmd_validate,
+        help="GPU tests on pristine, overlaid and buggy trees",
+        writes_checkout=False,
+    )
     p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
     p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
     p.add_argument(
@@ -198,7 +205,6 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
     p.add_argument("--kit", type=Path, help="a native-ops kit: the pin's trees run its real ops")
-    p.set_defaults(func=cmd_validate)
 
 
 def tree_names(project: Project) -> list[str]:

@@ -10,7 +10,6 @@ page's own URL, and only http, https and file URLs are followed. A file without 
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import urllib.error
 import urllib.parse
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from vllm_patchset.errors import DownloadFailed
 from vllm_patchset.infra import fsio, jsonfile
+from vllm_patchset.infra.hashes import sha256_file
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 SCHEMES = ("https", "http", "file")
@@ -86,14 +86,6 @@ def _entry(page: str, entry: object) -> IndexFile:
     if not (isinstance(sha, str) and len(sha) == 64 and set(sha.lower()) <= _SHA256_HEX):
         sha = None
     return IndexFile(name, url, sha.lower() if sha else None, bool(entry.get("yanked")))
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file, read in chunks (lstat-checked: a FIFO is never opened)."""
-    digest = hashlib.sha256()
-    for chunk in fsio.read_chunks(path):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch(entry: IndexFile, folder: Path) -> Path:

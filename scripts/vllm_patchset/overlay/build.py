@@ -15,7 +15,8 @@ from pathlib import Path
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.lock import Lock, LockEntry, sha256_bytes
+from vllm_patchset.infra.hashes import sha256_bytes
+from vllm_patchset.overlay.lock import Lock, LockEntry
 from vllm_patchset.overlay.upstream import (
     Mirror,
     Upstream,

@@ -3,28 +3,16 @@ overlaid file its pristine and patched sha256 and the patches that touch it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from vllm_patchset.errors import BadInput
-from vllm_patchset.infra import jsonfile
-from vllm_patchset.infra.fsio import read_chunks, read_regular
+from vllm_patchset.infra import codec, jsonfile
+from vllm_patchset.infra.fsio import read_regular
 
 LOCK_SCHEMA = 1
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Streamed in chunks: a large file is never held whole."""
-    digest = hashlib.sha256()
-    for chunk in read_chunks(path):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -42,56 +30,38 @@ class Lock:
     source: str  # where the pristine upstream came from, e.g. "pypi:vllm-0.24.0.tar.gz sha256:…"
     upstream_commit: str  # mirror commit of the pristine tree (git ids are content hashes)
     patches: tuple[str, ...]  # the patches applied, in order
-    entries: tuple[LockEntry, ...]
+    # In the file: "files", an object of the entries by path (sorted).
+    entries: tuple[LockEntry, ...] = field(metadata={"json": "files", "keyed": "path"})
 
     def entry(self, path: str) -> LockEntry | None:
         return next((e for e in self.entries if e.path == path), None)
 
+    def to_doc(self) -> dict[str, Any]:
+        """The lock as JSON values (the file, and the deploy record's copy): the schema first."""
+        entries = tuple(sorted(self.entries, key=lambda e: e.path))
+        return {"schema": LOCK_SCHEMA, **codec.to_doc(replace(self, entries=entries))}
+
     def to_json(self) -> str:
-        doc = {
-            "schema": LOCK_SCHEMA,
-            "package": self.package,
-            "version": self.version,
-            "source": self.source,
-            "upstream_commit": self.upstream_commit,
-            "patches": list(self.patches),
-            "files": {
-                e.path: {
-                    "pristine_sha256": e.pristine_sha256,
-                    "patched_sha256": e.patched_sha256,
-                    "patches": list(e.patches),
-                }
-                for e in sorted(self.entries, key=lambda e: e.path)
-            },
-        }
-        return json.dumps(doc, indent=2) + "\n"
+        return json.dumps(self.to_doc(), indent=2) + "\n"
 
     @staticmethod
     def from_json(text: str, where: str) -> Lock:
         try:
             doc = jsonfile.parse(text.encode("utf-8", "surrogateescape"))
-            if doc["schema"] != LOCK_SCHEMA:
-                raise BadInput(f"{where}: lock schema {doc['schema']} is not {LOCK_SCHEMA}")
-            entries = tuple(
-                LockEntry(
-                    path=path,
-                    pristine_sha256=str(f["pristine_sha256"]),
-                    patched_sha256=str(f["patched_sha256"]),
-                    patches=tuple(str(p) for p in f["patches"]),
-                )
-                for path, f in doc["files"].items()
-            )
-            return Lock(
-                package=str(doc["package"]),
-                version=str(doc["version"]),
-                source=str(doc["source"]),
-                upstream_commit=str(doc["upstream_commit"]),
-                patches=tuple(str(p) for p in doc["patches"]),
-                entries=entries,
-            )
-        except KeyError as exc:
-            raise BadInput(f"{where}: not a valid overlay lock (no {exc.args[0]!r})") from None
-        except (ValueError, TypeError, AttributeError) as exc:
+        except jsonfile.BadJson as exc:
+            raise BadInput(f"{where}: not a valid overlay lock ({exc})") from None
+        return Lock.from_doc(doc, where)
+
+    @staticmethod
+    def from_doc(doc: Any, where: str) -> Lock:
+        """The inverse of `to_doc`; BadInput saying what is wrong, after `where`."""
+        try:
+            if isinstance(doc, dict):
+                if jsonfile.field(doc, "schema", object) != LOCK_SCHEMA:
+                    raise BadInput(f"{where}: lock schema {doc['schema']} is not {LOCK_SCHEMA}")
+                jsonfile.field(doc, "files", object)  # a lock cut short: its files are missing
+            return codec.from_doc(Lock, doc)
+        except jsonfile.BadJson as exc:
             raise BadInput(f"{where}: not a valid overlay lock ({exc})") from None
 
     @staticmethod

@@ -8,8 +8,6 @@ source agree where their files agree.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import re
 import sys
@@ -28,6 +26,7 @@ from vllm_patchset.infra import archives, fsio, index
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
+from vllm_patchset.infra.hashes import record_hash
 from vllm_patchset.infra.installed import installed_record, installed_version, parse_record, probe
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
@@ -237,7 +236,7 @@ class Mirror:
                         f"{site / path} is over the bound of {bound} bytes a file: refusing"
                         " this install"
                     )
-                if data is None or _record_digest(data) != digest:
+                if data is None or record_hash(data) != digest:
                     what = "is missing" if data is None else "does not match its RECORD hash"
                     raise BadInput(
                         f"{site / path} {what}: the installed {self.package} {version} was modified"
@@ -247,11 +246,6 @@ class Mirror:
                 fsio.write_file(out, data)
             tree = self.repo.tree_from_directory(root)
         return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
-
-
-def _record_digest(data: bytes) -> str:
-    raw = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 def _extract_package(sdist: Path, dest: Path, package: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from vllm_patchset.errors import GitError
+from vllm_patchset.infra import codec, jsonfile
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.series import locate
 from vllm_patchset.series.edits import rewrite_paths
@@ -60,6 +61,10 @@ class Reason(StrEnum):
     # refreshed by token match applies (the same tokens as its post-image)   -> applies
 
 
+# A verdict's `three_way`: the outcome of git's 3-way merge, None where it was not tried.
+THREE_WAY = (None, "clean", "no change", "conflict")
+
+
 @dataclass(frozen=True)
 class HunkFinding:
     file: str
@@ -72,20 +77,6 @@ class HunkFinding:
     expected: tuple[str, ...]  # the pre-image
     found: tuple[str, ...]  # the closest window of the target (when not exact)
     found_at: int | None
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "number": self.number,
-            "header": self.header,
-            "applies_at": self.applies_at,
-            "offset": self.offset,
-            "result_present": self.result_present,
-            "located": self.located,
-            "expected": list(self.expected),
-            "found": list(self.found),
-            "found_at": self.found_at,
-        }
 
 
 @dataclass(frozen=True)
@@ -132,72 +123,16 @@ class Verdict:
 
     def to_doc(self) -> dict[str, Any]:
         """Every field, as JSON values (the rebase journal keeps verdicts)."""
-        return {
-            "patch": self.patch,
-            "base": self.base,
-            "state": self.state.value,
-            "reason": self.reason.value,
-            "text_state": self.text_state.value,
-            "trailer_state": self.trailer_state.value if self.trailer_state else None,
-            "hunks": [h.to_doc() for h in self.hunks],
-            "warnings": list(self.warnings),
-            "cosmetic": list(self.cosmetic),
-            "three_way": self.three_way,
-            "moved_to": [list(m) for m in self.moved_to],
-            "candidates": list(self.candidates),
-            "refreshed": self.refreshed,
-            "bug_present": self.bug_present,
-        }
+        doc: dict[str, Any] = codec.to_doc(self)
+        return doc
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> Verdict:
-        """The inverse of `to_doc`; KeyError, TypeError or ValueError on a damaged document."""
-
-        def strings(values: Any) -> tuple[str, ...]:
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                raise TypeError(f"not a list of strings: {values!r}")
-            return tuple(values)
-
-        def number(value: Any) -> int | None:
-            if value is not None and not isinstance(value, int):
-                raise TypeError(f"not a number: {value!r}")
-            return value
-
-        hunks = tuple(
-            HunkFinding(
-                file=str(h["file"]),
-                number=int(h["number"]),
-                header=str(h["header"]),
-                applies_at=number(h["applies_at"]),
-                offset=number(h["offset"]),
-                result_present=bool(h["result_present"]),
-                located=bool(h["located"]),
-                expected=strings(h["expected"]),
-                found=strings(h["found"]),
-                found_at=number(h["found_at"]),
-            )
-            for h in doc["hunks"]
-        )
-        moved = tuple((str(a), str(b)) for a, b in doc["moved_to"])
-        three_way = doc["three_way"]
-        if three_way not in (None, "clean", "no change", "conflict"):
-            raise ValueError(f"three_way {three_way!r}")
-        return Verdict(
-            patch=str(doc["patch"]),
-            base=str(doc["base"]),
-            state=State(doc["state"]),
-            reason=Reason(doc["reason"]),
-            text_state=State(doc["text_state"]),
-            trailer_state=State(doc["trailer_state"]) if doc["trailer_state"] else None,
-            hunks=hunks,
-            warnings=strings(doc["warnings"]),
-            cosmetic=strings(doc["cosmetic"]),
-            three_way=three_way,
-            moved_to=moved,
-            candidates=strings(doc["candidates"]),
-            refreshed=str(doc.get("refreshed", "")),
-            bug_present=bool(doc.get("bug_present", False)),
-        )
+        """The inverse of `to_doc`; jsonfile.BadJson (a ValueError) on a damaged document."""
+        verdict = codec.from_doc(Verdict, doc)
+        if verdict.three_way not in THREE_WAY:
+            raise jsonfile.BadJson(f"three_way {verdict.three_way!r}")
+        return verdict
 
 
 def _code(lines: tuple[str, ...] | list[str]) -> list[str]:

@@ -12,7 +12,7 @@ from vllm_patchset.errors import BadInput, Finding
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
-from vllm_patchset.overlay.lock import sha256_bytes
+from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.overlay.upstream import mirror_for, pin_base
 from vllm_patchset.series.patches import load_series, parse_patch, read_series_file, series_bytes
 

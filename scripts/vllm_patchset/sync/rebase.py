@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,11 +39,12 @@ from vllm_patchset.overlay.upstream import (
     pin_base,
     sort_versions,
 )
+from vllm_patchset.registry import add_command
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
 from vllm_patchset.series.states import Reason, State, Verdict, classify
 from vllm_patchset.sync.checks import project_series
-from vllm_patchset.sync.rebase_report import Outcome, render_json, render_text, short_id, today
+from vllm_patchset.sync.rebase_report import Outcome, render_text, report_body, short_id, today
 from vllm_patchset.sync.rebase_state import (
     Choice,
     DamagedState,
@@ -772,13 +772,17 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         fsio.interrupt_leaves(interrupted_message(project))
         raise
     text = render_text(outcome, verbose=args.verbose)
-    return emit(
-        args, text, json.loads(render_json(outcome)), 1 if outcome.status == "stopped" else 0
-    )
+    return emit(args, text, report_body(outcome), 1 if outcome.status == "stopped" else 0)
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("rebase", help="take the series onto a new vLLM release or git ref")
+    p = add_command(
+        sub,
+        "rebase",
+        cmd_rebase,
+        help="take the series onto a new vLLM release or git ref",
+        writes_checkout=True,
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--onto", metavar="VERSION", help="a vLLM release from the package index")
     what.add_argument("--onto-git", metavar="URL|PATH", help="a git repository holding vllm/")
@@ -811,4 +815,3 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="rebase onto a release older than the pin (refused without it)",
     )
-    p.set_defaults(func=cmd_rebase)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -181,7 +180,8 @@ def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
 
 
 # -- JSON ----------------------------------------------------------------------------------------
-def render_json(outcome: Outcome) -> str:
+def report_body(outcome: Outcome) -> dict[str, Any]:
+    """`rebase --json`'s report (console.emit makes it the document)."""
     state = outcome.state
     doc: dict[str, Any] = {
         "versions": versions_json({state.onto.label: [s.verdict for s in state.steps]}),
@@ -222,7 +222,7 @@ def render_json(outcome: Outcome) -> str:
     if outcome.status == "done":
         doc["pin"] = state.new_pin
         doc["changelog"] = outcome.changelog
-    return json.dumps(doc, indent=2)
+    return doc
 
 
 # -- CHANGELOG.md --------------------------------------------------------------------------------

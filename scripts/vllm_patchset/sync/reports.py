@@ -1,8 +1,8 @@
-"""Text and JSON renderings of verdicts (status, matrix, check)."""
+"""The reports of verdicts (status, matrix, rebase) as data: the text a person reads and the
+body of the JSON document; `console.emit` prints the one or the other."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -12,25 +12,26 @@ from vllm_patchset.series.states import Verdict
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
     """A verdict in the JSON reports (matrix details, rebase patches)."""
+    doc = verdict.to_doc()
     return {
-        "state": verdict.state.value,
-        "verdict": verdict.reason.value,
-        "text_state": verdict.text_state.value,
-        "trailer_state": verdict.trailer_state.value if verdict.trailer_state else None,
-        "three_way": verdict.three_way,
-        "moved_to": {a: b for a, b in verdict.moved_to} or None,
-        "candidates": list(verdict.candidates),
-        "warnings": list(verdict.warnings),
+        "state": doc["state"],
+        "verdict": doc["reason"],
+        "text_state": doc["text_state"],
+        "trailer_state": doc["trailer_state"],
+        "three_way": doc["three_way"],
+        "moved_to": dict(verdict.moved_to) or None,
+        "candidates": doc["candidates"],
+        "warnings": doc["warnings"],
         "disagreements": list(verdict.disagreements),
         "hunks": [
             # The expected and found lines only where the hunk does not apply.
             {
                 k: v
-                for k, v in h.to_doc().items()
-                if (h.applies_at is None and not h.result_present)
+                for k, v in h.items()
+                if (h["applies_at"] is None and not h["result_present"])
                 or k not in ("expected", "found", "found_at")
             }
-            for h in verdict.hunks
+            for h in doc["hunks"]
         ],
     }
 
@@ -41,12 +42,40 @@ def versions_json(columns: Mapping[str, Iterable[Verdict]]) -> dict[str, dict[st
     return {label: {v.patch: v.state.value for v in vs} for label, vs in columns.items()}
 
 
-def matrix_json(columns: dict[str, Sequence[Verdict]]) -> str:
-    doc = {
+def matrix_body(columns: Mapping[str, Sequence[Verdict]]) -> dict[str, object]:
+    """`matrix --json`'s report: each version's states, and each verdict in full."""
+    return {
         "versions": versions_json(columns),
         "details": {label: {v.patch: verdict_json(v) for v in vs} for label, vs in columns.items()},
     }
-    return json.dumps(doc, indent=2)
+
+
+def status_report(
+    package: str,
+    pin: str,
+    verdicts: Sequence[Verdict],
+    parked: Mapping[str, str],
+    freshness: str,
+    *,
+    verbose: bool,
+) -> tuple[str, dict[str, object]]:
+    """`status`: the text (the pin, a line a patch, the notes, the lock) and the JSON body;
+    `parked`: the reason of each parked patch."""
+    lines = [f"pin: {package} {pin}"]
+    for verdict in verdicts:
+        why = f" (parked: {parked[verdict.patch]})" if verdict.patch in parked else ""
+        lines.append(f"  {verdict.patch}: {state_cell(verdict)}{why}")
+    lines += note_lines([(v.patch, v) for v in verdicts], verbose=verbose)
+    lines.append(f"lock: {freshness}")
+    body: dict[str, object] = {
+        "pin": pin,
+        "patches": {v.patch: v.state.value for v in verdicts},
+        "warnings": {v.patch: list(v.warnings) for v in verdicts},
+        "disagreements": {v.patch: list(v.disagreements) for v in verdicts},
+        "parked": dict(parked),
+        "lock": freshness,
+    }
+    return "\n".join(lines), body
 
 
 def state_cell(verdict: Verdict) -> str:

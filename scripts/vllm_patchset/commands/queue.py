@@ -1,0 +1,48 @@
+"""`vllm-patchset queue import|export`: the series as git commits in `.queue/`, and back."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_patchset.commands import project_of, staged_only
+from vllm_patchset.console import emit
+from vllm_patchset.registry import Subcommands, add_command, add_group
+
+
+def cmd_queue_import(args: argparse.Namespace) -> int:
+    from vllm_patchset.sync.queue import import_queue
+
+    staged_only()
+    info = import_queue(project_of(args), force=args.force)
+    text = f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}"
+    body = {"path": str(info.path), "base": info.base, "patches": list(info.patches)}
+    return emit(args, text, body)
+
+
+def cmd_queue_export(args: argparse.Namespace) -> int:
+    from vllm_patchset.sync.queue import export_queue
+
+    staged_only()
+    info = export_queue(project_of(args), keep=not args.drop)
+    body = {"patches": list(info.patches)}
+    return emit(args, f"exported {len(info.patches)} patch(es) to patches/", body)
+
+
+def register_cli(sub: Subcommands) -> None:
+    qsub = add_group(sub, "queue", help="edit the series as git commits")
+    p = add_command(
+        qsub,
+        "import",
+        cmd_queue_import,
+        help="the series as commits on the pin, in .queue/",
+        writes_checkout=True,
+    )
+    p.add_argument("--force", action="store_true", help="replace a queue this tool made")
+    p = add_command(
+        qsub,
+        "export",
+        cmd_queue_export,
+        help="the queue's commits back to patches/ and patches/series",
+        writes_checkout=True,
+    )
+    p.add_argument("--drop", action="store_true", help="remove the worktree afterwards")
