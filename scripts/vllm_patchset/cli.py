@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # Commands registered by modules of their own (each module's register_cli), imported only for
 # a line that may name them.
-COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit")
+COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -86,6 +86,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         "parked": reasons,
         "lock": freshness,
     }
+    if args.verbose:  # the index vLLM comes from and where that setting came from (never a secret)
+        lines.append(mirror.index.describe())
+        body["index"] = mirror.index.as_json()
     return emit(args, "\n".join(lines), body, 0 if freshness == "fresh" else 1)
 
 
