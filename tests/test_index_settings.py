@@ -218,6 +218,30 @@ def test_netrc_credentials_reach_the_index_and_nothing_else(
     assert SECRET not in everything and USER not in everything
 
 
+def test_credentials_stay_on_the_index_host(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    tiny: Project,
+    public: LocalIndex,
+    netrc: Path,
+) -> None:
+    """An index whose file lives on another host and port (as pypi.org's files live on
+    files.pythonhosted.org): the page is asked with the credentials, the file without."""
+    with LocalIndex(tmp_path / "index", auth=(USER, SECRET)) as pages:
+        name = f"vllm-{PRIVATE_RELEASE}.tar.gz"
+        digest = hashlib.sha256(SDIST).hexdigest()
+        url = f"{public.base}/files/{name}"
+        pages.list_only({"filename": name, "url": url, "hashes": {"sha256": digest}})
+        monkeypatch.setenv("PIP_INDEX_URL", pages.url)
+        monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(tmp_path / "cache"))
+        del public.seen[:]
+        code, out, err = cli(capsys, tiny.root, "fetch", PRIVATE_RELEASE)
+        assert (code, err) == (0, f"downloaded {name}, sha256 verified\n")
+        assert out.endswith(f" (pypi:{name} sha256:{digest} {url})\n")
+        assert (pages.seen, public.seen) == ([BASIC], [None])
+
+
 def test_credentials_in_the_url_are_sent_and_never_shown(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
