@@ -152,6 +152,7 @@ def _project(args: argparse.Namespace, *, required: bool) -> Project | None:
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
+    fsio.interrupt_leaves("nothing was changed")
     project = _project(args, required=False)
     cache = project.cache_dir if project else (args.cache_dir or default_cache_dir())
     items = inventory(cache, project.pin if project else None)
@@ -167,6 +168,9 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
     gone = [i for i in items if i.prunable]
     freed = sum(i.size for i in gone)
     mirror = cache / "mirror.git"
+    # Each file goes whole and git gc replaces packs atomically: the cache stays usable.
+    removing = "some of the files listed removed; the cache is usable as it is"
+    fsio.interrupt_leaves("nothing was changed" if args.dry_run else removing)
     if not args.dry_run:
         for item in gone:
             fsio.remove_file(cache / item.path)
