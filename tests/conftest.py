@@ -64,6 +64,12 @@ def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     monkeypatch.delenv("VLLM_PATCHSET_CACHE", raising=False)
+    # The machine's index settings (a CI's PIP_INDEX_URL, a pip.conf, a netrc) are each case's
+    # to give: none is read unless a test sets it (infra/indexsettings.py reads them all).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
     _guard_active = True
     try:
         yield

@@ -20,6 +20,7 @@ pinned to release 1.0 with two patches in its series and one archived (see STORY
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import http.server
@@ -301,15 +302,39 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Guarded(_Quiet):
+    """Records each request's Authorization header; answers 401 without the expected one."""
+
+    expected: str | None = None
+    seen: list[str | None]
+
+    def do_GET(self) -> None:
+        got = self.headers.get("Authorization")
+        self.seen.append(got)
+        if self.expected is not None and got != self.expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="index"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
 class LocalIndex:
     """A package index (PEP 691 JSON, as pypi.org/simple answers) on 127.0.0.1, serving the
-    files published to it from `root`. Close it (or use it in a `with`)."""
+    files published to it from `root`. Close it (or use it in a `with`). With `auth` (user,
+    password), every request without that HTTP Basic auth is answered 401; `seen` holds the
+    Authorization header of every request."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, auth: tuple[str, str] | None = None) -> None:
         self.root = root
         (root / "files").mkdir(parents=True)
         (root / "simple" / "vllm").mkdir(parents=True)
-        handler = lambda *a, **k: _Quiet(*a, directory=str(root), **k)  # noqa: E731
+        self.seen: list[str | None] = []
+        token = base64.b64encode(":".join(auth).encode()).decode() if auth else None
+        attrs = {"expected": f"Basic {token}" if token else None, "seen": self.seen}
+        guarded = type("Handler", (_Guarded,), attrs)
+        handler = lambda *a, **k: guarded(*a, directory=str(root), **k)  # noqa: E731
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.base = f"http://127.0.0.1:{self.server.server_port}"
         self.url = f"{self.base}/simple"

@@ -155,10 +155,11 @@ def test_global_options_before_or_after_the_command(
     ("argv", "names"),
     [
         ((), "a command is needed: status, check, releases, matrix, fetch, overlay, tree, queue,"
-         " rebase, validate, bundle, kit"),
+         " rebase, validate, bundle, kit, cache"),
         (("overlay",), "overlay: a subcommand is needed: build, pack, apply, verify, revert, status, diff"),
         (("queue",), "queue: a subcommand is needed: import, export"),
         (("kit", "--json"), "kit: a subcommand is needed: build, verify, assemble"),
+        (("cache",), "cache: a subcommand is needed: list, prune"),
     ],
 )  # fmt: skip
 def test_a_command_group_alone_lists_its_commands(
@@ -179,7 +180,8 @@ USAGE_ERRORS = [
      "overlay apply: unrecognized arguments: --bogus (see `vllm-patchset overlay apply --help`)"),
     (("bogus",), "",
      "argument COMMAND: invalid choice: 'bogus' (choose from 'status', 'check', 'releases',"
-     " 'matrix', 'fetch', 'overlay', 'tree', 'queue', 'rebase', 'validate', 'bundle', 'kit')"
+     " 'matrix', 'fetch', 'overlay', 'tree', 'queue', 'rebase', 'validate', 'bundle', 'kit',"
+     " 'cache')"
      " (see `vllm-patchset --help`)"),
     (("overlay", "status", "--target", "x", "--python", "y"), "overlay status",
      "overlay status: argument --python: not allowed with argument --target"
@@ -223,6 +225,8 @@ JSON_COMMANDS = [
     ("bundle", ("--no-wheels", "--level", "0", "--out", "{tmp}/b.tar.xz"), 0,
      ["archive", "size", "kit", "run"]),
     ("kit verify", ("{kit}",), 0, ["kit", "vllm", "parts"]),
+    ("cache list", (), 0, ["cache", "size", "items"]),
+    ("cache prune", ("--dry-run",), 0, ["dry_run", "removed", "freed"]),
     ("overlay status", ("--target", "{tmp}"), 2, ["error"]),
 ]  # fmt: skip
 

@@ -34,7 +34,7 @@ from vllm_patchset.registry import Handler, add_subcommands, subcommand_names
 COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue)
 # Commands registered by modules of their own (each module's register_cli), imported only for
 # a line that may name them.
-COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit")
+COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")
 
 # -- parser ------------------------------------------------------------------------------------
 DESCRIPTION = (

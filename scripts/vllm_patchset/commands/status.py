@@ -33,6 +33,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     text, body = status_report(
         project.package, project.pin, verdicts, reasons, freshness, verbose=args.verbose
     )
+    if args.verbose:  # the index vLLM comes from and where that setting came from (never a secret)
+        text += "\n" + mirror.index.describe()
+        body["index"] = mirror.index.as_json()
     return emit(args, text, body, 0 if freshness == "fresh" else 1)
 
 

@@ -32,7 +32,7 @@ from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, by_exit_code
 from vllm_patchset.gpu import kitparts
 from vllm_patchset.gpu.bundle import download_wheels
-from vllm_patchset.infra import fsio, index
+from vllm_patchset.infra import fsio, index, indexsettings
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
 from vllm_patchset.registry import add_command, add_group
@@ -103,20 +103,32 @@ def kit_member(path: str) -> bool:
     return True
 
 
-def _index_wheel(project: Project, platform: str) -> index.IndexFile:
-    """The pin's wheel for `platform` on the package index."""
+def _index_wheel(
+    project: Project, platform: str, setting: indexsettings.IndexSetting
+) -> index.IndexFile:
+    """The pin's wheel for `platform` on the package index (uv's, pip's or the project's)."""
     prefix = f"{project.package}-{project.pin}-"
-    for entry in index.files(project.index_url, project.package):
+    found = index.files(
+        setting.url,
+        project.package,
+        unreachable=f": index-url from {setting.origin}",
+        auth=setting.headers,
+    )
+    for entry in found:
         if entry.filename.startswith(prefix) and entry.filename.endswith(f"-{platform}.whl"):
             return entry
-    raise BadInput(f"the index has no {project.package} {project.pin} wheel for {platform}")
+    raise BadInput(
+        f"the index {setting.url} (from {setting.origin}) has no {project.package}"
+        f" {project.pin} wheel for {platform}"
+    )
 
 
 def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
     """The pin's wheel in the cache (`<cache>/wheels/`), downloaded once; sha256 checked against
     the index every time the index is reachable, and against the cached check otherwise."""
-    entry = _index_wheel(project, platform)
-    wheel = index.fetch(entry, project.cache_dir / "wheels")
+    setting = indexsettings.for_project(project)
+    entry = _index_wheel(project, platform, setting)
+    wheel = index.fetch(entry, project.cache_dir / "wheels", setting.headers)
     assert entry.sha256 is not None  # fetch refuses an entry without one
     return wheel, entry.sha256
 

@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,18 @@ ACCEPT = "application/vnd.pypi.simple.v1+json"
 SCHEMES = ("https", "http", "file")
 PAGE_LIMIT = 64 << 20  # pypi.org's page of vllm is a few MB
 _SHA256_HEX = frozenset("0123456789abcdef")
+# The headers a URL is fetched with (the index's credentials, for its own host only:
+# `indexsettings.IndexSetting.headers`); never sent on a redirect.
+Auth = Callable[[str], Mapping[str, str]]
+
+
+def _request(
+    url: str, auth: Auth | None, headers: Mapping[str, str] | None = None
+) -> urllib.request.Request:
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    for name, value in (auth(url) if auth else {}).items():
+        request.add_unredirected_header(name, value)
+    return request
 
 
 @dataclass(frozen=True)
@@ -49,11 +62,13 @@ def _words(exc: BaseException) -> str:
     return str(exc)
 
 
-def files(index_url: str, package: str, *, unreachable: str = "") -> list[IndexFile]:
+def files(
+    index_url: str, package: str, *, unreachable: str = "", auth: Auth | None = None
+) -> list[IndexFile]:
     """The files the index lists for `package`; DownloadFailed (ending with `unreachable`)
     when it cannot be read, or answers something that is not a PEP 691 page."""
     url = f"{index_url}/{package}/"
-    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
+    request = _request(url, auth, {"Accept": ACCEPT})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             page = response.geturl()
@@ -88,7 +103,7 @@ def _entry(page: str, entry: object) -> IndexFile:
     return IndexFile(name, url, sha.lower() if sha else None, bool(entry.get("yanked")))
 
 
-def fetch(entry: IndexFile, folder: Path) -> Path:
+def fetch(entry: IndexFile, folder: Path, auth: Auth | None = None) -> Path:
     """`entry`'s file in `folder`, downloaded once: a cached copy is used when its sha256 is the
     index's; a download only when its sha256 is (else nothing is kept)."""
     if entry.sha256 is None:
@@ -102,7 +117,7 @@ def fetch(entry: IndexFile, folder: Path) -> Path:
     fsio.make_dirs(folder)
     partial = target.with_name(target.name + ".part")
     try:
-        download(entry.url, partial, entry.filename)
+        download(entry.url, partial, entry.filename, auth)
         got = sha256_file(partial)
         if got != entry.sha256:
             raise DownloadFailed(
@@ -116,12 +131,13 @@ def fetch(entry: IndexFile, folder: Path) -> Path:
     return target
 
 
-def download(url: str, dest: Path, name: str) -> None:
+def download(url: str, dest: Path, name: str, auth: Auth | None = None) -> None:
     """Download `url` to `dest`, with its bytes and speed on stderr on a terminal."""
     from vllm_patchset.console import progress
 
     try:
-        with urllib.request.urlopen(url, timeout=120) as response, fsio.writing(dest) as out:
+        request = _request(url, auth)
+        with urllib.request.urlopen(request, timeout=120) as response, fsio.writing(dest) as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with progress(f"downloading {name}", total, unit="bytes") as step:
                 while chunk := response.read(1 << 20):

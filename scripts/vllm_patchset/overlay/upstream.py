@@ -22,7 +22,7 @@ from packaging.version import Version
 from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
-from vllm_patchset.infra import archives, fsio, index
+from vllm_patchset.infra import archives, fsio, index, indexsettings
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
@@ -89,10 +89,22 @@ def _kept(path: str) -> bool:
 class Mirror:
     """The local upstream mirror under the cache directory."""
 
-    def __init__(self, cache_dir: Path, package: str = "vllm", index_url: str = "") -> None:
+    def __init__(
+        self,
+        cache_dir: Path,
+        package: str = "vllm",
+        index_url: str = "",
+        *,
+        index_setting: indexsettings.IndexSetting | None = None,
+    ) -> None:
         self.cache_dir = cache_dir
         self.package = package
-        self.index_url = index_url or "https://pypi.org/simple"
+        # The index and its credentials (`mirror_for`: uv's, pip's or the project's setting);
+        # a bare `index_url` is used as given, without credentials.
+        self.index = index_setting or indexsettings.IndexSetting(
+            index_url or indexsettings.DEFAULT, "the caller"
+        )
+        self.index_url = self.index.url
         self.repo: Repo = init_bare(cache_dir / "mirror.git")
         self.sdists = cache_dir / "sdists"
 
@@ -153,7 +165,9 @@ class Mirror:
 
     def _index_files(self) -> list[index.IndexFile]:
         unreachable = " and the release is not cached"
-        return index.files(self.index_url, self.package, unreachable=unreachable)
+        return index.files(
+            self.index_url, self.package, unreachable=unreachable, auth=self.index.headers
+        )
 
     def available_versions(self, *, pre: bool = False) -> list[str]:
         """Releases with an sdist on the index, in PEP 440 order; pre- and dev releases only
@@ -175,9 +189,9 @@ class Mirror:
         if name not in entries:
             raise UnknownVersion(self.package, version, f"{self.index_url} (no sdist {name})")
         entry = entries[name]
-        target = index.fetch(entry, self.sdists)
+        target = index.fetch(entry, self.sdists, self.index.headers)
         assert entry.sha256 is not None  # fetch refuses an entry without one
-        return target, entry.sha256, entry.url
+        return target, entry.sha256, indexsettings.public(entry.url)  # recorded in the lock
 
     # -- git ----------------------------------------------------------------------------------
     def git_ref(self, url: str, ref: str) -> Upstream:
@@ -288,8 +302,9 @@ def _locate_installed(python: str, package: str) -> tuple[Path, str, dict[str, s
 
 # -- the project's mirror and bases ---------------------------------------------------------------
 def mirror_for(project: Project) -> Mirror:
-    """The project's upstream mirror (its cache dir, package and index)."""
-    return Mirror(project.cache_dir, project.package, project.index_url)
+    """The project's upstream mirror (its cache dir, package and index: `indexsettings`)."""
+    setting = indexsettings.for_project(project)
+    return Mirror(project.cache_dir, project.package, index_setting=setting)
 
 
 def pin_base(project: Project, mirror: Mirror) -> Upstream:
