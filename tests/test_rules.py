@@ -34,7 +34,15 @@ from vllm_patchset.series.states import (
 )
 from vllm_patchset.sync.rebase import is_local, options
 from vllm_patchset.sync.rebase_report import range_diff, short_id
-from vllm_patchset.sync.rebase_state import Choice, Decision, RebaseState, Section, Step
+from vllm_patchset.sync.rebase_state import (
+    Action,
+    Choice,
+    Decision,
+    Phase,
+    RebaseState,
+    Section,
+    Step,
+)
 
 # -- versions ------------------------------------------------------------------------------------
 VERSION_ORDER = [
@@ -320,14 +328,14 @@ def test_state_round_trip() -> None:
         "0001-x.patch",
         Section.SERIES,
         moved,
-        "conflict",
+        Action.CONFLICT,
         Choice.KEEP,
         (Choice.KEEP, Choice.DROP),
         ("n",),
         "c0ffee",
     )
     state = RebaseState(
-        phase="stopped",
+        phase=Phase.STOPPED,
         old_pin="1.0",
         onto=Upstream("git:v1.1", "1.1", "git/v1.1", "abc", "git:local:v1.1@def"),
         git="/somewhere",
@@ -337,11 +345,19 @@ def test_state_round_trip() -> None:
         applied_before=("0001-x.patch",),
         renames=(("a", "b"),),
         steps=(step,),
-        stop="conflict",
+        stop=Action.CONFLICT,
         stopped_head="456",
         moves=("patches",),
     )
     assert RebaseState.from_json(state.to_json()) == state
+    # The journal spells phase, stop and action as strings (one written before they were enums
+    # reads the same).
+    doc = json.loads(state.to_json())
+    assert (doc["phase"], doc["stop"], doc["steps"][0]["action"]) == (
+        "stopped",
+        "conflict",
+        "conflict",
+    )
 
 
 # -- text edits ----------------------------------------------------------------------------------

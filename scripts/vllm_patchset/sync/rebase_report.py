@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_patchset.series.edits import rewrite_paths
-from vllm_patchset.sync.rebase_state import Choice, RebaseState, Section, Step
+from vllm_patchset.sync.rebase_state import Action, Choice, Phase, RebaseState, Section, Step
 from vllm_patchset.sync.reports import verdict_json, versions_json
 
 
 @dataclass(frozen=True)
 class Outcome:
     state: RebaseState
-    status: str  # done, stopped, aborted
+    status: Phase  # STOPPED or DONE
     worktree: Path
     lines: tuple[str, ...] = ()  # next steps (stopped) or where things went (done)
     changelog: str = ""
@@ -106,40 +106,39 @@ def decisions_needed(state: RebaseState) -> list[dict[str, Any]]:
             "means": [_OPTION_MEANS[(s.section, c)] for c in s.options],
         }
         for s in state.steps
-        if s.action == "decision"
+        if s.action == Action.DECISION
     ]
 
 
 # -- text ----------------------------------------------------------------------------------------
+_DETAIL = {
+    Action.CARRIED: "stays in patches/upstreamed/",
+    Action.UNARCHIVED: "-> patches/series (--keep: applies again)",
+    Action.DROPPED: "dropped (--drop)",
+    Action.CONFLICT: "CONFLICT: the rebase stopped here",
+}
+
+
 def _detail(step: Step) -> str:
-    moved = ", ".join(f"moved: {a} -> {b}" for a, b in step.verdict.moved_to)
-    if step.action in ("refreshed", "resolved"):
+    """What the rebase did with one patch, as the text report's line says it."""
+    if step.action.committed and step.action != Action.UNARCHIVED:
+        moved = ", ".join(f"moved: {a} -> {b}" for a, b in step.verdict.moved_to)
         what = step.range_diff or "taken"
-        return f"{step.action} ({what}{'; ' + moved if moved else ''})"
-    if step.action == "archived":
+        return f"{step.action.value} ({what}{'; ' + moved if moved else ''})"
+    if step.action == Action.ARCHIVED:
         how = " (--resolve-upstream)" if step.decision == Choice.RESOLVE_UPSTREAM else ""
         return f"-> patches/upstreamed/{how} (Applied-upstream: {step.applied_upstream or 'empty'})"
-    if step.action == "carried":
-        return "stays in patches/upstreamed/"
-    if step.action == "parked":
+    if step.action == Action.PARKED:
         if step.section == Section.PARKED:
             return "stays in patches/parked/"
         return "-> patches/parked/ (--keep)"
-    if step.action == "unarchived":
-        return "-> patches/series (--keep: applies again)"
-    if step.action == "dropped":
-        return "dropped (--drop)"
-    if step.action == "conflict":
-        return "CONFLICT: the rebase stopped here"
-    if step.action == "decision":
+    if step.action == Action.DECISION:
         return f"DECISION NEEDED ({step.verdict.reason.value})"
-    return step.action
+    return _DETAIL[step.action]
 
 
 def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
     state = outcome.state
-    if outcome.status == "aborted":
-        return f"rebase onto {state.onto.label} aborted: everything is as it was"
     needed = decisions_needed(state)
     headline = f"rebase {state.old_pin} -> {state.onto.label}: {outcome.status}"
     if needed:
@@ -171,11 +170,11 @@ def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
             out.append(f"  {item['patch']} ({item['state']}, {item['verdict']}):")
             pairs = zip(item["options"], item["means"], strict=True)
             out += [f"    {flag}: {means}" for flag, means in pairs]
-    if outcome.status == "stopped" and state.stop == "conflict":
+    if outcome.status == Phase.STOPPED and state.stop == Action.CONFLICT:
         out += [state.steps[-1].report, "next steps:", *(f"  {line}" for line in outcome.lines)]
-    elif outcome.status == "stopped":
+    elif outcome.status == Phase.STOPPED:
         out += [f"  {line}" for line in outcome.lines]
-    elif outcome.status == "done":
+    elif outcome.status == Phase.DONE:
         out += [*outcome.lines, "", outcome.changelog.rstrip("\n")]
     return "\n".join(out)
 
@@ -185,7 +184,7 @@ def render_json(outcome: Outcome) -> str:
     state = outcome.state
     doc: dict[str, Any] = {
         "versions": versions_json({state.onto.label: [s.verdict for s in state.steps]}),
-        "status": outcome.status,
+        "status": outcome.status.value,
         "started": outcome.started,
         "from": state.old_pin,
         "onto": {
@@ -199,7 +198,7 @@ def render_json(outcome: Outcome) -> str:
                 "file": s.name,
                 "section": s.section.value,
                 **verdict_json(s.verdict),
-                "action": s.action,
+                "action": s.action.value,
                 "decision": s.decision.value if s.decision else None,
                 "notes": list(s.notes),
                 "range_diff": s.range_diff or None,
@@ -212,14 +211,14 @@ def render_json(outcome: Outcome) -> str:
         "warnings": [f"{s.key}: {w}" for s in state.steps for w in s.verdict.warnings],
         "decisions": decisions_needed(state),
     }
-    if outcome.status == "stopped" and state.stop == "conflict":
+    if outcome.status == Phase.STOPPED and state.stop == Action.CONFLICT:
         doc["conflict"] = {
             "patch": state.steps[-1].key,
             "worktree": str(outcome.worktree),
             "report": state.steps[-1].report,
             "next_steps": list(outcome.lines),
         }
-    if outcome.status == "done":
+    if outcome.status == Phase.DONE:
         doc["pin"] = state.new_pin
         doc["changelog"] = outcome.changelog
     return json.dumps(doc, indent=2)
@@ -265,38 +264,36 @@ def changelog_entry(
     for s in settled:
         moved = "; ".join(f"moved: `{a}` -> `{b}`" for a, b in s.verdict.moved_to)
         how = "; ".join(x for x in (s.range_diff, moved) if x)
-        if s.action == "refreshed" and (s.range_diff != "unchanged" or moved):
+        if s.action == Action.REFRESHED and (s.range_diff != "unchanged" or moved):
             lines.append(f"- Refreshed `{s.name}` ({how}).")
-        elif s.action == "resolved":
+        elif s.action == Action.RESOLVED:
             lines.append(f"- Conflict resolved in `{s.name}` ({how}).")
-        elif s.action == "parked":
+        elif s.action == Action.PARKED:
             lines.append(
                 f"- Parked `{s.name}` (--keep): {s.verdict.words} on vLLM {new}; kept in"
                 " `patches/parked/`, not applied."
             )
-        elif s.action == "unarchived":
+        elif s.action == Action.UNARCHIVED:
             lines.append(
                 f"- Carried again: `{s.name}` (--keep): upstream's fix is gone from vLLM {new};"
                 " back in `patches/series`."
             )
-    carried = [
-        f"`{s.name}`" for s in settled if s.action in ("refreshed", "resolved", "unarchived")
-    ]
+    carried = [f"`{s.name}`" for s in settled if s.action.committed]
     lines.append(f"- Still carried: {', '.join(carried) or 'none'}.")
     removed = []
     for s in settled:
-        if s.action == "archived" and s.decision == Choice.RESOLVE_UPSTREAM:
+        if s.action == Action.ARCHIVED and s.decision == Choice.RESOLVE_UPSTREAM:
             removed.append(
                 f"- Resolved as upstream (--resolve-upstream): `{s.name}`, fixed in vLLM"
                 f" {s.applied_upstream or new}; archived in `patches/upstreamed/`."
             )
-        elif s.action == "archived" and s.section == Section.SERIES:
+        elif s.action == Action.ARCHIVED and s.section == Section.SERIES:
             where = f"vLLM {s.applied_upstream}" if s.applied_upstream else new
             removed.append(
                 f"- Dropped as upstream: `{s.name}`, merged in {where} by {_pr(s.upstream_pr)};"
                 " archived in `patches/upstreamed/`."
             )
-        elif s.action == "dropped":
+        elif s.action == Action.DROPPED:
             removed.append(f"- Dropped `{s.name}` (--drop): {s.verdict.words} on vLLM {new}.")
     if removed:
         lines += ["", "### Removed", "", *removed]

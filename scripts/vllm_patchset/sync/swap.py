@@ -38,7 +38,7 @@ from vllm_patchset.series.edits import (
 from vllm_patchset.series.patches import Patch, read_series_entries, write_series_file
 from vllm_patchset.sync.checks import problems, project_series
 from vllm_patchset.sync.rebase_report import changelog_entry, range_diff, today
-from vllm_patchset.sync.rebase_state import RebaseState, Section, rebase_dir
+from vllm_patchset.sync.rebase_state import Action, RebaseState, Section, rebase_dir
 
 CHANGELOG = "CHANGELOG.md"
 README = "README.md"
@@ -139,7 +139,7 @@ def stage_project(
     for step in state.steps:
         patch = old[step.key]
         here = stage / rel(project, patch.path)
-        if step.action in ("refreshed", "resolved", "unarchived"):
+        if step.action.committed:
             assert step.commit is not None
             (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
             if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
@@ -166,17 +166,17 @@ def stage_project(
             _new_file(patches / step.name, here).write_bytes(data)
             kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
             step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
-        elif step.action == "archived" and step.section == Section.SERIES:
+        elif step.action == Action.ARCHIVED and step.section == Section.SERIES:
             _new_file(archive_dir / step.name).write_bytes(
                 with_trailer(patch.raw, step.applied_upstream)
             )
             here.unlink()
             archived.append(step.name)
-        elif step.action == "parked" and step.section == Section.SERIES:
+        elif step.action == Action.PARKED and step.section == Section.SERIES:
             parked_dir.mkdir(parents=True, exist_ok=True)
             here.rename(_new_file(parked_dir / step.name))
             parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
-        elif step.action == "dropped":
+        elif step.action == Action.DROPPED:
             here.unlink()
             if step.section == Section.UPSTREAMED:
                 archived.remove(step.name)
@@ -252,16 +252,16 @@ def _readme_rows(project: Project, state: RebaseState) -> dict[str, tuple[str, s
     archive = project.upstreamed_file.parent.name
     parked = project.parked_file.parent.name
     for step in state.steps:
-        if step.action == "dropped":
+        if step.action == Action.DROPPED:
             rows[step.key] = None
             continue
         key = {
-            "archived": f"{archive}/{step.name}",
-            "unarchived": step.name,
+            Action.ARCHIVED: f"{archive}/{step.name}",
+            Action.UNARCHIVED: step.name,
         }.get(step.action, step.key)
-        if step.action == "parked" and step.section != Section.PARKED:
+        if step.action == Action.PARKED and step.section != Section.PARKED:
             key = f"{parked}/{step.name}"
-        release = step.applied_upstream if step.action != "unarchived" else ""
+        release = step.applied_upstream if step.action != Action.UNARCHIVED else ""
         rows[step.key] = (key, release, step.verdict.state.value)
     return rows
 
