@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -184,7 +185,9 @@ class _Tree:
 
 
 class _Worktree:
-    """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`."""
+    """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`, a sparse
+    clone: the files a patch touches are checked out as it is taken (a maintainer resolves a
+    conflict there), not the thousands of others."""
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
@@ -193,6 +196,8 @@ class _Worktree:
         return self.repo.tree_of("HEAD")
 
     def take(self, raw: bytes) -> bool:
+        pairs = _DIFF_PATHS.findall(raw.decode("utf-8", "surrogateescape"))
+        self.repo.widen(path for pair in pairs for path in pair)
         return self.repo.am_3way(raw)
 
     def head(self) -> str | None:
@@ -209,6 +214,8 @@ class _Worktree:
 
 
 _Applier = _Tree | _Worktree
+# The files of a patch, old and new: its `diff --git a/OLD b/NEW` lines.
+_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
 
 def _placed(patch: Patch, verdict: Verdict) -> bytes:
@@ -546,7 +553,7 @@ def start(
         raise BadInput(f"another rebase started in {project.root} meanwhile") from None
     finally:
         draft.unlink()
-    mirror.repo.clone_shared(folder / "worktree", onto.commit)
+    mirror.repo.clone_shared(folder / "worktree", onto.commit, sparse=True)
     return _take(project, mirror, state, series)
 
 
