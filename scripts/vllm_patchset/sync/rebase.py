@@ -384,23 +384,28 @@ def resolve_names(
             raise BadInput("--release goes with --resolve-upstream PATCH")
     decisions: list[Decision] = []
     for choice, name in choices:
-        found = (
-            [p for p in patches if p.key == name]
-            or [p for p in patches if p.name == name]
-            or [p for p in patches if p.key.startswith(name + "-")]
-        )
-        if not found:
-            raise BadInput(f"{choice.flag} {name}: no such patch in patches/")
-        if len(found) > 1:
-            keys = ", ".join(p.key for p in found)
-            raise BadInput(f"{choice.flag} {name}: ambiguous ({keys}); name the file")
-        key = found[0].key
+        key = _named(patches, choice, name)
         if any(d.patch == key for d in decisions):
             raise BadInput(f"{choice.flag} {name}: {key} has a decision already")
         decisions.append(
             Decision(key, choice, release if choice == Choice.RESOLVE_UPSTREAM else None)
         )
     return tuple(decisions)
+
+
+def _named(patches: Sequence[Patch], choice: Choice, name: str) -> str:
+    """The key of the one patch `name` names (its key, file name, or number prefix)."""
+    found = (
+        [p for p in patches if p.key == name]
+        or [p for p in patches if p.name == name]
+        or [p for p in patches if p.key.startswith(name + "-")]
+    )
+    if not found:
+        raise BadInput(f"{choice.flag} {name}: no such patch in patches/")
+    if len(found) > 1:
+        keys = ", ".join(p.key for p in found)
+        raise BadInput(f"{choice.flag} {name}: ambiguous ({keys}); name the file")
+    return found[0].key
 
 
 def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstream) -> None:
@@ -420,21 +425,27 @@ def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstre
                 f"{decision.choice.flag} {decision.patch}: not an option for a patch {where}"
                 f" (its options: {allowed})"
             )
-        newer = (
-            decision.release is not None
-            and onto.version is not None
-            and versions.older(onto.version, decision.release)
+        _check_release(decision, onto)
+
+
+def _check_release(decision: Decision, onto: Upstream) -> None:
+    """A `--resolve-upstream` names a release that has the fix: not newer than the base, and
+    one there is (the base's own, or `--release`)."""
+    newer = (
+        decision.release is not None
+        and onto.version is not None
+        and versions.older(onto.version, decision.release)
+    )
+    if newer:
+        raise BadInput(
+            f"--resolve-upstream {decision.patch}: --release {decision.release} is newer"
+            f" than {onto.label}, which has the fix"
         )
-        if newer:
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: --release {decision.release} is newer"
-                f" than {onto.label}, which has the fix"
-            )
-        if decision.choice == Choice.RESOLVE_UPSTREAM and not (decision.release or onto.version):
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: {onto.label} has no release version;"
-                " say which release has the fix with --release VERSION"
-            )
+    if decision.choice == Choice.RESOLVE_UPSTREAM and not (decision.release or onto.version):
+        raise BadInput(
+            f"--resolve-upstream {decision.patch}: {onto.label} has no release version;"
+            " say which release has the fix with --release VERSION"
+        )
 
 
 # -- paths ---------------------------------------------------------------------------------------
@@ -489,27 +500,14 @@ def start(
     release: str | None = None,
     allow_downgrade: bool = False,
 ) -> Outcome:
-    if state_path(project).exists():
-        raise BadInput(
-            f"a rebase is in progress ({state_path(project)}): `rebase --continue` or"
-            " `rebase --abort`"
-        )
-    _require_clean(project)
-    for extra in (project.upstreamed_file, project.parked_file):
-        if extra.parent.parent != project.patches_dir:
-            raise BadInput("rebase needs the series, the archive and parked/ under one patches/")
+    """Classify the whole series on the new base as a plan; stop before anything is written
+    when it needs decisions, else write the journal and take the patches."""
+    _may_start(project)
     series = project_series(project)  # well-formed before anything
     decisions = resolve_names(series, choices, release)
     mirror = mirror_for(project)
     old = pin_base(project, mirror)
-    onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
-    if onto.commit == old.commit:
-        raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
-    if onto.version and versions.older(onto.version, project.pin) and not allow_downgrade:
-        raise BadInput(
-            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
-            " --allow-downgrade)"
-        )
+    onto = _onto(project, mirror, old, version=version, git=git, ref=ref, allow=allow_downgrade)
     state = RebaseState(
         phase=Phase.RUNNING,
         old_pin=project.pin,
@@ -526,7 +524,6 @@ def start(
     _validate(plan, decisions, onto)
     stop = next((s for s in plan if stops(s, planned=True)), None)
     if stop is not None:
-        stopped = _stopped(state, plan, stop, None)
         args = f"--onto {onto.version}" if not git else f"--onto-git {git} --ref {ref}"
         given = " ".join(f"{d.choice.flag} {d.patch}" for d in decisions)
         lines = (
@@ -534,8 +531,51 @@ def start(
             " patch above>",
             "No rebase is in progress: nothing was written.",
         )
+        stopped = _stopped(state, plan, stop, None)
         worktree = rebase_dir(project) / "worktree"
         return Outcome(stopped, Phase.STOPPED, worktree, lines, started=False)
+    _begin(project, state)
+    mirror.repo.clone_shared(rebase_dir(project) / "worktree", onto.commit, sparse=True)
+    return _take(project, mirror, state, series)
+
+
+def _may_start(project: Project) -> None:
+    """No rebase in progress, a clean checkout, and the three series under one patches/."""
+    if state_path(project).exists():
+        raise BadInput(
+            f"a rebase is in progress ({state_path(project)}): `rebase --continue` or"
+            " `rebase --abort`"
+        )
+    _require_clean(project)
+    for extra in (project.upstreamed_file, project.parked_file):
+        if extra.parent.parent != project.patches_dir:
+            raise BadInput("rebase needs the series, the archive and parked/ under one patches/")
+
+
+def _onto(
+    project: Project,
+    mirror: Mirror,
+    old: Upstream,
+    *,
+    version: str | None,
+    git: str | None,
+    ref: str | None,
+    allow: bool,
+) -> Upstream:
+    """The new base: another tree than the pin's, and no older release unless `allow`."""
+    onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
+    if onto.commit == old.commit:
+        raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
+    if onto.version and versions.older(onto.version, project.pin) and not allow:
+        raise BadInput(
+            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
+            " --allow-downgrade)"
+        )
+    return onto
+
+
+def _begin(project: Project, state: RebaseState) -> None:
+    """`.rebase/` with the journal: from here on a rebase is in progress."""
     folder = rebase_dir(project)
     if has_backup(folder):  # files of the checkout are there: only --abort may touch them
         raise BadInput(
@@ -553,13 +593,13 @@ def start(
         raise BadInput(f"another rebase started in {project.root} meanwhile") from None
     finally:
         draft.unlink()
-    mirror.repo.clone_shared(folder / "worktree", onto.commit, sparse=True)
-    return _take(project, mirror, state, series)
 
 
 def resume(
     project: Project, *, choices: Sequence[tuple[Choice, str]] = (), release: str | None = None
 ) -> Outcome:
+    """`--continue`: finish a swap, or settle the stop (the conflict resolved by hand, or the
+    decisions given now), plan the rest again and take it."""
     state = load(project)
     mirror = mirror_for(project)
     if state.phase in (Phase.SWAP, Phase.DONE):
@@ -574,29 +614,12 @@ def resume(
     series = project_series(project)
     new = resolve_names(series, choices, release)
     worktree = Repo(rebase_dir(project) / "worktree")
-    last, settled = state.steps[-1], state.steps[:-1]
-    taken = {s.key for s in settled}
-    for decision in new:
-        if decision.patch in taken or state.decision(decision.patch):
-            raise BadInput(
-                f"{decision.choice.flag} {decision.patch}: settled already in this rebase"
-                " (`rebase --abort` to start again)"
-            )
+    _not_settled(state, new)
     state = dataclasses.replace(state, decisions=state.decisions + new)
     ctx = _context(project, mirror, state)
-    later = list(new)
+    settled, later = state.steps[:-1], list(new)
     if state.stop == Action.CONFLICT:
-        decided = ctx.decisions.get(last.key)
-        if decided is not None and last.decision == decided.choice:
-            # `--keep` of an archived patch whose bug is back, taken with a conflict: the
-            # decision is made, the conflict is resolved by hand.
-            later = [d for d in later if d != decided]
-            decided = None
-        elif decided is not None:
-            _validate([last], [decided], state.onto)
-            later.remove(decided)
-        patch = next(p for _, p in _ordered(series) if p.key == last.key)
-        last = _settle_conflict(worktree, state, last, patch, decided, ctx)
+        last, later = _after_conflict(worktree, state, series, ctx, later)
         settled = (*settled, last)
     done = {s.key for s in settled}
     plan = _plan(ctx, worktree, worktree.tree_of("HEAD"), series, done)
@@ -611,6 +634,36 @@ def resume(
     )
     save(project, state)
     return _take(project, mirror, state, series)
+
+
+def _not_settled(state: RebaseState, new: Sequence[Decision]) -> None:
+    """Decisions given to `--continue` name patches not settled yet in this rebase."""
+    taken = {s.key for s in state.steps[:-1]}
+    for decision in new:
+        if decision.patch in taken or state.decision(decision.patch):
+            raise BadInput(
+                f"{decision.choice.flag} {decision.patch}: settled already in this rebase"
+                " (`rebase --abort` to start again)"
+            )
+
+
+def _after_conflict(
+    worktree: Repo, state: RebaseState, series: Series, ctx: Context, later: list[Decision]
+) -> tuple[Step, list[Decision]]:
+    """The patch the rebase stopped at for a conflict, settled; the decisions left for the
+    rest of the series."""
+    last = state.steps[-1]
+    decided = ctx.decisions.get(last.key)
+    if decided is not None and last.decision == decided.choice:
+        # `--keep` of an archived patch whose bug is back, taken with a conflict: the
+        # decision is made, the conflict is resolved by hand.
+        later = [d for d in later if d != decided]
+        decided = None
+    elif decided is not None:
+        _validate([last], [decided], state.onto)
+        later.remove(decided)
+    patch = next(p for _, p in _ordered(series) if p.key == last.key)
+    return _settle_conflict(worktree, state, last, patch, decided, ctx), later
 
 
 def _settle_conflict(

@@ -140,27 +140,12 @@ def _detail(step: Step) -> str:
 def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
     state = outcome.state
     needed = decisions_needed(state)
-    headline = f"rebase {state.old_pin} -> {state.onto.label}: {outcome.status}"
+    headline = f"rebase {state.old_pin} -> {state.onto.label}: {outcome.status.value}"
     if needed:
         headline += f", {len(needed)} decision(s) needed"
     if not outcome.started:
         headline += " (nothing has changed)"
-    out = [headline]
-    width = max(len(s.key) for s in state.steps) if state.steps else 0
-    cosmetic = 0
-    for step in state.steps:
-        out.append(f"  {step.key.ljust(width)}  {step.verdict.state.value:<8}  {_detail(step)}")
-        out += [f"    * {note}" for note in step.notes]
-        cosmetic += len(step.verdict.cosmetic)
-        if verbose:
-            out += [f"    * (cosmetic) {note}" for note in step.verdict.cosmetic]
-    for step in state.steps:
-        out += [f"WARNING: {step.key}: {w}" for w in step.verdict.warnings]
-    if cosmetic and not verbose:
-        out.append(f"{cosmetic} cosmetic note(s) on upstreamed code (--verbose shows them)")
-    for step in state.steps:
-        if step.diff_of_diffs:
-            out += [f"range-diff of {step.name}:", step.diff_of_diffs.rstrip("\n")]
+    out = [headline, *_steps_text(state.steps, verbose=verbose)]
     if needed:
         out.append(
             "decisions needed (rerun with one option per patch"
@@ -177,6 +162,28 @@ def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
     elif outcome.status == Phase.DONE:
         out += [*outcome.lines, "", outcome.changelog.rstrip("\n")]
     return "\n".join(out)
+
+
+def _steps_text(steps: tuple[Step, ...], *, verbose: bool) -> list[str]:
+    """A line per patch with its notes; the warnings; the cosmetic notes (or their count);
+    the range-diffs."""
+    out = []
+    width = max(len(s.key) for s in steps) if steps else 0
+    cosmetic = 0
+    for step in steps:
+        out.append(f"  {step.key.ljust(width)}  {step.verdict.state.value:<8}  {_detail(step)}")
+        out += [f"    * {note}" for note in step.notes]
+        cosmetic += len(step.verdict.cosmetic)
+        if verbose:
+            out += [f"    * (cosmetic) {note}" for note in step.verdict.cosmetic]
+    for step in steps:
+        out += [f"WARNING: {step.key}: {w}" for w in step.verdict.warnings]
+    if cosmetic and not verbose:
+        out.append(f"{cosmetic} cosmetic note(s) on upstreamed code (--verbose shows them)")
+    for step in steps:
+        if step.diff_of_diffs:
+            out += [f"range-diff of {step.name}:", step.diff_of_diffs.rstrip("\n")]
+    return out
 
 
 # -- JSON ----------------------------------------------------------------------------------------
@@ -261,40 +268,49 @@ def changelog_entry(
         f"- Pin: vLLM {state.old_pin} -> {new}" + (f" ({', '.join(along)})." if along else "."),
     ]
     settled = [s for s in state.steps if s.section != Section.PARKED]
-    for s in settled:
-        moved = "; ".join(f"moved: `{a}` -> `{b}`" for a, b in s.verdict.moved_to)
-        how = "; ".join(x for x in (s.range_diff, moved) if x)
-        if s.action == Action.REFRESHED and (s.range_diff != "unchanged" or moved):
-            lines.append(f"- Refreshed `{s.name}` ({how}).")
-        elif s.action == Action.RESOLVED:
-            lines.append(f"- Conflict resolved in `{s.name}` ({how}).")
-        elif s.action == Action.PARKED:
-            lines.append(
-                f"- Parked `{s.name}` (--keep): {s.verdict.words} on vLLM {new}; kept in"
-                " `patches/parked/`, not applied."
-            )
-        elif s.action == Action.UNARCHIVED:
-            lines.append(
-                f"- Carried again: `{s.name}` (--keep): upstream's fix is gone from vLLM {new};"
-                " back in `patches/series`."
-            )
+    lines += [line for s in settled if (line := _changed(s, new))]
     carried = [f"`{s.name}`" for s in settled if s.action.committed]
     lines.append(f"- Still carried: {', '.join(carried) or 'none'}.")
-    removed = []
-    for s in settled:
-        if s.action == Action.ARCHIVED and s.decision == Choice.RESOLVE_UPSTREAM:
-            removed.append(
-                f"- Resolved as upstream (--resolve-upstream): `{s.name}`, fixed in vLLM"
-                f" {s.applied_upstream or new}; archived in `patches/upstreamed/`."
-            )
-        elif s.action == Action.ARCHIVED and s.section == Section.SERIES:
-            where = f"vLLM {s.applied_upstream}" if s.applied_upstream else new
-            removed.append(
-                f"- Dropped as upstream: `{s.name}`, merged in {where} by {_pr(s.upstream_pr)};"
-                " archived in `patches/upstreamed/`."
-            )
-        elif s.action == Action.DROPPED:
-            removed.append(f"- Dropped `{s.name}` (--drop): {s.verdict.words} on vLLM {new}.")
+    removed = [line for s in settled if (line := _removed(s, new))]
     if removed:
         lines += ["", "### Removed", "", *removed]
     return "\n".join(lines) + "\n"
+
+
+def _changed(s: Step, new: str) -> str:
+    """The `### Changed` line of a patch still in the project ("" for none)."""
+    moved = "; ".join(f"moved: `{a}` -> `{b}`" for a, b in s.verdict.moved_to)
+    how = "; ".join(x for x in (s.range_diff, moved) if x)
+    if s.action == Action.REFRESHED and (s.range_diff != "unchanged" or moved):
+        return f"- Refreshed `{s.name}` ({how})."
+    if s.action == Action.RESOLVED:
+        return f"- Conflict resolved in `{s.name}` ({how})."
+    if s.action == Action.PARKED:
+        return (
+            f"- Parked `{s.name}` (--keep): {s.verdict.words} on vLLM {new}; kept in"
+            " `patches/parked/`, not applied."
+        )
+    if s.action == Action.UNARCHIVED:
+        return (
+            f"- Carried again: `{s.name}` (--keep): upstream's fix is gone from vLLM {new};"
+            " back in `patches/series`."
+        )
+    return ""
+
+
+def _removed(s: Step, new: str) -> str:
+    """The `### Removed` line of a patch out of the series ("" for none)."""
+    if s.action == Action.ARCHIVED and s.decision == Choice.RESOLVE_UPSTREAM:
+        return (
+            f"- Resolved as upstream (--resolve-upstream): `{s.name}`, fixed in vLLM"
+            f" {s.applied_upstream or new}; archived in `patches/upstreamed/`."
+        )
+    if s.action == Action.ARCHIVED and s.section == Section.SERIES:
+        where = f"vLLM {s.applied_upstream}" if s.applied_upstream else new
+        return (
+            f"- Dropped as upstream: `{s.name}`, merged in {where} by {_pr(s.upstream_pr)};"
+            " archived in `patches/upstreamed/`."
+        )
+    if s.action == Action.DROPPED:
+        return f"- Dropped `{s.name}` (--drop): {s.verdict.words} on vLLM {new}."
+    return ""
