@@ -259,6 +259,9 @@ def test_conflict_in_first_patch_then_continue(
     assert doc["status"] == "stopped"
     assert doc["conflict"]["patch"] == FIX.name  # type: ignore[index]
     assert sha256s(root) == before
+    # The worktree is sparse: the conflicted patch's file is checked out, not the others.
+    files = [p for p in worktree.rglob("*") if p.is_file() and ".git" not in p.parts]
+    assert [p.relative_to(worktree).as_posix() for p in files] == [MOE]
     # --continue before it is resolved: a finding, nothing changes.
     code, _, err = cli(capsys, root, "rebase", "--continue")
     assert code == 1

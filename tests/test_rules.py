@@ -5,7 +5,9 @@ against a local package index."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from synthetic import LocalIndex
 from vllm_patchset.cli import main
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.upstream import Upstream, check_version, sort_versions
+from vllm_patchset.overlay.upstream import Mirror, Upstream, check_version, sort_versions
 from vllm_patchset.series.edits import (
     insert_entry,
     rewrite_paths,
@@ -32,9 +34,18 @@ from vllm_patchset.series.states import (
     text_state,
     trailer_state,
 )
+from vllm_patchset.sync import swap
 from vllm_patchset.sync.rebase import is_local, options
 from vllm_patchset.sync.rebase_report import range_diff, short_id
-from vllm_patchset.sync.rebase_state import Choice, Decision, RebaseState, Section, Step
+from vllm_patchset.sync.rebase_state import (
+    Action,
+    Choice,
+    Decision,
+    Phase,
+    RebaseState,
+    Section,
+    Step,
+)
 
 # -- versions ------------------------------------------------------------------------------------
 VERSION_ORDER = [
@@ -320,14 +331,14 @@ def test_state_round_trip() -> None:
         "0001-x.patch",
         Section.SERIES,
         moved,
-        "conflict",
+        Action.CONFLICT,
         Choice.KEEP,
         (Choice.KEEP, Choice.DROP),
         ("n",),
         "c0ffee",
     )
     state = RebaseState(
-        phase="stopped",
+        phase=Phase.STOPPED,
         old_pin="1.0",
         onto=Upstream("git:v1.1", "1.1", "git/v1.1", "abc", "git:local:v1.1@def"),
         git="/somewhere",
@@ -337,11 +348,43 @@ def test_state_round_trip() -> None:
         applied_before=("0001-x.patch",),
         renames=(("a", "b"),),
         steps=(step,),
-        stop="conflict",
+        stop=Action.CONFLICT,
         stopped_head="456",
         moves=("patches",),
     )
     assert RebaseState.from_json(state.to_json()) == state
+    # The journal spells phase, stop and action as strings (one written before they were enums
+    # reads the same).
+    doc = json.loads(state.to_json())
+    assert (doc["phase"], doc["stop"], doc["steps"][0]["action"]) == (
+        "stopped",
+        "conflict",
+        "conflict",
+    )
+
+
+# The torch a release requires, read from its sdist's requirements/cuda.txt (name -> bytes of the
+# sdist's members before it, that member -> the torch read): within the bound, over it (refused,
+# never read whole: no torch said), and none there.
+CUDA_TXT = "vllm-9.9/requirements/cuda.txt"
+TORCH_OF_SDIST = [
+    ({"vllm-9.9/PKG-INFO": b"x", CUDA_TXT: b"torch==2.14.0\n"}, "2.14.0"),
+    ({CUDA_TXT: b"torch==2.14.0\n" + b"#" * (swap.REQUIREMENTS_BOUND + 1)}, None),
+    ({"vllm-9.9/PKG-INFO": b"x"}, None),
+]
+
+
+@pytest.mark.parametrize(("members", "torch"), TORCH_OF_SDIST)
+def test_torch_of_the_sdist(tmp_path: Path, members: dict[str, bytes], torch: str | None) -> None:
+    mirror = Mirror(tmp_path / "cache")
+    mirror.sdists.mkdir()
+    with tarfile.open(mirror.sdists / "vllm-9.9.tar.gz", "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    onto = Upstream("9.9", "9.9", "v9.9", "abc", "pypi:vllm-9.9.tar.gz sha256:0")
+    assert swap._torch(mirror, onto) == torch
 
 
 # -- text edits ----------------------------------------------------------------------------------

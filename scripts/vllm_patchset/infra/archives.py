@@ -202,3 +202,25 @@ def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
                 raise ArchiveRefused(f"{path} is in the way of a folder: refused") from None
             continue
         os.chmod(path, 0o755)  # whatever the umask
+
+
+def read_member(tar: tarfile.TarFile, name: str, *, what: str, limit: int) -> bytes | None:
+    """The bytes of the regular member `name`, read in one pass that stops there (a stream
+    `r|` is read no further), or None when the archive has none. Checked as `extract` checks
+    a member (a plain path, a regular file) and refused over `limit` bytes."""
+    for member in tar:
+        if member.name != name:
+            continue
+        check(member, what=what)
+        if member.size > limit:
+            raise ArchiveRefused(
+                f"{what} holds {name!r} of {member.size} bytes, over the bound of {limit}: refused"
+            )
+        handle = tar.extractfile(member)
+        if handle is None:
+            raise ArchiveRefused(f"{what}: {name!r} cannot be read")
+        data = handle.read(limit + 1)
+        if len(data) != member.size:
+            raise ArchiveRefused(f"{what}: {name!r} is truncated")
+        return data
+    return None

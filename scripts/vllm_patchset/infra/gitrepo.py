@@ -18,7 +18,7 @@ import io
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,14 +412,25 @@ class Repo:
         out = self.run("status", "--porcelain", "--untracked-files=all", "--", *pathspecs)
         return [line for line in out.split("\n") if line]
 
-    def clone_shared(self, path: Path, commit: str) -> Repo:
+    def clone_shared(self, path: Path, commit: str, *, sparse: bool = False) -> Repo:
         """A repository at `path`, at `commit` (detached), that borrows this one's objects
         (`git clone --shared`). Unlike a worktree, nothing of it is registered here: deleting
-        `path` removes it whole, even after a kill half way through."""
+        `path` removes it whole, even after a kill half way through. `sparse`: only the
+        top-level files are checked out, the others as `widen` adds them (git commits,
+        merges and `git am -3` work on the whole tree all the same)."""
         self.run("clone", "--quiet", "--shared", "--no-checkout", "--no-tags", "--", ".", str(path))
         clone = Repo(path)
+        if sparse:
+            clone.run("sparse-checkout", "set", "--no-cone")
         clone.run("checkout", "--quiet", "--detach", check_rev(commit))
         return clone
+
+    def widen(self, paths: Iterable[str]) -> None:
+        """Check out `paths` too in a sparse clone (each one file: a pattern anchored at the
+        root, its wildcard characters escaped)."""
+        patterns = sorted({"/" + re.sub(r"([\\*?\[\]!#])", r"\\\1", p) for p in paths})
+        if patterns:
+            self.run("sparse-checkout", "add", *patterns)
 
     def git_path(self, name: str) -> Path:
         """A file of this repository's own (`git rev-parse --git-path NAME`)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,9 +47,11 @@ from vllm_patchset.series.states import Reason, State, Verdict, classify
 from vllm_patchset.sync.checks import project_series
 from vllm_patchset.sync.rebase_report import Outcome, render_text, report_body, short_id, today
 from vllm_patchset.sync.rebase_state import (
+    Action,
     Choice,
     DamagedState,
     Decision,
+    Phase,
     RebaseState,
     Section,
     Step,
@@ -108,6 +111,23 @@ def options(section: Section, verdict: Verdict, patch: Patch) -> tuple[Choice, .
     return (Choice.KEEP, Choice.DROP)  # absent: the code was never there
 
 
+def stops(step: Step, *, planned: bool) -> bool:
+    """The one rule for where the rebase stops. The real run stops at its first conflict or
+    decision. A plan (the dry run before anything is taken) stops for decisions only, so that
+    every one of them is asked for at once and before anything is written; its conflicts are
+    where the real run will stop for a hand resolution."""
+    return step.action == Action.DECISION or (step.action.stops and not planned)
+
+
+def _stopped(
+    state: RebaseState, steps: tuple[Step, ...], at: Step, head: str | None
+) -> RebaseState:
+    """`state` stopped at the step `at` (the last of `steps` in a real run)."""
+    return dataclasses.replace(
+        state, phase=Phase.STOPPED, steps=steps, stop=at.action, stopped_head=head
+    )
+
+
 def hand_resolvable(step: Step) -> bool:
     """A series patch whose hunks are there, changed: resolved by hand in the worktree."""
     return (
@@ -131,7 +151,9 @@ class Context:
 
 
 class _Tree:
-    """The dry run: patches applied to a tree in a temporary index."""
+    """The dry run: patches applied to a tree in a temporary index. Nothing stops here: a
+    conflict is what the real run will stop at, a decision that does not fit is left to
+    `_validate`, which names it."""
 
     def __init__(self, repo: Repo, tree: str) -> None:
         self.repo, self._tree = repo, tree
@@ -149,9 +171,22 @@ class _Tree:
     def head(self) -> str | None:
         return None
 
+    def decides(self, step: Step, decision: Decision) -> bool:
+        return decision.choice in step.options
+
+    def by_hand(self, step: Step, raw: bytes, ctx: Context) -> Step:
+        flags = ", ".join(f"{c.flag} {short_id(step.key, ctx.keys)}" for c in step.options)
+        note = (
+            "the rebase will stop here for a hand resolution in .rebase/worktree"
+            f" (or decide now: {flags})"
+        )
+        return _conflict(step, notes=(note,))
+
 
 class _Worktree:
-    """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`."""
+    """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`, a sparse
+    clone: the files a patch touches are checked out as it is taken (a maintainer resolves a
+    conflict there), not the thousands of others."""
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
@@ -160,13 +195,26 @@ class _Worktree:
         return self.repo.tree_of("HEAD")
 
     def take(self, raw: bytes) -> bool:
+        pairs = _DIFF_PATHS.findall(raw.decode("utf-8", "surrogateescape"))
+        self.repo.widen(path for pair in pairs for path in pair)
         return self.repo.am_3way(raw)
 
     def head(self) -> str | None:
         return self.repo.head()
 
+    def decides(self, step: Step, decision: Decision) -> bool:
+        return True  # `_decided` refuses a decision that no longer fits
+
+    def by_hand(self, step: Step, raw: bytes, ctx: Context) -> Step:
+        if not self.take(raw):
+            return _conflict(step)
+        note = "git am -3 applied it although the 3-way check did not"
+        return dataclasses.replace(step, action=Action.REFRESHED, commit=self.head(), notes=(note,))
+
 
 _Applier = _Tree | _Worktree
+# The files of a patch, old and new: its `diff --git a/OLD b/NEW` lines.
+_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
 
 def _placed(patch: Patch, verdict: Verdict) -> bytes:
@@ -178,7 +226,22 @@ def _placed(patch: Patch, verdict: Verdict) -> bytes:
     return rewrite_paths(patch.raw, dict(verdict.moved_to)) if verdict.moved_to else patch.raw
 
 
-def _step(applier: _Applier, section: Section, patch: Patch, ctx: Context, *, dry: bool) -> Step:
+def _conflict(step: Step, notes: tuple[str, ...] = ()) -> Step:
+    report = conflict_report(step.verdict)
+    return dataclasses.replace(
+        step, action=Action.CONFLICT, report=report, notes=(*step.notes, *notes)
+    )
+
+
+def _taken(applier: _Applier, step: Step, raw: bytes, action: Action) -> Step:
+    """`step` taken onto the applier's tree as `action`, or a conflict."""
+    if not applier.take(raw):
+        return _conflict(step)
+    return dataclasses.replace(step, action=action, commit=applier.head())
+
+
+def _step(applier: _Applier, section: Section, patch: Patch, ctx: Context) -> Step:
+    """One patch classified on the applier's tree and settled there (or a stop)."""
     verdict = classify(
         applier.repo,
         applier.tree(),
@@ -194,58 +257,49 @@ def _step(applier: _Applier, section: Section, patch: Patch, ctx: Context, *, dr
         name=patch.name,
         section=section,
         verdict=verdict,
-        action="",
+        action=Action.DECISION,  # unless settled below
         options=options(section, verdict, patch),
         applied_upstream=patch.trailers.applied_upstream,
         upstream_pr=patch.trailers.upstream_pr,
     )
-    raw = _placed(patch, verdict)
     if section == Section.PARKED:
-        notes = (
-            (
-                f"parked, yet it applies to {ctx.onto.label}: move it back to patches/series"
-                " (and out of patches/parked/series) to carry it again",
-            )
-            if verdict.state == State.APPLIES
-            else ()
-        )
-        reason = ctx.parked_reasons.get(patch.name, "")
-        return dataclasses.replace(step, action="parked", notes=notes, parked_reason=reason)
+        return _parked(step, ctx)
+    raw = _placed(patch, verdict)
     decision = ctx.decisions.get(patch.key)
-    if decision is not None and (decision.choice in step.options or not dry):
+    if decision is not None and applier.decides(step, decision):
         return _decided(applier, step, raw, decision, ctx)
-    # (A decision that does not fit is left to `_validate`, which names it.)
     if not step.options:
-        if section == Section.UPSTREAMED:
-            return dataclasses.replace(step, action="carried")
-        if verdict.state == State.APPLIES:
-            if applier.take(raw):
-                return dataclasses.replace(step, action="refreshed", commit=applier.head())
-            return dataclasses.replace(step, action="conflict", report=conflict_report(verdict))
-        release, note = _merged_in(ctx, patch)
-        return dataclasses.replace(step, action="archived", applied_upstream=release, notes=(note,))
+        return _settled(applier, step, raw, patch, ctx)
     if hand_resolvable(step):
-        if dry:
-            return dataclasses.replace(
-                step,
-                action="conflict",
-                report=conflict_report(verdict),
-                notes=(
-                    "the rebase will stop here for a hand resolution in .rebase/worktree"
-                    " (or decide now: "
-                    + ", ".join(f"{c.flag} {short_id(step.key, ctx.keys)}" for c in step.options)
-                    + ")",
-                ),
-            )
-        if applier.take(raw):
-            return dataclasses.replace(
-                step,
-                action="refreshed",
-                commit=applier.head(),
-                notes=("git am -3 applied it although the 3-way check did not",),
-            )
-        return dataclasses.replace(step, action="conflict", report=conflict_report(verdict))
-    return dataclasses.replace(step, action="decision")
+        return applier.by_hand(step, raw, ctx)
+    return step
+
+
+def _parked(step: Step, ctx: Context) -> Step:
+    """A parked patch stays parked: classified for the record, never applied."""
+    notes = (
+        (
+            f"parked, yet it applies to {ctx.onto.label}: move it back to patches/series"
+            " (and out of patches/parked/series) to carry it again",
+        )
+        if step.verdict.state == State.APPLIES
+        else ()
+    )
+    reason = ctx.parked_reasons.get(step.name, "")
+    return dataclasses.replace(step, action=Action.PARKED, notes=notes, parked_reason=reason)
+
+
+def _settled(applier: _Applier, step: Step, raw: bytes, patch: Patch, ctx: Context) -> Step:
+    """A patch that needs no decision: archived ones keep guarding, applied ones are taken,
+    merged ones archived."""
+    if step.section == Section.UPSTREAMED:
+        return dataclasses.replace(step, action=Action.CARRIED)
+    if step.verdict.state == State.APPLIES:
+        return _taken(applier, step, raw, Action.REFRESHED)
+    release, note = _merged_in(ctx, patch)
+    return dataclasses.replace(
+        step, action=Action.ARCHIVED, applied_upstream=release, notes=(note,)
+    )
 
 
 def _decided(applier: _Applier, step: Step, raw: bytes, decision: Decision, ctx: Context) -> Step:
@@ -256,20 +310,17 @@ def _decided(applier: _Applier, step: Step, raw: bytes, decision: Decision, ctx:
         )
     step = dataclasses.replace(step, decision=decision.choice)
     if decision.choice == Choice.DROP:
-        return dataclasses.replace(step, action="dropped")
+        return dataclasses.replace(step, action=Action.DROPPED)
     if decision.choice == Choice.RESOLVE_UPSTREAM:
         release = decision.release or ctx.onto.version or ""
-        return dataclasses.replace(step, action="archived", applied_upstream=release)
+        return dataclasses.replace(step, action=Action.ARCHIVED, applied_upstream=release)
     if step.section == Section.UPSTREAMED:  # --keep: carried again in the series
-        if not applier.take(raw):
-            report = conflict_report(step.verdict)
-            return dataclasses.replace(step, action="conflict", report=report)
-        return dataclasses.replace(step, action="unarchived", commit=applier.head())
+        return _taken(applier, step, raw, Action.UNARCHIVED)
     reason = (
         f"kept by `rebase` {ctx.old_pin} -> {ctx.onto.label} on {today()}:"
         f" {step.verdict.words} there"
     )
-    return dataclasses.replace(step, action="parked", parked_reason=reason)
+    return dataclasses.replace(step, action=Action.PARKED, parked_reason=reason)
 
 
 def _merged_in(ctx: Context, patch: Patch) -> tuple[str, str]:
@@ -313,7 +364,7 @@ def _plan(ctx: Context, repo: Repo, tree: str, series: Series, done: set[str]) -
     """Every patch not `done`, classified and settled on `tree` as a dry run."""
     applier = _Tree(repo, tree)
     return tuple(
-        _step(applier, section, patch, ctx, dry=True)
+        _step(applier, section, patch, ctx)
         for section, patch in _ordered(series)
         if patch.key not in done
     )
@@ -332,23 +383,28 @@ def resolve_names(
             raise BadInput("--release goes with --resolve-upstream PATCH")
     decisions: list[Decision] = []
     for choice, name in choices:
-        found = (
-            [p for p in patches if p.key == name]
-            or [p for p in patches if p.name == name]
-            or [p for p in patches if p.key.startswith(name + "-")]
-        )
-        if not found:
-            raise BadInput(f"{choice.flag} {name}: no such patch in patches/")
-        if len(found) > 1:
-            keys = ", ".join(p.key for p in found)
-            raise BadInput(f"{choice.flag} {name}: ambiguous ({keys}); name the file")
-        key = found[0].key
+        key = _named(patches, choice, name)
         if any(d.patch == key for d in decisions):
             raise BadInput(f"{choice.flag} {name}: {key} has a decision already")
         decisions.append(
             Decision(key, choice, release if choice == Choice.RESOLVE_UPSTREAM else None)
         )
     return tuple(decisions)
+
+
+def _named(patches: Sequence[Patch], choice: Choice, name: str) -> str:
+    """The key of the one patch `name` names (its key, file name, or number prefix)."""
+    found = (
+        [p for p in patches if p.key == name]
+        or [p for p in patches if p.name == name]
+        or [p for p in patches if p.key.startswith(name + "-")]
+    )
+    if not found:
+        raise BadInput(f"{choice.flag} {name}: no such patch in patches/")
+    if len(found) > 1:
+        keys = ", ".join(p.key for p in found)
+        raise BadInput(f"{choice.flag} {name}: ambiguous ({keys}); name the file")
+    return found[0].key
 
 
 def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstream) -> None:
@@ -368,21 +424,27 @@ def _validate(steps: Sequence[Step], decisions: Sequence[Decision], onto: Upstre
                 f"{decision.choice.flag} {decision.patch}: not an option for a patch {where}"
                 f" (its options: {allowed})"
             )
-        newer = (
-            decision.release is not None
-            and onto.version is not None
-            and versions.older(onto.version, decision.release)
+        _check_release(decision, onto)
+
+
+def _check_release(decision: Decision, onto: Upstream) -> None:
+    """A `--resolve-upstream` names a release that has the fix: not newer than the base, and
+    one there is (the base's own, or `--release`)."""
+    newer = (
+        decision.release is not None
+        and onto.version is not None
+        and versions.older(onto.version, decision.release)
+    )
+    if newer:
+        raise BadInput(
+            f"--resolve-upstream {decision.patch}: --release {decision.release} is newer"
+            f" than {onto.label}, which has the fix"
         )
-        if newer:
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: --release {decision.release} is newer"
-                f" than {onto.label}, which has the fix"
-            )
-        if decision.choice == Choice.RESOLVE_UPSTREAM and not (decision.release or onto.version):
-            raise BadInput(
-                f"--resolve-upstream {decision.patch}: {onto.label} has no release version;"
-                " say which release has the fix with --release VERSION"
-            )
+    if decision.choice == Choice.RESOLVE_UPSTREAM and not (decision.release or onto.version):
+        raise BadInput(
+            f"--resolve-upstream {decision.patch}: {onto.label} has no release version;"
+            " say which release has the fix with --release VERSION"
+        )
 
 
 # -- paths ---------------------------------------------------------------------------------------
@@ -437,29 +499,16 @@ def start(
     release: str | None = None,
     allow_downgrade: bool = False,
 ) -> Outcome:
-    if state_path(project).exists():
-        raise BadInput(
-            f"a rebase is in progress ({state_path(project)}): `rebase --continue` or"
-            " `rebase --abort`"
-        )
-    _require_clean(project)
-    for extra in (project.upstreamed_file, project.parked_file):
-        if extra.parent.parent != project.patches_dir:
-            raise BadInput("rebase needs the series, the archive and parked/ under one patches/")
+    """Classify the whole series on the new base as a plan; stop before anything is written
+    when it needs decisions, else write the journal and take the patches."""
+    _may_start(project)
     series = project_series(project)  # well-formed before anything
     decisions = resolve_names(series, choices, release)
     mirror = mirror_for(project)
     old = pin_base(project, mirror)
-    onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
-    if onto.commit == old.commit:
-        raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
-    if onto.version and versions.older(onto.version, project.pin) and not allow_downgrade:
-        raise BadInput(
-            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
-            " --allow-downgrade)"
-        )
+    onto = _onto(project, mirror, old, version=version, git=git, ref=ref, allow=allow_downgrade)
     state = RebaseState(
-        phase="running",
+        phase=Phase.RUNNING,
         old_pin=project.pin,
         onto=onto,
         git=git,
@@ -472,8 +521,8 @@ def start(
     ctx = _context(project, mirror, state)
     plan = _plan(ctx, mirror.repo, mirror.repo.tree_of(onto.commit), series, set())
     _validate(plan, decisions, onto)
-    if any(s.action == "decision" for s in plan):
-        stopped = dataclasses.replace(state, phase="stopped", stop="decision", steps=plan)
+    stop = next((s for s in plan if stops(s, planned=True)), None)
+    if stop is not None:
         args = f"--onto {onto.version}" if not git else f"--onto-git {git} --ref {ref}"
         given = " ".join(f"{d.choice.flag} {d.patch}" for d in decisions)
         lines = (
@@ -481,7 +530,51 @@ def start(
             " patch above>",
             "No rebase is in progress: nothing was written.",
         )
-        return Outcome(stopped, "stopped", rebase_dir(project) / "worktree", lines, started=False)
+        stopped = _stopped(state, plan, stop, None)
+        worktree = rebase_dir(project) / "worktree"
+        return Outcome(stopped, Phase.STOPPED, worktree, lines, started=False)
+    _begin(project, state)
+    mirror.repo.clone_shared(rebase_dir(project) / "worktree", onto.commit, sparse=True)
+    return _take(project, mirror, state, series)
+
+
+def _may_start(project: Project) -> None:
+    """No rebase in progress, a clean checkout, and the three series under one patches/."""
+    if state_path(project).exists():
+        raise BadInput(
+            f"a rebase is in progress ({state_path(project)}): `rebase --continue` or"
+            " `rebase --abort`"
+        )
+    _require_clean(project)
+    for extra in (project.upstreamed_file, project.parked_file):
+        if extra.parent.parent != project.patches_dir:
+            raise BadInput("rebase needs the series, the archive and parked/ under one patches/")
+
+
+def _onto(
+    project: Project,
+    mirror: Mirror,
+    old: Upstream,
+    *,
+    version: str | None,
+    git: str | None,
+    ref: str | None,
+    allow: bool,
+) -> Upstream:
+    """The new base: another tree than the pin's, and no older release unless `allow`."""
+    onto = mirror.git_ref(git, ref) if git and ref else mirror.release(check_version(version or ""))
+    if onto.commit == old.commit:
+        raise BadInput(f"the pin {project.pin} is {onto.label} already: nothing to rebase")
+    if onto.version and versions.older(onto.version, project.pin) and not allow:
+        raise BadInput(
+            f"{onto.label} is older than the pin {project.pin}: a downgrade (say so with"
+            " --allow-downgrade)"
+        )
+    return onto
+
+
+def _begin(project: Project, state: RebaseState) -> None:
+    """`.rebase/` with the journal: from here on a rebase is in progress."""
     folder = rebase_dir(project)
     if has_backup(folder):  # files of the checkout are there: only --abort may touch them
         raise BadInput(
@@ -499,20 +592,20 @@ def start(
         raise BadInput(f"another rebase started in {project.root} meanwhile") from None
     finally:
         fsio.remove_file(draft)
-    mirror.repo.clone_shared(folder / "worktree", onto.commit)
-    return _take(project, mirror, state, series)
 
 
 def resume(
     project: Project, *, choices: Sequence[tuple[Choice, str]] = (), release: str | None = None
 ) -> Outcome:
+    """`--continue`: finish a swap, or settle the stop (the conflict resolved by hand, or the
+    decisions given now), plan the rest again and take it."""
     state = load(project)
     mirror = mirror_for(project)
-    if state.phase in ("swap", "done"):
+    if state.phase in (Phase.SWAP, Phase.DONE):
         if choices:
             raise BadInput("the rebase is being finished: no decisions now (`rebase --continue`)")
         return _finish(project, mirror, state)
-    if state.phase != "stopped":
+    if state.phase != Phase.STOPPED:
         raise BadInput(
             "the rebase was interrupted before it finished: `rebase --abort`, then start again"
         )
@@ -520,40 +613,56 @@ def resume(
     series = project_series(project)
     new = resolve_names(series, choices, release)
     worktree = Repo(rebase_dir(project) / "worktree")
-    last, settled = state.steps[-1], state.steps[:-1]
-    taken = {s.key for s in settled}
+    _not_settled(state, new)
+    state = dataclasses.replace(state, decisions=state.decisions + new)
+    ctx = _context(project, mirror, state)
+    settled, later = state.steps[:-1], list(new)
+    if state.stop == Action.CONFLICT:
+        last, later = _after_conflict(worktree, state, series, ctx, later)
+        settled = (*settled, last)
+    done = {s.key for s in settled}
+    plan = _plan(ctx, worktree, worktree.tree_of("HEAD"), series, done)
+    _validate(plan, later, state.onto)
+    stop = next((s for s in plan if stops(s, planned=True)), None)
+    if stop is not None:  # reported, not saved: the journal keeps its stop
+        stopped = _stopped(state, (*settled, *plan), stop, state.stopped_head)
+        lines = ("rerun: vllm-patchset rebase --continue <an option per patch above>",)
+        return Outcome(stopped, Phase.STOPPED, worktree.path, lines)
+    state = dataclasses.replace(
+        state, phase=Phase.RUNNING, steps=settled, stop=None, stopped_head=None
+    )
+    save(project, state)
+    return _take(project, mirror, state, series)
+
+
+def _not_settled(state: RebaseState, new: Sequence[Decision]) -> None:
+    """Decisions given to `--continue` name patches not settled yet in this rebase."""
+    taken = {s.key for s in state.steps[:-1]}
     for decision in new:
         if decision.patch in taken or state.decision(decision.patch):
             raise BadInput(
                 f"{decision.choice.flag} {decision.patch}: settled already in this rebase"
                 " (`rebase --abort` to start again)"
             )
-    state = dataclasses.replace(state, decisions=state.decisions + new)
-    ctx = _context(project, mirror, state)
-    later = list(new)
-    if state.stop == "conflict":
-        decided = ctx.decisions.get(last.key)
-        if decided is not None and last.decision == decided.choice:
-            # `--keep` of an archived patch whose bug is back, taken with a conflict: the
-            # decision is made, the conflict is resolved by hand.
-            later = [d for d in later if d != decided]
-            decided = None
-        elif decided is not None:
-            _validate([last], [decided], state.onto)
-            later.remove(decided)
-        patch = next(p for _, p in _ordered(series) if p.key == last.key)
-        last = _settle_conflict(worktree, state, last, patch, decided, ctx)
-        settled = (*settled, last)
-    done = {s.key for s in settled}
-    plan = _plan(ctx, worktree, worktree.tree_of("HEAD"), series, done)
-    _validate(plan, later, state.onto)
-    if any(s.action == "decision" for s in plan):
-        stopped = dataclasses.replace(state, steps=(*settled, *plan), stop="decision")
-        lines = ("rerun: vllm-patchset rebase --continue <an option per patch above>",)
-        return Outcome(stopped, "stopped", worktree.path, lines)
-    state = dataclasses.replace(state, phase="running", steps=settled, stop=None, stopped_head=None)
-    save(project, state)
-    return _take(project, mirror, state, series)
+
+
+def _after_conflict(
+    worktree: Repo, state: RebaseState, series: Series, ctx: Context, later: list[Decision]
+) -> tuple[Step, list[Decision]]:
+    """The patch the rebase stopped at for a conflict, settled; the decisions left for the
+    rest of the series."""
+    last = state.steps[-1]
+    decided = ctx.decisions.get(last.key)
+    if decided is not None and last.decision == decided.choice:
+        # `--keep` of an archived patch whose bug is back, taken with a conflict: the
+        # decision is made, the conflict is resolved by hand.
+        later = [d for d in later if d != decided]
+        decided = None
+    elif decided is not None:
+        _validate([last], [decided], state.onto)
+        later.remove(decided)
+    patch = next(p for _, p in _ordered(series) if p.key == last.key)
+    return _settle_conflict(worktree, state, last, patch, decided, ctx), later
 
 
 def _settle_conflict(
@@ -599,7 +708,7 @@ def _settle_conflict(
         )
     if commits > 1:
         raise Finding(f"{worktree.path}: {commits} commits for {last.name}; squash them into one")
-    return dataclasses.replace(last, action="resolved", commit=worktree.head())
+    return dataclasses.replace(last, action=Action.RESOLVED, commit=worktree.head())
 
 
 def abort(project: Project) -> str | None:
@@ -629,19 +738,18 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
     for section, patch in _ordered(series):
         if patch.key in done:
             continue
-        step = _step(applier, section, patch, ctx, dry=False)
-        state = dataclasses.replace(state, steps=(*state.steps, step))
-        if step.action in ("conflict", "decision"):
-            state = dataclasses.replace(
-                state, phase="stopped", stop=step.action, stopped_head=worktree.head()
-            )
+        step = _step(applier, section, patch, ctx)
+        steps = (*state.steps, step)
+        if stops(step, planned=False):
+            state = _stopped(state, steps, step, worktree.head())
             save(project, state)
             lines = (
                 _next_steps(project, worktree, step, ctx.keys)
-                if step.action == "conflict"
+                if step.action == Action.CONFLICT
                 else ("rerun: vllm-patchset rebase --continue <an option above>",)
             )
-            return Outcome(state, "stopped", worktree.path, lines)
+            return Outcome(state, Phase.STOPPED, worktree.path, lines)
+        state = dataclasses.replace(state, steps=steps)
         save(project, state)
     return _finish(project, mirror, state)
 
@@ -667,14 +775,14 @@ def _next_steps(
 def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
     worktree = Repo(rebase_dir(project) / "worktree")
     folder = rebase_dir(project)
-    if state.phase == "running":
+    if state.phase == Phase.RUNNING:
         state = stage_project(project, mirror, worktree, state)
-    if state.phase in ("running", "swap"):
+    if state.phase in (Phase.RUNNING, Phase.SWAP):
         with fsio.deferred_signals():  # Ctrl-C and SIGTERM land after the swap, not inside it
-            state = dataclasses.replace(state, phase="swap")
+            state = dataclasses.replace(state, phase=Phase.SWAP)
             save(project, state)
             swap_in(folder, project.root, state.moves)
-            state = dataclasses.replace(state, phase="done")
+            state = dataclasses.replace(state, phase=Phase.DONE)
             save(project, state)
     entry = folder / "entry.md"
     changelog = entry.read_text("utf-8") if entry.is_file() else ""
@@ -692,7 +800,7 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
         f"{rel(project, project.lock_path)} and {CHANGELOG} rewritten, `check` passes;"
         " review and commit them",
     )
-    return Outcome(state, "done", worktree.path, where, changelog)
+    return Outcome(state, Phase.DONE, worktree.path, where, changelog)
 
 
 def _cleanup(project: Project) -> None:
@@ -716,13 +824,13 @@ def interrupted_message(project: Project) -> str:
         return "the rebase had written nothing: nothing changed"
     if phase == "damaged":
         return "the rebase's state file is damaged: `rebase --abort` restores the checkout"
-    if phase in ("running", "stopped"):
+    if phase in (Phase.RUNNING, Phase.STOPPED):
         return (
             "the rebase changed nothing in patches/, pyproject.toml, the lock or CHANGELOG.md"
             " yet; `rebase --abort` removes .rebase/"
-            + (" (or `rebase --continue`)" if phase == "stopped" else "")
+            + (" (or `rebase --continue`)" if phase == Phase.STOPPED else "")
         )
-    if phase == "swap":
+    if phase == Phase.SWAP:
         return (
             "the rebase was moving its files in: `rebase --continue` finishes it,"
             " `rebase --abort` puts everything back"
@@ -772,7 +880,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         fsio.interrupt_leaves(interrupted_message(project))
         raise
     text = render_text(outcome, verbose=args.verbose)
-    return emit(args, text, report_body(outcome), 1 if outcome.status == "stopped" else 0)
+    return emit(args, text, report_body(outcome), 1 if outcome.status == Phase.STOPPED else 0)
 
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

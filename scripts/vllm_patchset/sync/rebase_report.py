@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_patchset.series.edits import rewrite_paths
-from vllm_patchset.sync.rebase_state import Choice, RebaseState, Section, Step
+from vllm_patchset.sync.rebase_state import Action, Choice, Phase, RebaseState, Section, Step
 from vllm_patchset.sync.reports import verdict_json, versions_json
 
 
 @dataclass(frozen=True)
 class Outcome:
     state: RebaseState
-    status: str  # done, stopped, aborted
+    status: Phase  # STOPPED or DONE
     worktree: Path
     lines: tuple[str, ...] = ()  # next steps (stopped) or where things went (done)
     changelog: str = ""
@@ -105,62 +105,46 @@ def decisions_needed(state: RebaseState) -> list[dict[str, Any]]:
             "means": [_OPTION_MEANS[(s.section, c)] for c in s.options],
         }
         for s in state.steps
-        if s.action == "decision"
+        if s.action == Action.DECISION
     ]
 
 
 # -- text ----------------------------------------------------------------------------------------
+_DETAIL = {
+    Action.CARRIED: "stays in patches/upstreamed/",
+    Action.UNARCHIVED: "-> patches/series (--keep: applies again)",
+    Action.DROPPED: "dropped (--drop)",
+    Action.CONFLICT: "CONFLICT: the rebase stopped here",
+}
+
+
 def _detail(step: Step) -> str:
-    moved = ", ".join(f"moved: {a} -> {b}" for a, b in step.verdict.moved_to)
-    if step.action in ("refreshed", "resolved"):
+    """What the rebase did with one patch, as the text report's line says it."""
+    if step.action.committed and step.action != Action.UNARCHIVED:
+        moved = ", ".join(f"moved: {a} -> {b}" for a, b in step.verdict.moved_to)
         what = step.range_diff or "taken"
-        return f"{step.action} ({what}{'; ' + moved if moved else ''})"
-    if step.action == "archived":
+        return f"{step.action.value} ({what}{'; ' + moved if moved else ''})"
+    if step.action == Action.ARCHIVED:
         how = " (--resolve-upstream)" if step.decision == Choice.RESOLVE_UPSTREAM else ""
         return f"-> patches/upstreamed/{how} (Applied-upstream: {step.applied_upstream or 'empty'})"
-    if step.action == "carried":
-        return "stays in patches/upstreamed/"
-    if step.action == "parked":
+    if step.action == Action.PARKED:
         if step.section == Section.PARKED:
             return "stays in patches/parked/"
         return "-> patches/parked/ (--keep)"
-    if step.action == "unarchived":
-        return "-> patches/series (--keep: applies again)"
-    if step.action == "dropped":
-        return "dropped (--drop)"
-    if step.action == "conflict":
-        return "CONFLICT: the rebase stopped here"
-    if step.action == "decision":
+    if step.action == Action.DECISION:
         return f"DECISION NEEDED ({step.verdict.reason.value})"
-    return step.action
+    return _DETAIL[step.action]
 
 
 def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
     state = outcome.state
-    if outcome.status == "aborted":
-        return f"rebase onto {state.onto.label} aborted: everything is as it was"
     needed = decisions_needed(state)
-    headline = f"rebase {state.old_pin} -> {state.onto.label}: {outcome.status}"
+    headline = f"rebase {state.old_pin} -> {state.onto.label}: {outcome.status.value}"
     if needed:
         headline += f", {len(needed)} decision(s) needed"
     if not outcome.started:
         headline += " (nothing has changed)"
-    out = [headline]
-    width = max(len(s.key) for s in state.steps) if state.steps else 0
-    cosmetic = 0
-    for step in state.steps:
-        out.append(f"  {step.key.ljust(width)}  {step.verdict.state.value:<8}  {_detail(step)}")
-        out += [f"    * {note}" for note in step.notes]
-        cosmetic += len(step.verdict.cosmetic)
-        if verbose:
-            out += [f"    * (cosmetic) {note}" for note in step.verdict.cosmetic]
-    for step in state.steps:
-        out += [f"WARNING: {step.key}: {w}" for w in step.verdict.warnings]
-    if cosmetic and not verbose:
-        out.append(f"{cosmetic} cosmetic note(s) on upstreamed code (--verbose shows them)")
-    for step in state.steps:
-        if step.diff_of_diffs:
-            out += [f"range-diff of {step.name}:", step.diff_of_diffs.rstrip("\n")]
+    out = [headline, *_steps_text(state.steps, verbose=verbose)]
     if needed:
         out.append(
             "decisions needed (rerun with one option per patch"
@@ -170,13 +154,35 @@ def render_text(outcome: Outcome, *, verbose: bool = False) -> str:
             out.append(f"  {item['patch']} ({item['state']}, {item['verdict']}):")
             pairs = zip(item["options"], item["means"], strict=True)
             out += [f"    {flag}: {means}" for flag, means in pairs]
-    if outcome.status == "stopped" and state.stop == "conflict":
+    if outcome.status == Phase.STOPPED and state.stop == Action.CONFLICT:
         out += [state.steps[-1].report, "next steps:", *(f"  {line}" for line in outcome.lines)]
-    elif outcome.status == "stopped":
+    elif outcome.status == Phase.STOPPED:
         out += [f"  {line}" for line in outcome.lines]
-    elif outcome.status == "done":
+    elif outcome.status == Phase.DONE:
         out += [*outcome.lines, "", outcome.changelog.rstrip("\n")]
     return "\n".join(out)
+
+
+def _steps_text(steps: tuple[Step, ...], *, verbose: bool) -> list[str]:
+    """A line per patch with its notes; the warnings; the cosmetic notes (or their count);
+    the range-diffs."""
+    out = []
+    width = max(len(s.key) for s in steps) if steps else 0
+    cosmetic = 0
+    for step in steps:
+        out.append(f"  {step.key.ljust(width)}  {step.verdict.state.value:<8}  {_detail(step)}")
+        out += [f"    * {note}" for note in step.notes]
+        cosmetic += len(step.verdict.cosmetic)
+        if verbose:
+            out += [f"    * (cosmetic) {note}" for note in step.verdict.cosmetic]
+    for step in steps:
+        out += [f"WARNING: {step.key}: {w}" for w in step.verdict.warnings]
+    if cosmetic and not verbose:
+        out.append(f"{cosmetic} cosmetic note(s) on upstreamed code (--verbose shows them)")
+    for step in steps:
+        if step.diff_of_diffs:
+            out += [f"range-diff of {step.name}:", step.diff_of_diffs.rstrip("\n")]
+    return out
 
 
 # -- JSON ----------------------------------------------------------------------------------------
@@ -185,7 +191,7 @@ def report_body(outcome: Outcome) -> dict[str, Any]:
     state = outcome.state
     doc: dict[str, Any] = {
         "versions": versions_json({state.onto.label: [s.verdict for s in state.steps]}),
-        "status": outcome.status,
+        "status": outcome.status.value,
         "started": outcome.started,
         "from": state.old_pin,
         "onto": {
@@ -199,7 +205,7 @@ def report_body(outcome: Outcome) -> dict[str, Any]:
                 "file": s.name,
                 "section": s.section.value,
                 **verdict_json(s.verdict),
-                "action": s.action,
+                "action": s.action.value,
                 "decision": s.decision.value if s.decision else None,
                 "notes": list(s.notes),
                 "range_diff": s.range_diff or None,
@@ -212,14 +218,14 @@ def report_body(outcome: Outcome) -> dict[str, Any]:
         "warnings": [f"{s.key}: {w}" for s in state.steps for w in s.verdict.warnings],
         "decisions": decisions_needed(state),
     }
-    if outcome.status == "stopped" and state.stop == "conflict":
+    if outcome.status == Phase.STOPPED and state.stop == Action.CONFLICT:
         doc["conflict"] = {
             "patch": state.steps[-1].key,
             "worktree": str(outcome.worktree),
             "report": state.steps[-1].report,
             "next_steps": list(outcome.lines),
         }
-    if outcome.status == "done":
+    if outcome.status == Phase.DONE:
         doc["pin"] = state.new_pin
         doc["changelog"] = outcome.changelog
     return doc
@@ -262,42 +268,49 @@ def changelog_entry(
         f"- Pin: vLLM {state.old_pin} -> {new}" + (f" ({', '.join(along)})." if along else "."),
     ]
     settled = [s for s in state.steps if s.section != Section.PARKED]
-    for s in settled:
-        moved = "; ".join(f"moved: `{a}` -> `{b}`" for a, b in s.verdict.moved_to)
-        how = "; ".join(x for x in (s.range_diff, moved) if x)
-        if s.action == "refreshed" and (s.range_diff != "unchanged" or moved):
-            lines.append(f"- Refreshed `{s.name}` ({how}).")
-        elif s.action == "resolved":
-            lines.append(f"- Conflict resolved in `{s.name}` ({how}).")
-        elif s.action == "parked":
-            lines.append(
-                f"- Parked `{s.name}` (--keep): {s.verdict.words} on vLLM {new}; kept in"
-                " `patches/parked/`, not applied."
-            )
-        elif s.action == "unarchived":
-            lines.append(
-                f"- Carried again: `{s.name}` (--keep): upstream's fix is gone from vLLM {new};"
-                " back in `patches/series`."
-            )
-    carried = [
-        f"`{s.name}`" for s in settled if s.action in ("refreshed", "resolved", "unarchived")
-    ]
+    lines += [line for s in settled if (line := _changed(s, new))]
+    carried = [f"`{s.name}`" for s in settled if s.action.committed]
     lines.append(f"- Still carried: {', '.join(carried) or 'none'}.")
-    removed = []
-    for s in settled:
-        if s.action == "archived" and s.decision == Choice.RESOLVE_UPSTREAM:
-            removed.append(
-                f"- Resolved as upstream (--resolve-upstream): `{s.name}`, fixed in vLLM"
-                f" {s.applied_upstream or new}; archived in `patches/upstreamed/`."
-            )
-        elif s.action == "archived" and s.section == Section.SERIES:
-            where = f"vLLM {s.applied_upstream}" if s.applied_upstream else new
-            removed.append(
-                f"- Dropped as upstream: `{s.name}`, merged in {where} by {_pr(s.upstream_pr)};"
-                " archived in `patches/upstreamed/`."
-            )
-        elif s.action == "dropped":
-            removed.append(f"- Dropped `{s.name}` (--drop): {s.verdict.words} on vLLM {new}.")
+    removed = [line for s in settled if (line := _removed(s, new))]
     if removed:
         lines += ["", "### Removed", "", *removed]
     return "\n".join(lines) + "\n"
+
+
+def _changed(s: Step, new: str) -> str:
+    """The `### Changed` line of a patch still in the project ("" for none)."""
+    moved = "; ".join(f"moved: `{a}` -> `{b}`" for a, b in s.verdict.moved_to)
+    how = "; ".join(x for x in (s.range_diff, moved) if x)
+    if s.action == Action.REFRESHED and (s.range_diff != "unchanged" or moved):
+        return f"- Refreshed `{s.name}` ({how})."
+    if s.action == Action.RESOLVED:
+        return f"- Conflict resolved in `{s.name}` ({how})."
+    if s.action == Action.PARKED:
+        return (
+            f"- Parked `{s.name}` (--keep): {s.verdict.words} on vLLM {new}; kept in"
+            " `patches/parked/`, not applied."
+        )
+    if s.action == Action.UNARCHIVED:
+        return (
+            f"- Carried again: `{s.name}` (--keep): upstream's fix is gone from vLLM {new};"
+            " back in `patches/series`."
+        )
+    return ""
+
+
+def _removed(s: Step, new: str) -> str:
+    """The `### Removed` line of a patch out of the series ("" for none)."""
+    if s.action == Action.ARCHIVED and s.decision == Choice.RESOLVE_UPSTREAM:
+        return (
+            f"- Resolved as upstream (--resolve-upstream): `{s.name}`, fixed in vLLM"
+            f" {s.applied_upstream or new}; archived in `patches/upstreamed/`."
+        )
+    if s.action == Action.ARCHIVED and s.section == Section.SERIES:
+        where = f"vLLM {s.applied_upstream}" if s.applied_upstream else new
+        return (
+            f"- Dropped as upstream: `{s.name}`, merged in {where} by {_pr(s.upstream_pr)};"
+            " archived in `patches/upstreamed/`."
+        )
+    if s.action == Action.DROPPED:
+        return f"- Dropped `{s.name}` (--drop): {s.verdict.words} on vLLM {new}."
+    return ""

@@ -1,5 +1,4 @@
-"""The rebase's typed values and its journal, `.rebase/state.json`, plus the lock that keeps two
-writers of the series (two rebases, a rebase and a `queue export`) from running at once.
+"""The rebase's typed values and its journal, `.rebase/state.json`.
 
 A damaged journal (unparseable, truncated, a field of the wrong type) is one `DamagedState`
 error naming the file; `rebase --abort` does not need it (see swap.py).
@@ -8,16 +7,12 @@ error naming the file; `rebase --abort` does not need it (see swap.py).
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import json
-import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import jsonfile
@@ -50,6 +45,39 @@ class Choice(StrEnum):
         return f"--{self.value}"
 
 
+class Phase(StrEnum):
+    """Where the rebase is (the journal's `phase`)."""
+
+    RUNNING = "running"  # classifying and taking the patches, then staging the project
+    STOPPED = "stopped"  # for a hand resolution or a decision (`RebaseState.stop` says which)
+    SWAP = "swap"  # the staged files are being swapped in
+    DONE = "done"  # swapped in; only `.rebase/` is left to remove
+
+
+class Action(StrEnum):
+    """What the rebase did with one patch (a `Step`'s `action`)."""
+
+    REFRESHED = "refreshed"  # taken as a commit in the worktree (git am -3)
+    RESOLVED = "resolved"  # resolved by hand in the worktree after a conflict
+    UNARCHIVED = "unarchived"  # an archived patch carried again in the series (--keep)
+    ARCHIVED = "archived"  # archived as upstream (merged, or --resolve-upstream)
+    CARRIED = "carried"  # stays archived, still guarding
+    PARKED = "parked"  # in patches/parked/ (stays there, or --keep)
+    DROPPED = "dropped"  # out of the project (--drop)
+    CONFLICT = "conflict"  # a stop: resolved by hand in the worktree, or decided
+    DECISION = "decision"  # a stop: needs one of the step's options on the command line
+
+    @property
+    def stops(self) -> bool:
+        """The rebase stops at this step (the journal's `stop` is this action)."""
+        return self in (Action.CONFLICT, Action.DECISION)
+
+    @property
+    def committed(self) -> bool:
+        """The patch is a commit in the worktree (`Step.commit`)."""
+        return self in (Action.REFRESHED, Action.RESOLVED, Action.UNARCHIVED)
+
+
 @dataclass(frozen=True)
 class Decision:
     patch: str  # the patch's key
@@ -65,9 +93,7 @@ class Step:
     name: str
     section: Section
     verdict: Verdict  # on the new base
-    # refreshed, resolved, archived, carried, parked, unarchived, dropped: settled;
-    # conflict (stopped for a hand resolution), decision (stopped for a decision).
-    action: str
+    action: Action
     decision: Choice | None = None
     options: tuple[Choice, ...] = ()  # the decisions that settle it (when it needs one)
     notes: tuple[str, ...] = ()  # what was done, and why
@@ -82,6 +108,7 @@ class Step:
     def to_doc(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["section"] = self.section.value
+        doc["action"] = self.action.value
         doc["verdict"] = self.verdict.to_doc()
         doc["decision"] = self.decision.value if self.decision else None
         doc["options"] = [o.value for o in self.options]
@@ -93,7 +120,7 @@ class Step:
         fields = {f.name for f in dataclasses.fields(Step)}
         if set(doc) != fields:
             raise KeyError(f"step fields {sorted(set(doc) ^ fields)}")
-        text = {k: _string(doc[k]) for k in ("key", "name", "action", "applied_upstream")}
+        text = {k: _string(doc[k]) for k in ("key", "name", "applied_upstream")}
         text |= {
             k: _string(doc[k])
             for k in ("upstream_pr", "range_diff", "diff_of_diffs", "report", "parked_reason")
@@ -101,6 +128,7 @@ class Step:
         return Step(
             **text,
             section=Section(doc["section"]),
+            action=Action(_string(doc["action"])),
             verdict=Verdict.from_doc(doc["verdict"]),
             decision=Choice(doc["decision"]) if doc["decision"] else None,
             options=tuple(Choice(o) for o in doc["options"]),
@@ -111,7 +139,7 @@ class Step:
 
 @dataclass(frozen=True)
 class RebaseState:
-    phase: str  # running, stopped, swap (files being swapped in), done
+    phase: Phase
     old_pin: str
     onto: Upstream
     git: str | None  # --onto-git URL|PATH
@@ -121,7 +149,7 @@ class RebaseState:
     applied_before: tuple[str, ...] = ()  # keys of the patches applied on the old pin
     renames: tuple[tuple[str, str], ...] = ()  # git's renames, old pin -> new base
     steps: tuple[Step, ...] = ()
-    stop: str | None = None  # conflict, decision (while phase is "stopped")
+    stop: Action | None = None  # conflict or decision, while the phase is STOPPED
     stopped_head: str | None = None  # the worktree's HEAD when it stopped
     moves: tuple[str, ...] = ()  # the staged paths the swap moves in (under the root)
 
@@ -134,7 +162,7 @@ class RebaseState:
 
     def to_json(self) -> str:
         doc = {
-            "phase": self.phase,
+            "phase": self.phase.value,
             "old_pin": self.old_pin,
             "onto": dataclasses.asdict(self.onto),
             "git": self.git,
@@ -147,7 +175,7 @@ class RebaseState:
             "applied_before": list(self.applied_before),
             "renames": [list(r) for r in self.renames],
             "steps": [s.to_doc() for s in self.steps],
-            "stop": self.stop,
+            "stop": self.stop.value if self.stop else None,
             "stopped_head": self.stopped_head,
             "moves": list(self.moves),
         }
@@ -156,11 +184,14 @@ class RebaseState:
     @staticmethod
     def from_json(text: str) -> RebaseState:
         doc = jsonfile.parse(text.encode("utf-8", "surrogateescape"))
-        if doc["phase"] not in ("running", "stopped", "swap", "done"):
+        if doc["phase"] not in tuple(Phase):
             raise ValueError(f"phase {doc['phase']!r}")
+        stop = _optional(doc["stop"])
+        if stop is not None and not (stop in tuple(Action) and Action(stop).stops):
+            raise ValueError(f"stop {stop!r}")
         onto = doc["onto"]
         return RebaseState(
-            phase=doc["phase"],
+            phase=Phase(doc["phase"]),
             old_pin=_string(doc["old_pin"]),
             onto=Upstream(
                 label=_string(onto["label"]),
@@ -179,7 +210,7 @@ class RebaseState:
             applied_before=tuple(_string(k) for k in doc["applied_before"]),
             renames=tuple((_string(a), _string(b)) for a, b in doc["renames"]),
             steps=tuple(Step.from_doc(s) for s in doc["steps"]),
-            stop=_optional(doc["stop"]),
+            stop=Action(stop) if stop is not None else None,
             stopped_head=_optional(doc["stopped_head"]),
             moves=tuple(_move(m) for m in doc["moves"]),
         )
@@ -241,7 +272,7 @@ def load(project: Project) -> RebaseState:
         raise DamagedState(path, what.splitlines()[0]) from None
 
 
-def phase_on_disk(project: Project) -> str | None:
+def phase_on_disk(project: Project) -> Phase | Literal["damaged"] | None:
     """The journal's phase, "damaged", or None when there is no journal."""
     if not state_path(project).exists():
         return None
@@ -249,29 +280,3 @@ def phase_on_disk(project: Project) -> str | None:
         return load(project).phase
     except BadInput:
         return "damaged"
-
-
-# -- one writer at a time ------------------------------------------------------------------------
-@contextmanager
-def project_lock(project: Project, what: str) -> Iterator[None]:
-    """Hold an exclusive flock on the project's root directory while `what` runs: a second
-    rebase, `--continue`, `--abort` or `queue export` is refused rather than interleaved. The
-    lock is on the directory itself, so there is no lock file to create, leave behind or sweep,
-    and it is released by the kernel when the process dies, however it dies."""
-    try:
-        fd = os.open(project.root, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise BadInput(f"cannot open {project.root} ({exc.strerror})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            raise BadInput(
-                f"another vllm-patchset rebase or queue command is running in {project.root}:"
-                f" {what} refused (nothing was changed); wait for it to finish"
-            ) from None
-        yield
-    finally:
-        os.close(fd)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import tarfile
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_patchset import versions
 from vllm_patchset.errors import BadInput, Finding, PatchsetError
-from vllm_patchset.infra import fsio
+from vllm_patchset.infra import archives, fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import fsync_dir, remove_file, remove_tree
 from vllm_patchset.infra.gitrepo import Repo
@@ -38,7 +40,7 @@ from vllm_patchset.series.edits import (
 from vllm_patchset.series.patches import Patch, read_series_entries, write_series_file
 from vllm_patchset.sync.checks import problems, project_series
 from vllm_patchset.sync.rebase_report import changelog_entry, range_diff, today
-from vllm_patchset.sync.rebase_state import RebaseState, Section, rebase_dir
+from vllm_patchset.sync.rebase_state import Action, RebaseState, Section, Step, rebase_dir
 
 CHANGELOG = "CHANGELOG.md"
 README = "README.md"
@@ -47,6 +49,7 @@ CI_FILES = (".github/workflows/gpu-validation.yml", ".buildkite/gpu-validation.y
 STAGE = "stage"
 BACKUP = "backup"
 CREATED = ".created-by-swap"
+REQUIREMENTS_BOUND = 1 << 20  # the most of an sdist's `requirements/cuda.txt` read (bytes)
 
 
 def _marker(folder: Path, rel: str) -> Path:
@@ -121,116 +124,201 @@ def stage_project(
     project: Project, mirror: Mirror, worktree: Repo, state: RebaseState
 ) -> RebaseState:
     """Write the rebased project under `.rebase/stage/` and check it as `check` does: nothing
-    is swapped in unless the result is coherent."""
-    folder = rebase_dir(project)
-    stage = folder / STAGE
+    is swapped in unless the result is coherent. The steps: the patches and the three series
+    files; `pyproject.toml` (the pin, the torch comment); the GPU CI files' image tags; the
+    CHANGELOG.md section (and `.rebase/entry.md`, what the report prints); the README's pin
+    and table; then `check` on the staged project. Returns the state with the range-diffs of
+    the taken patches and the paths the swap moves in."""
+    stage = rebase_dir(project) / STAGE
     remove(stage)
-    patches = stage / rel(project, project.patches_dir)
-    fsio.copy_tree(project.patches_dir, patches)
-    archive_dir = stage / rel(project, project.upstreamed_file.parent)
-    parked_dir = stage / rel(project, project.parked_file.parent)
+    state = stage_series(project, worktree, state, stage)
+    release = state.git is None  # a PyPI release (not --onto-git)
+    old_pyproject = project.pyproject.read_text("utf-8")
+    new_pyproject = stage_pyproject(project, mirror, state, stage, old_pyproject)
+    images = release and stage_ci_files(project, state, stage)
+    pinned = f"vllm=={state.new_pin}"
+    requirement = new_pyproject.count(pinned) > old_pyproject.count(pinned)
+    stage_changelog(project, state, stage, requirement=requirement, images=images)
+    if (project.root / README).is_file() and release:
+        stage_readme(project, state, stage)
+    check_staged(project, mirror, stage)
+    moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
+    return dataclasses.replace(state, moves=tuple(moves))
+
+
+@dataclass
+class _Lists:
+    """The three series files being rewritten, in order."""
+
+    active: list[str]
+    unarchived: list[str]
+    archived: list[str]
+    parked: dict[str, str]  # name -> reason
+
+
+def stage_series(project: Project, worktree: Repo, state: RebaseState, stage: Path) -> RebaseState:
+    """`patches/` as the steps leave it: taken patches from the worktree's commits, archived,
+    parked and dropped ones moved or removed, and the series, archive and parked lists."""
+    fsio.copy_tree(project.patches_dir, stage / rel(project, project.patches_dir))
     series = project_series(project)
     old: dict[str, Patch] = {p.key: p for p in (*series.all, *series.parked)}
-    active: list[str] = []
-    unarchived: list[str] = []
-    archived = [p.name for p in series.upstreamed]
-    parked = dict(read_series_entries(project.parked_file))
-    steps = []
-    for step in state.steps:
-        patch = old[step.key]
-        here = stage / rel(project, patch.path)
-        if step.action in ("refreshed", "resolved", "unarchived"):
-            assert step.commit is not None
-            (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
-            if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
-                data = with_trailer(data, "")
-                remove_file(here)
-                archived.remove(step.name)
-                unarchived.append(step.name)
-            else:
-                active.append(step.name)
-                if versions.older(step.applied_upstream, state.new_pin) or (
-                    step.applied_upstream == state.new_pin
-                ):
-                    # Its trailer says merged by now; the code says needed (a revert, or a
-                    # trailer that was wrong): the code decides, the trailer is emptied.
-                    data = with_trailer(data, "")
-                    step = dataclasses.replace(
-                        step,
-                        notes=(
-                            *step.notes,
-                            f"Applied-upstream: {step.applied_upstream} emptied: the bug is"
-                            f" still in {state.new_pin}",
-                        ),
-                    )
-            fsio.write_file(_new_file(patches / step.name, here), data)
-            kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
-            step = dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
-        elif step.action == "archived" and step.section == Section.SERIES:
-            fsio.write_file(
-                _new_file(archive_dir / step.name), with_trailer(patch.raw, step.applied_upstream)
+    lists = _Lists(
+        active=[],
+        unarchived=[],
+        archived=[p.name for p in series.upstreamed],
+        parked=dict(read_series_entries(project.parked_file)),
+    )
+    steps = tuple(
+        _stage_step(project, worktree, state, stage, step, old[step.key], lists)
+        for step in state.steps
+    )
+    write_series_file(stage / rel(project, project.series_file), lists.unarchived + lists.active)
+    write_series_file(stage / rel(project, project.upstreamed_file), lists.archived)
+    if lists.parked or project.parked_file.exists():
+        write_series_file(
+            stage / rel(project, project.parked_file), list(lists.parked), lists.parked
+        )
+    return dataclasses.replace(state, steps=steps)
+
+
+def _stage_step(
+    project: Project,
+    worktree: Repo,
+    state: RebaseState,
+    stage: Path,
+    step: Step,
+    patch: Patch,
+    lists: _Lists,
+) -> Step:
+    """One patch's file under the stage as its step says, and its name in `lists`."""
+    here = stage / rel(project, patch.path)
+    if step.action.committed:
+        return _stage_taken(project, worktree, state, stage, step, patch, lists)
+    if step.action == Action.ARCHIVED and step.section == Section.SERIES:
+        archive_dir = stage / rel(project, project.upstreamed_file.parent)
+        fsio.write_file(
+            _new_file(archive_dir / step.name), with_trailer(patch.raw, step.applied_upstream)
+        )
+        remove_file(here)
+        lists.archived.append(step.name)
+    elif step.action == Action.PARKED and step.section == Section.SERIES:
+        parked_dir = stage / rel(project, project.parked_file.parent)
+        fsio.make_dir(parked_dir, parents=True, exist_ok=True)
+        fsio.move(here, _new_file(parked_dir / step.name))
+        lists.parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
+    elif step.action == Action.DROPPED:
+        remove_file(here)
+        if step.section == Section.UPSTREAMED:
+            lists.archived.remove(step.name)
+    return step
+
+
+def _stage_taken(
+    project: Project,
+    worktree: Repo,
+    state: RebaseState,
+    stage: Path,
+    step: Step,
+    patch: Patch,
+    lists: _Lists,
+) -> Step:
+    """A patch taken in the worktree: its commit as the new patch file, with the range-diff
+    against the old one."""
+    here = stage / rel(project, patch.path)
+    assert step.commit is not None
+    (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
+    if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
+        data = with_trailer(data, "")
+        remove_file(here)
+        lists.archived.remove(step.name)
+        lists.unarchived.append(step.name)
+    else:
+        lists.active.append(step.name)
+        if versions.older(step.applied_upstream, state.new_pin) or (
+            step.applied_upstream == state.new_pin
+        ):
+            # Its trailer says merged by now; the code says needed (a revert, or a
+            # trailer that was wrong): the code decides, the trailer is emptied.
+            data = with_trailer(data, "")
+            step = dataclasses.replace(
+                step,
+                notes=(
+                    *step.notes,
+                    f"Applied-upstream: {step.applied_upstream} emptied: the bug is"
+                    f" still in {state.new_pin}",
+                ),
             )
-            remove_file(here)
-            archived.append(step.name)
-        elif step.action == "parked" and step.section == Section.SERIES:
-            fsio.make_dir(parked_dir, parents=True, exist_ok=True)
-            fsio.move(here, _new_file(parked_dir / step.name))
-            parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
-        elif step.action == "dropped":
-            remove_file(here)
-            if step.section == Section.UPSTREAMED:
-                archived.remove(step.name)
-        steps.append(step)
-    state = dataclasses.replace(state, steps=tuple(steps))
-    write_series_file(stage / rel(project, project.series_file), unarchived + active)
-    write_series_file(stage / rel(project, project.upstreamed_file), archived)
-    if parked or project.parked_file.exists():
-        write_series_file(stage / rel(project, project.parked_file), list(parked), parked)
+    fsio.write_file(_new_file(stage / rel(project, project.patches_dir) / step.name, here), data)
+    kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
+    return dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
+
+
+def stage_pyproject(
+    project: Project, mirror: Mirror, state: RebaseState, stage: Path, old_pyproject: str
+) -> str:
+    """`pyproject.toml` with the new pin (and, for a release, the torch it requires)."""
     release = state.git is None
-    onto = state.onto
-    old_pyproject = project.pyproject.read_text("utf-8")
     new_pyproject = set_pin(
         old_pyproject,
         state.new_pin,
         ref=state.ref,
-        commit=git_source_commit(onto),
+        commit=git_source_commit(state.onto),
         git_url=state.git if state.git and is_remote_url(state.git) else None,
         requirement=release,
     )
     if release:
-        new_pyproject = set_torch_comment(new_pyproject, state.new_pin, _torch(mirror, onto))
+        new_pyproject = set_torch_comment(new_pyproject, state.new_pin, _torch(mirror, state.onto))
     fsio.write_file(stage / "pyproject.toml", new_pyproject)
+    return new_pyproject
+
+
+def stage_ci_files(project: Project, state: RebaseState, stage: Path) -> bool:
+    """The GPU CI files with the new release's image tags; whether any tag changed."""
     images = False
     for ci_file in CI_FILES:
-        if (project.root / ci_file).is_file() and release:
+        if (project.root / ci_file).is_file():
             old_text = (project.root / ci_file).read_text("utf-8")
             new_text = set_ci_images(old_text, state.new_pin)
             images = images or new_text != old_text
             fsio.write_file(_new_file(stage / ci_file), new_text)
+    return images
+
+
+def stage_changelog(
+    project: Project, state: RebaseState, stage: Path, *, requirement: bool, images: bool
+) -> None:
+    """CHANGELOG.md with the rebase's section (and, for a release, the pin under
+    `[Unreleased]`); the section alone in `.rebase/entry.md`."""
     old_log = (
         (project.root / CHANGELOG).read_text("utf-8")
         if (project.root / CHANGELOG).is_file()
         else ""
     )
-    pinned = f"vllm=={state.new_pin}"
-    requirement = new_pyproject.count(pinned) > old_pyproject.count(pinned)
     entry = changelog_entry(state, today(), requirement=requirement, images=images)
     new_log = insert_entry(old_log, entry)
-    if release:
-        sha256 = re.search(r"\bsha256:([0-9a-f]{64})\b", onto.source)
+    if state.git is None:
+        sha256 = re.search(r"\bsha256:([0-9a-f]{64})\b", state.onto.source)
         new_log = set_unreleased_pin(new_log, state.new_pin, sha256.group(1) if sha256 else None)
     fsio.write_file(stage / CHANGELOG, new_log)
-    if (project.root / README).is_file() and release:
-        fsio.write_file(
-            stage / README,
-            set_readme(
-                (project.root / README).read_text("utf-8"),
-                state.old_pin,
-                state.new_pin,
-                _readme_rows(project, state),
-            ),
-        )
-    fsio.write_file(folder / "entry.md", entry)
+    fsio.write_file(rebase_dir(project) / "entry.md", entry)
+
+
+def stage_readme(project: Project, state: RebaseState, stage: Path) -> None:
+    """README.md with the new pin and each patch's row of its table."""
+    fsio.write_file(
+        stage / README,
+        set_readme(
+            (project.root / README).read_text("utf-8"),
+            state.old_pin,
+            state.new_pin,
+            _readme_rows(project, state),
+        ),
+    )
+
+
+def check_staged(project: Project, mirror: Mirror, stage: Path) -> None:
+    """The staged project's overlay built and its lock rebuilt, then `check`'s rules: a
+    Finding, and nothing swapped in, unless it passes."""
     try:
         staged = Project.load(stage, project.cache_dir)
         build_overlay(staged, update_lock=True)
@@ -242,8 +330,6 @@ def stage_project(
             f"the rebased project would fail `check` ({found[0]}): nothing was swapped in;"
             " `rebase --abort` restores everything"
         )
-    moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
-    return dataclasses.replace(state, moves=tuple(moves))
 
 
 def _readme_rows(project: Project, state: RebaseState) -> dict[str, tuple[str, str, str] | None]:
@@ -252,34 +338,34 @@ def _readme_rows(project: Project, state: RebaseState) -> dict[str, tuple[str, s
     archive = project.upstreamed_file.parent.name
     parked = project.parked_file.parent.name
     for step in state.steps:
-        if step.action == "dropped":
+        if step.action == Action.DROPPED:
             rows[step.key] = None
             continue
         key = {
-            "archived": f"{archive}/{step.name}",
-            "unarchived": step.name,
+            Action.ARCHIVED: f"{archive}/{step.name}",
+            Action.UNARCHIVED: step.name,
         }.get(step.action, step.key)
-        if step.action == "parked" and step.section != Section.PARKED:
+        if step.action == Action.PARKED and step.section != Section.PARKED:
             key = f"{parked}/{step.name}"
-        release = step.applied_upstream if step.action != "unarchived" else ""
+        release = step.applied_upstream if step.action != Action.UNARCHIVED else ""
         rows[step.key] = (key, release, step.verdict.state.value)
     return rows
 
 
 def _torch(mirror: Mirror, onto: Upstream) -> str | None:
     """The torch the release requires, from its sdist's `requirements/cuda.txt` (None: not a
-    PyPI release, or no such pin there)."""
+    PyPI release, or no such pin there). The sdist is read as a stream up to that member only,
+    and the member bounded (`archives.read_member`)."""
     if not onto.source.startswith("pypi:") or onto.version is None:
         return None
     sdist = mirror.sdists / f"{mirror.package}-{onto.version}.tar.gz"
     member = f"{mirror.package}-{onto.version}/requirements/cuda.txt"
     try:
-        with tarfile.open(sdist, "r:gz") as tar:
-            handle = tar.extractfile(member)
-            data = handle.read() if handle is not None else b""
-    except (OSError, KeyError, tarfile.TarError, EOFError):
+        with tarfile.open(sdist, "r|gz") as tar:
+            data = archives.read_member(tar, member, what=str(sdist), limit=REQUIREMENTS_BOUND)
+    except (OSError, tarfile.TarError, EOFError, zlib.error, archives.ArchiveRefused):
         return None
-    return torch_of(data.decode("utf-8", "replace"))
+    return torch_of(data.decode("utf-8", "replace")) if data is not None else None
 
 
 def _new_file(path: Path, replacing: Path | None = None) -> Path:
