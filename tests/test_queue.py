@@ -69,3 +69,28 @@ def test_export_refuses_uncommitted_edits(
     assert snapshot(tiny.patches_dir) == before
     # A second import without --force is refused too.
     assert main(["--project", root, "queue", "import"]) == 2
+
+
+# (the snapshot of patches/ that import left in the queue's git dir, damaged; what is wrong)
+DAMAGED_SNAPSHOTS = [
+    (b"{", "not JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    (b'["series"]', "a JSON array, not a JSON object"),
+    (b'{"series": 1}', "\"['series']\" is a JSON number, not a JSON string"),
+]
+
+
+@pytest.mark.parametrize(("data", "why"), DAMAGED_SNAPSHOTS)
+def test_export_refuses_a_damaged_snapshot(
+    tiny: Project, capsys: pytest.CaptureFixture[str], data: bytes, why: str
+) -> None:
+    root = str(tiny.root)
+    assert main(["--project", root, "queue", "import"]) == 0
+    snapshot_file = tiny.root / ".queue" / ".git" / "vllm-patchset-patches.json"
+    snapshot_file.write_bytes(data)
+    before = snapshot(tiny.patches_dir)
+    capsys.readouterr()
+    assert main(["--project", root, "queue", "export"]) == 2
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {snapshot_file}: unreadable ({why}): import again\n"
+    )
+    assert snapshot(tiny.patches_dir) == before

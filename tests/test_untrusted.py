@@ -1008,7 +1008,7 @@ def journal_not_utf8(target: Path) -> tuple[str, int, str]:
 def journal_step_of_the_wrong_type(target: Path) -> tuple[str, int, str]:
     journal = target / STATE / "journal.jsonl"
     journal.write_text(json.dumps({"op": "apply", "id": "x", "files": [{"path": 1}]}) + "\n")
-    why = "'path' is a JSON number, not a JSON string"
+    why = "files[0]: 'path' is a JSON number, not a JSON string"
     return "status", 2, f"{journal}: unreadable journal ({why}): check the files, then remove it"
 
 

@@ -10,12 +10,10 @@ the end: originals are removed only after the last file is restored."""
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
 
 from vllm_patchset.deploy.bytecode import remove_bytecode
 from vllm_patchset.deploy.record import Journal, Record, Step, read_journal, read_record
@@ -50,18 +48,13 @@ class Transaction:
 
     def begin(self) -> None:
         """Journal the steps before any change."""
-        intent = {
-            "op": self.op,
-            "id": self.id,
-            "version": self.target.version,
-            "files": [asdict(s) for s in self.steps],
-        }
-        fsio.atomic_write(self.journal, (json.dumps(intent) + "\n").encode())
+        intent = Journal(op=self.op, id=self.id, version=self.target.version, steps=self.steps)
+        fsio.atomic_write(self.journal, intent.line())
 
     def mark_done(self, path: str) -> None:
         try:
             with fsio.writing(self.journal, append=True) as handle:
-                handle.write((json.dumps({"done": path}) + "\n").encode("utf-8"))
+                handle.write(Journal.done_line(path))
                 handle.flush()
                 os.fsync(handle.fileno())
         except OSError as exc:

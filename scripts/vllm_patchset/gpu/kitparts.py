@@ -21,7 +21,9 @@ also copied into `vllm-patchset bundle`'s archive, for hosts without vllm-patchs
 
 Since it travels alone, it keeps its own standard-library writes and children (open, rename,
 rmtree, mkdtemp, subprocess for pip) instead of the file-system layer (`infra/fsio/`), which
-does not travel; tests/test_fs_layer.py lets it.
+does not travel; tests/test_fs_layer.py lets it. For the same reason kit.json has its own
+reader and writer here (`Manifest.load`, `Manifest.to_json`), not the tool's one codec
+(`infra/codec.py`, which does not travel; `infra/jsonfile.py`, its checked reader, does).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from the pin's wheel (mode `native` in the report) instead of the stand-ins.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tomllib
@@ -34,7 +33,7 @@ from vllm_patchset.errors import BadInput, by_exit_code
 from vllm_patchset.gpu import gpurun, kitparts
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.build import TREE_INFO, export_tree, patches_for, walk
+from vllm_patchset.overlay.build import TREE_INFO, TreeInfo, export_tree, patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
 from vllm_patchset.registry import add_command
 from vllm_patchset.series.patches import Patch
@@ -90,10 +89,10 @@ def _write_pytest_ini(project: Project, root: Path) -> None:
     fsio.write_file(root / "pytest.ini", "\n".join(lines) + "\n")
 
 
-def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: dict[str, object]) -> None:
+def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: TreeInfo) -> None:
     fsio.make_dir(dest, parents=True)
     mirror.repo.archive_to(git_tree, dest)
-    fsio.write_file(dest / TREE_INFO, json.dumps(info, indent=2) + "\n")
+    fsio.write_file(dest / TREE_INFO, info.to_json())
 
 
 def build_trees(project: Project, root: Path) -> BuiltTrees:
@@ -171,13 +170,13 @@ def _upstreamed_trees(
         ("fixed", fixed, "green", [patch.key]),
     ):
         name = f"{kind}-{_short(patch)}-{release}"
-        info: dict[str, object] = {
-            "version": release,
-            "label": f"{release} with {patch.key} reversed",
-            "source": merged.source,
-            "kind": "nightly-like" if kind == "buggy" else "nightly-like+fix",
-            "patches": applied,
-        }
+        info = TreeInfo(
+            version=release,
+            label=f"{release} with {patch.key} reversed",
+            source=merged.source,
+            kind="nightly-like" if kind == "buggy" else "nightly-like+fix",
+            patches=tuple(applied),
+        )
         _write_tree(mirror, git_tree, trees / name, info)
         _add_metadata(trees / name, release)
         why = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
-from vllm_patchset.infra import fsio
+from vllm_patchset.infra import codec, fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.overlay.lock import Lock, LockEntry
@@ -29,6 +29,21 @@ from vllm_patchset.series.patches import Patch, load_series, parse_patch_bytes
 from vllm_patchset.series.states import Reason, State, Verdict, classify
 
 TREE_INFO = "vllm-patchset-tree.json"
+
+
+@dataclass(frozen=True)
+class TreeInfo:
+    """`vllm-patchset-tree.json` beside a tree's package (`overlay tree`, and validate's trees):
+    what the tree is; tests/gpu/conftest.py reads it."""
+
+    version: str
+    label: str
+    source: str
+    kind: str  # "pristine", "overlay", or validate's "nightly-like" and "nightly-like+fix"
+    patches: tuple[str, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(codec.to_doc(self), indent=2) + "\n"
 
 
 @dataclass(frozen=True)
@@ -246,17 +261,17 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
     for name in (project.package, TREE_INFO):  # written new, never over anything
         if os.path.lexists(dest / name):
             raise BadInput(f"{dest / name} exists already: give an empty destination")
-    info: dict[str, object] = {
-        "version": upstream.version or upstream.label,
-        "label": upstream.label,
-        "source": upstream.source,
-        "kind": "pristine" if pristine else "overlay",
-        "patches": list(applied),
-    }
+    info = TreeInfo(
+        version=upstream.version or upstream.label,
+        label=upstream.label,
+        source=upstream.source,
+        kind="pristine" if pristine else "overlay",
+        patches=tuple(applied),
+    )
     # Staged beside, then renamed in: an interrupted run leaves no half-written tree.
     with fsio.staging_dir(dest if exists else dest.parent, "tree") as staging:
         mirror.repo.archive_to(tree, staging)
-        fsio.atomic_write(staging / TREE_INFO, (json.dumps(info, indent=2) + "\n").encode())
+        fsio.atomic_write(staging / TREE_INFO, info.to_json().encode())
         with fsio.deferred_signals():
             if exists:
                 for name in (project.package, TREE_INFO):

@@ -22,7 +22,7 @@ from packaging.version import Version
 from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
-from vllm_patchset.infra import archives, fsio, index, indexsettings
+from vllm_patchset.infra import archives, codec, fsio, index, indexsettings, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
@@ -86,6 +86,15 @@ def _kept(path: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _TagMeta:
+    """A mirror tag's commit message after its first line, as JSON: where its tree is from."""
+
+    label: str
+    version: str | None
+    source: str
+
+
 class Mirror:
     """The local upstream mirror under the cache directory."""
 
@@ -118,12 +127,9 @@ class Mirror:
             return None
         message = self.repo.run("log", "-1", "--format=%B", commit)
         try:
-            meta = json.loads(message.split("\n\n", 1)[1])
-            fields = (meta["label"], meta["version"], meta["source"])
-            usable = isinstance(meta["label"], str) and isinstance(meta["source"], str)
-        except (IndexError, ValueError, KeyError, TypeError):
-            usable = False
-        if not usable or not isinstance(fields[1], str | None):
+            doc = jsonfile.parse(message.split("\n\n", 1)[1].encode("utf-8", "surrogateescape"))
+            meta = codec.from_doc(_TagMeta, doc)
+        except (IndexError, ValueError):
             print(
                 f"vllm-patchset: the mirror's tag {tag} was not made by vllm-patchset (its"
                 " message is not the expected JSON): fetching it again",
@@ -131,16 +137,12 @@ class Mirror:
             )
             return None
         return Upstream(
-            label=meta["label"],
-            version=meta["version"],
-            tag=tag,
-            commit=commit,
-            source=meta["source"],
+            label=meta.label, version=meta.version, tag=tag, commit=commit, source=meta.source
         )
 
     def _store(self, tree: str, tag: str, label: str, version: str | None, source: str) -> Upstream:
-        meta = {"label": label, "version": version, "source": source}
-        message = f"{self.package} {label}\n\n{json.dumps(meta, sort_keys=True)}\n"
+        meta = json.dumps(codec.to_doc(_TagMeta(label, version, source)), sort_keys=True)
+        message = f"{self.package} {label}\n\n{meta}\n"
         commit = self.repo.commit_tree(tree, message)
         self.repo.set_tag(tag, commit)
         return Upstream(label=label, version=version, tag=tag, commit=commit, source=source)

@@ -182,62 +182,95 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
         raise MalformedPatch(patch, f"bad diff header {header!r}")
     path = _check_path(patch, match.group(2))
     _check_path(patch, match.group(1))
+    i, old_blob, new_blob = _extended_header(patch, path, match, lines)
+    hunks: list[Hunk] = []
+    while i < len(lines):
+        hunk, i = _hunk(patch, path, lines, i)
+        if hunk is None:
+            break
+        hunks.append(hunk)
+    if not hunks:
+        raise MalformedPatch(patch, f"{path}: no hunks")
+    return FilePatch(path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks))
+
+
+def _extended_header(
+    patch: Path, path: str, names: re.Match[str], lines: list[str]
+) -> tuple[int, str | None, str | None]:
+    """The lines between the `diff --git` line and the first hunk: where the first hunk is,
+    and the blobs of the `index` line (None: none, or the file is new or deleted)."""
     old_blob: str | None = None
     new_blob: str | None = None
     i = 1
     while i < len(lines) and not lines[i].startswith("@@"):
+        blobs = _header_line(patch, path, names, lines[i])
+        if blobs is not None:
+            old_blob, new_blob = blobs
+        i += 1
+    return i, _blob(old_blob), _blob(new_blob)
+
+
+def _blob(blob: str | None) -> str | None:
+    return None if re.fullmatch(r"0+", blob or "") else blob
+
+
+def _header_line(patch: Path, path: str, names: re.Match[str], line: str) -> tuple[str, str] | None:
+    """The blobs of an `index` line; a diff this tool refuses, refused; else None."""
+    if index := _INDEX_RE.match(line):
+        return index.group(1), index.group(2)
+    if line.startswith(("GIT binary patch", "Binary files")):
+        raise MalformedPatch(patch, f"binary diff of {path}")
+    if re.fullmatch(r"(new|deleted) file mode 1[26]0000", line):
+        # A symbolic link (a way out of the tree) or a submodule: never written.
+        raise MalformedPatch(patch, f"{path}: {line}: a link or a submodule, refused")
+    if line.startswith(("--- ", "+++ ")):
+        side, named = ("a", names.group(1)) if line[0] == "-" else ("b", names.group(2))
+        if line[4:] != f"{side}/{named}":
+            raise MalformedPatch(
+                patch, f"{path}: {line!r} names another file than its 'diff --git' line"
+            )
+    return None
+
+
+def _hunk(patch: Path, path: str, lines: list[str], i: int) -> tuple[Hunk | None, int]:
+    """The hunk at `lines[i]` and where the next line is; None at the end of the file's diff
+    (blank lines, or the signature)."""
+    hunk_match = _HUNK_RE.match(lines[i])
+    if not hunk_match:
+        if lines[i] == "" and all(rest in ("", "-- ") for rest in lines[i:]):
+            return None, i
+        if lines[i] == "-- ":  # signature
+            return None, i
+        raise MalformedPatch(patch, f"{path}: unexpected line {lines[i]!r}")
+    old_len = int(hunk_match.group(2) or 1)
+    new_len = int(hunk_match.group(4) or 1)
+    body, i = _hunk_body(patch, path, lines, i + 1, (old_len, new_len))
+    while i < len(lines) and lines[i].startswith("\\"):
+        i += 1
+    return Hunk(int(hunk_match.group(1)), int(hunk_match.group(3)), tuple(body)), i
+
+
+def _hunk_body(
+    patch: Path, path: str, lines: list[str], i: int, lengths: tuple[int, int]
+) -> tuple[list[str], int]:
+    """The lines of a hunk from `lines[i]`, as many as its header's `lengths` (old, new) say,
+    and where the next line is."""
+    body: list[str] = []
+    seen_old = seen_new = 0
+    while (seen_old < lengths[0] or seen_new < lengths[1]) and i < len(lines):
         line = lines[i]
-        if index := _INDEX_RE.match(line):
-            old_blob, new_blob = index.group(1), index.group(2)
-        elif line.startswith(("GIT binary patch", "Binary files")):
-            raise MalformedPatch(patch, f"binary diff of {path}")
-        elif re.fullmatch(r"(new|deleted) file mode 1[26]0000", line):
-            # A symbolic link (a way out of the tree) or a submodule: never written.
-            raise MalformedPatch(patch, f"{path}: {line}: a link or a submodule, refused")
-        elif line.startswith(("--- ", "+++ ")):
-            side, named = ("a", match.group(1)) if line[0] == "-" else ("b", match.group(2))
-            if line[4:] != f"{side}/{named}":
-                raise MalformedPatch(
-                    patch, f"{path}: {line!r} names another file than its 'diff --git' line"
-                )
         i += 1
-    zero = re.fullmatch(r"0+", old_blob or "")
-    old_blob = None if zero else old_blob
-    new_blob = None if re.fullmatch(r"0+", new_blob or "") else new_blob
-    hunks: list[Hunk] = []
-    while i < len(lines):
-        hunk_match = _HUNK_RE.match(lines[i])
-        if not hunk_match:
-            if lines[i] == "" and all(rest in ("", "-- ") for rest in lines[i:]):
-                break
-            if lines[i] == "-- ":  # signature
-                break
-            raise MalformedPatch(patch, f"{path}: unexpected line {lines[i]!r}")
-        old_len = int(hunk_match.group(2) or 1)
-        new_len = int(hunk_match.group(4) or 1)
-        body: list[str] = []
-        i += 1
-        seen_old = seen_new = 0
-        while (seen_old < old_len or seen_new < new_len) and i < len(lines):
-            line = lines[i]
-            if line.startswith("\\"):
-                i += 1
-                continue
-            tag = line[:1] or " "
-            if tag not in " -+":
-                raise MalformedPatch(patch, f"{path}: bad hunk line {line!r}")
-            seen_old += tag in " -"
-            seen_new += tag in " +"
-            body.append(tag + line[1:])
-            i += 1
-        if (seen_old, seen_new) != (old_len, new_len):
-            raise MalformedPatch(patch, f"{path}: hunk line counts do not match its header")
-        while i < len(lines) and lines[i].startswith("\\"):
-            i += 1
-        hunks.append(Hunk(int(hunk_match.group(1)), int(hunk_match.group(3)), tuple(body)))
-    if not hunks:
-        raise MalformedPatch(patch, f"{path}: no hunks")
-    return FilePatch(path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks))
+        if line.startswith("\\"):
+            continue
+        tag = line[:1] or " "
+        if tag not in " -+":
+            raise MalformedPatch(patch, f"{path}: bad hunk line {line!r}")
+        seen_old += tag in " -"
+        seen_new += tag in " +"
+        body.append(tag + line[1:])
+    if (seen_old, seen_new) != lengths:
+        raise MalformedPatch(patch, f"{path}: hunk line counts do not match its header")
+    return body, i
 
 
 def read_series_entries(series_file: Path) -> list[tuple[str, str]]:

@@ -551,47 +551,140 @@ def _bug_elsewhere(
     for look, finding in zip(looks, hunks, strict=True):
         if look.sites or look.elsewhere or not look.pre.readable:
             continue
-        own = (  # the hunk's own window, changed (a conflict there, not code elsewhere)
-            range(finding.found_at, finding.found_at + len(look.hunk.pre))
-            if finding.located and finding.found_at is not None
-            else range(0)
-        )
+        own = _own_window(look, finding)
         for a, b in look.pre.changes:
-            # An argument's separator is not the bug: the expression may stand alone there.
-            while a < b and look.pre.words[a] == ",":
-                a += 1
-            while b > a and look.pre.words[b - 1] == ",":
-                b -= 1
+            a, b = _without_separators(look.pre.words, a, b)
             core = look.pre.words[a:b]
             names = [w for w in core if w.isidentifier()]
-            if len(core) < 4 or not names:
-                continue
-            bases: tuple[str, ...] = ()
-            if look.scope and len(look.scope) > 1 and look.text is not None:
-                bases = locate.class_bases(look.text, look.scope[0])
-            suffix = PurePosixPath(look.path).suffix
-            for path in repo.grep_files(tree, max(names, key=len), f"*{suffix}"):
-                blob = repo.read_blob(tree, path) or b""
-                text = blob.decode("utf-8", "surrogateescape")
-                if not all(name in text for name in names):
-                    continue  # cheap: every name of it is there, before the file's tokens
-                hay = locate.words(text)
-                for at in locate.find(hay, core):
-                    start = max(0, at - a)
-                    window = hay[start : start + len(look.pre.words)]
-                    alike = locate.similarity(window, look.pre.words) >= LOCATE_RATIO
-                    first = locate.tokens(text)[at].start[0]
-                    last = locate.tokens(text)[at + len(core) - 1].end[0]
-                    scope = locate.scope_of(text, first, last)
-                    if path == look.path and first in own:
-                        continue
-                    if alike or (
-                        look.scope is not None
-                        and scope is not None
-                        and _related(look.scope, scope, bases)
-                    ):
-                        places.append(f"{path}:{first} ({locate.dotted(scope)})")
+            if len(core) >= 4 and names:
+                places += _places_of(repo, tree, look, own, _Core(a, core, names))
     return tuple(dict.fromkeys(places))
+
+
+@dataclass(frozen=True)
+class _Core:
+    """A change of a hunk's pre-image searched for: where it starts there, its tokens, and
+    their names."""
+
+    start: int
+    words: tuple[str, ...]
+    names: list[str]
+
+
+def _own_window(look: _Look, finding: HunkFinding) -> range:
+    """The hunk's own window, changed (a conflict there, not code elsewhere)."""
+    if finding.located and finding.found_at is not None:
+        return range(finding.found_at, finding.found_at + len(look.hunk.pre))
+    return range(0)
+
+
+def _without_separators(words: tuple[str, ...], a: int, b: int) -> tuple[int, int]:
+    """An argument's separator is not the bug: the expression may stand alone there."""
+    while a < b and words[a] == ",":
+        a += 1
+    while b > a and words[b - 1] == ",":
+        b -= 1
+    return a, b
+
+
+def _places_of(repo: Repo, tree: str, look: _Look, own: range, core: _Core) -> list[str]:
+    """The places of the package's files where `core` is, as the patch's code."""
+    bases: tuple[str, ...] = ()
+    if look.scope and len(look.scope) > 1 and look.text is not None:
+        bases = locate.class_bases(look.text, look.scope[0])
+    suffix = PurePosixPath(look.path).suffix
+    places: list[str] = []
+    for path in repo.grep_files(tree, max(core.names, key=len), f"*{suffix}"):
+        blob = repo.read_blob(tree, path) or b""
+        text = blob.decode("utf-8", "surrogateescape")
+        if all(name in text for name in core.names):  # cheap, before the file's tokens
+            places += _places_in(look, path, text, own, core, bases)
+    return places
+
+
+def _places_in(
+    look: _Look, path: str, text: str, own: range, core: _Core, bases: tuple[str, ...]
+) -> list[str]:
+    """The places in the file `path` (`text`) where `core` is, alike to the hunk's pre-image or
+    in a scope related to its old one; not in the hunk's own window."""
+    hay = locate.words(text)
+    places = []
+    for at in locate.find(hay, core.words):
+        start = max(0, at - core.start)
+        window = hay[start : start + len(look.pre.words)]
+        alike = locate.similarity(window, look.pre.words) >= LOCATE_RATIO
+        first = locate.tokens(text)[at].start[0]
+        last = locate.tokens(text)[at + len(core.words) - 1].end[0]
+        scope = locate.scope_of(text, first, last)
+        if path == look.path and first in own:
+            continue
+        if alike or (
+            look.scope is not None and scope is not None and _related(look.scope, scope, bases)
+        ):
+            places.append(f"{path}:{first} ({locate.dotted(scope)})")
+    return places
+
+
+@dataclass(frozen=True)
+class _Case:
+    """What `classify` knows of one patch on one tree: its arguments, then what the text and
+    the trailers say, hunk by hunk."""
+
+    repo: Repo
+    tree: str
+    patch: Patch
+    base: str
+    version: str | None
+    was_applied: bool | None
+    three_way: bool
+    renames: Mapping[str, str]
+    follow_moves: bool
+    applies: bool
+    looks: tuple[_Look, ...]
+    hunks: tuple[HunkFinding, ...]
+    kinds: tuple[str, ...]
+    bug_here: bool
+    expected: State | None
+    pending: bool
+
+    def rows(self) -> zip[tuple[str, _Look, HunkFinding]]:
+        return zip(self.kinds, self.looks, self.hunks, strict=True)
+
+    def verdict(
+        self,
+        state: State,
+        reason: Reason,
+        text: State,
+        warnings: tuple[str, ...] = (),
+        **extra: Any,
+    ) -> Verdict:
+        bug = bool(extra.pop("bug", False)) or self.bug_here
+        cosmetic = []
+        if state == State.UPSTREAM:
+            cosmetic = _upstream_drift(self.repo, self.tree, self.patch, self.hunks)
+            if extra.get("three_way") == "conflict":
+                cosmetic.append(
+                    "3-way merge: conflict (the release's code differs from the patch's)"
+                )
+        return Verdict(
+            patch=self.patch.key,
+            base=self.base,
+            state=state,
+            reason=reason,
+            text_state=text,
+            trailer_state=self.expected,
+            hunks=self.hunks,
+            warnings=warnings,
+            cosmetic=tuple(cosmetic),
+            bug_present=bug,
+            **extra,
+        )
+
+    def trailer_note(self, state: State) -> tuple[str, ...]:
+        return decide(state, self.expected, pending=self.pending, base=self.base)[2]
+
+    def merged(self) -> str | None:
+        return _three_way(self.repo, self.tree, self.patch) if self.three_way else None
 
 
 def classify(
@@ -616,7 +709,35 @@ def classify(
     applied on the previous base (a rebase knows); `three_way`: try a 3-way merge where the
     hunks are there, changed; `renames`: git's rename detection from the previous base (old
     path -> new path). Code that is not where the patch says is searched for across the
-    package: found in one place, the patch is classified there (`moved`)."""
+    package: found in one place, the patch is classified there (`moved`).
+
+    The steps below, in order; the first that gives a verdict gives it."""
+    case = _case(
+        repo, tree, patch, base, version, was_applied, three_way, renames or {}, follow_moves
+    )
+    for step in (_placed_by_git, _placed_by_tokens, _in_several_places):
+        found = step(case)
+        if found is not None:
+            return found
+    moved, candidates = _followed(case)
+    if moved is not None:
+        return moved
+    found = _bug_found_elsewhere(case, candidates) or _upstream(case) or _rewritten(case)
+    return found or _decided(case)
+
+
+def _case(
+    repo: Repo,
+    tree: str,
+    patch: Patch,
+    base: str,
+    version: str | None,
+    was_applied: bool | None,
+    three_way: bool,
+    renames: Mapping[str, str],
+    follow_moves: bool,
+) -> _Case:
+    """`classify`'s arguments, and what git, the hunks and the trailers say."""
     applies, _ = repo.check_apply(tree, patch.raw)
     lines = find_hunks(repo, tree, patch)
     looks = _looks(repo, tree, patch)
@@ -624,177 +745,189 @@ def classify(
         replace(h, result_present=h.result_present or look.present)
         for h, look in zip(lines, looks, strict=True)
     )
-    kinds = [_kind(look, h) for look, h in zip(looks, hunks, strict=True)]
-    bug_here = any(
-        (look.sites or look.elsewhere) and not (not look.hunk.removed and h.result_present)
-        for look, h in zip(looks, hunks, strict=True)
+    return _Case(
+        repo,
+        tree,
+        patch,
+        base,
+        version,
+        was_applied,
+        three_way,
+        renames,
+        follow_moves,
+        applies=applies,
+        looks=looks,
+        hunks=hunks,
+        kinds=tuple(_kind(look, h) for look, h in zip(looks, hunks, strict=True)),
+        bug_here=any(
+            (look.sites or look.elsewhere) and not (not look.hunk.removed and h.result_present)
+            for look, h in zip(looks, hunks, strict=True)
+        ),
+        expected=trailer_state(patch, version),
+        pending=not patch.trailers.applied_upstream,
     )
-    expected = trailer_state(patch, version)
-    pending = not patch.trailers.applied_upstream
 
-    def verdict(
-        state: State,
-        reason: Reason,
-        text: State,
-        warnings: tuple[str, ...] = (),
-        **extra: Any,
-    ) -> Verdict:
-        bug = bool(extra.pop("bug", False)) or bug_here
-        cosmetic = _upstream_drift(repo, tree, patch, hunks) if state == State.UPSTREAM else []
-        if state == State.UPSTREAM and extra.get("three_way") == "conflict":
-            cosmetic.append("3-way merge: conflict (the release's code differs from the patch's)")
-        return Verdict(
-            patch=patch.key,
-            base=base,
-            state=state,
-            reason=reason,
-            text_state=text,
-            trailer_state=expected,
-            hunks=hunks,
-            warnings=warnings,
-            cosmetic=tuple(cosmetic),
-            bug_present=bug,
-            **extra,
-        )
 
-    def trailer_note(state: State) -> tuple[str, ...]:
-        return decide(state, expected, pending=pending, base=base)[2]
-
-    # 1. git applies it, each hunk at the one place its code has in its scope.
-    placed_by_git = all(
+def _placed_by_git(case: _Case) -> Verdict | None:
+    """1. git applies it, each hunk at the one place its code has in its scope."""
+    placed = all(
         kind == "git" or (kind == "site" and look.row == h.applies_at)
-        for kind, look, h in zip(kinds, looks, hunks, strict=True)
+        for kind, look, h in case.rows()
     )
-    if applies and placed_by_git:
-        return verdict(State.APPLIES, Reason.APPLIES, State.APPLIES, trailer_note(State.APPLIES))
-    # 2. Its code is there once in its scope, reformatted or beside a copy, or partly fixed
-    # upstream: placed by token match.
-    if all(k in ("site", "present") for k in kinds) and "site" in kinds:
-        refreshed = _refreshed_patch(patch, looks, kinds)
-        if refreshed is not None:
-            notes = [
-                f"hunk {look.number} ({look.path}): placed by token match at"
-                f" {look.where(look.sites[0])}"
-                for look, kind in zip(looks, kinds, strict=True)
-                if kind == "site" and not (applies and look.row is not None)
-            ]
-            notes += [
-                f"hunk {look.number} ({look.path}): its change is there already (partly"
-                " upstream); the refreshed patch leaves it out"
-                for look, kind in zip(looks, kinds, strict=True)
-                if kind == "present"
-            ]
-            return verdict(
-                State.APPLIES,
-                Reason.REFRESHED,
-                State.APPLIES,
-                (*notes, *trailer_note(State.APPLIES)),
-                refreshed=refreshed,
-            )
-    # 3. Code in several places, or only in another scope: the maintainer says where.
-    if "ambiguous" in kinds:
-        places = [
-            place
-            for look, kind in zip(looks, kinds, strict=True)
-            if kind == "ambiguous"
-            for place in look.places()
-        ]
-        return verdict(
-            State.CONFLICT,
-            Reason.AMBIGUOUS,
-            State.CONFLICT,
-            (
-                "the code it changes is in several places, or in another class or function"
-                " than on the old base: " + ", ".join(places) + "; move the patch by hand"
-                " (queue import) or decide",
-            ),
-            candidates=tuple(places),
-        )
-    # 4. Files whose code went elsewhere, whole: followed (`moved`).
-    if follow_moves and "lost" in kinds:
-        moves, candidates = _relocation(repo, tree, patch, hunks, renames or {})
-        if moves:
-            moved = parse_patch_bytes(rewrite_paths(patch.raw, dict(moves)), patch.path, patch.key)
-            there = classify(
-                repo,
-                tree,
-                moved,
-                base=base,
-                version=version,
-                was_applied=was_applied,
-                three_way=three_way,
-                follow_moves=False,
-            )
-            if there.state != State.CONFLICT or there.reason != Reason.AMBIGUOUS:
-                where = ", ".join(f"{a} -> {b}" for a, b in moves)
-                placed = there.refreshed or rewrite_paths(patch.raw, dict(moves)).decode()
-                return replace(
-                    there,
-                    patch=patch.key,
-                    reason=Reason.MOVED,
-                    moved_to=moves,
-                    refreshed=placed,
-                    warnings=(f"moved: {where}", *there.warnings),
-                )
-            return replace(there, patch=patch.key, moved_to=moves)
-    else:
-        candidates = ()
-    # 5. The bug elsewhere in the package (a helper, a mixin, another module): needed, and
-    # the maintainer carries it there.
-    elsewhere = _bug_elsewhere(repo, tree, looks, hunks)
-    if elsewhere or candidates:
-        named = {place.split(":", 1)[0] for place in elsewhere}
-        found = (*elsewhere, *(c for c in candidates if c not in named))
-        return verdict(
-            State.CONFLICT,
-            Reason.AMBIGUOUS,
-            State.CONFLICT,
-            (
-                "the code it fixes is not where the patch says; it is at "
-                + ", ".join(found)
-                + ": carry the fix there by hand (queue import) or decide",
-            ),
-            candidates=found,
-            bug=bool(elsewhere),
-        )
-    # 6. Every change there, no bug anywhere: upstream.
-    if all(
-        k == "present" or (k == "git" and h.result_present)
-        for k, h in zip(kinds, hunks, strict=True)
-    ):
-        merged = _three_way(repo, tree, patch) if three_way else None
-        _, _, warn = decide(State.UPSTREAM, expected, pending=pending, base=base)
-        return verdict(State.UPSTREAM, Reason.UPSTREAM, State.UPSTREAM, warn, three_way=merged)
-    # 7. Part of the code is there (changed, or with its bug), part is gone.
-    if all(k in ("site", "present", "changed", "git") for k in kinds):
-        text = State.CONFLICT
-    elif bug_here:
-        lost = [str(look.number) for look, k in zip(looks, kinds, strict=True) if k == "lost"]
-        kept = [
-            look.where(look.sites[0]) for look, k in zip(looks, kinds, strict=True) if k == "site"
-        ]
-        return verdict(
-            State.CONFLICT,
-            Reason.REWRITTEN,
-            State.CONFLICT,
-            (
-                f"hunk(s) {', '.join(lost)}: the code they change is gone from {base}, while"
-                f" the code the others fix is still there ({', '.join(kept)}): port the patch"
-                " by hand (queue import) or decide",
-            ),
-        )
-    else:
-        text = State.ABSENT
-    merged = _three_way(repo, tree, patch) if three_way else None
+    if not (case.applies and placed):
+        return None
+    note = case.trailer_note(State.APPLIES)
+    return case.verdict(State.APPLIES, Reason.APPLIES, State.APPLIES, note)
+
+
+def _placed_by_tokens(case: _Case) -> Verdict | None:
+    """2. Its code is there once in its scope, reformatted or beside a copy, or partly fixed
+    upstream: placed by token match."""
+    kinds = list(case.kinds)
+    if not (all(k in ("site", "present") for k in kinds) and "site" in kinds):
+        return None
+    refreshed = _refreshed_patch(case.patch, case.looks, kinds)
+    if refreshed is None:
+        return None
+    notes = [
+        f"hunk {look.number} ({look.path}): placed by token match at {look.where(look.sites[0])}"
+        for kind, look, _ in case.rows()
+        if kind == "site" and not (case.applies and look.row is not None)
+    ]
+    notes += [
+        f"hunk {look.number} ({look.path}): its change is there already (partly"
+        " upstream); the refreshed patch leaves it out"
+        for kind, look, _ in case.rows()
+        if kind == "present"
+    ]
+    return case.verdict(
+        State.APPLIES,
+        Reason.REFRESHED,
+        State.APPLIES,
+        (*notes, *case.trailer_note(State.APPLIES)),
+        refreshed=refreshed,
+    )
+
+
+def _in_several_places(case: _Case) -> Verdict | None:
+    """3. Code in several places, or only in another scope: the maintainer says where."""
+    if "ambiguous" not in case.kinds:
+        return None
+    places = [
+        place for kind, look, _ in case.rows() if kind == "ambiguous" for place in look.places()
+    ]
+    return case.verdict(
+        State.CONFLICT,
+        Reason.AMBIGUOUS,
+        State.CONFLICT,
+        (
+            "the code it changes is in several places, or in another class or function"
+            " than on the old base: " + ", ".join(places) + "; move the patch by hand"
+            " (queue import) or decide",
+        ),
+        candidates=tuple(places),
+    )
+
+
+def _followed(case: _Case) -> tuple[Verdict | None, tuple[str, ...]]:
+    """4. Files whose code went elsewhere, whole: followed (`moved`); else the candidates
+    that the search found."""
+    if not (case.follow_moves and "lost" in case.kinds):
+        return None, ()
+    moves, candidates = _relocation(case.repo, case.tree, case.patch, case.hunks, case.renames)
+    if not moves:
+        return None, candidates
+    patch = case.patch
+    moved = parse_patch_bytes(rewrite_paths(patch.raw, dict(moves)), patch.path, patch.key)
+    there = classify(
+        case.repo,
+        case.tree,
+        moved,
+        base=case.base,
+        version=case.version,
+        was_applied=case.was_applied,
+        three_way=case.three_way,
+        follow_moves=False,
+    )
+    if there.state == State.CONFLICT and there.reason == Reason.AMBIGUOUS:
+        return replace(there, patch=patch.key, moved_to=moves), ()
+    where = ", ".join(f"{a} -> {b}" for a, b in moves)
+    placed = there.refreshed or rewrite_paths(patch.raw, dict(moves)).decode()
+    return replace(
+        there,
+        patch=patch.key,
+        reason=Reason.MOVED,
+        moved_to=moves,
+        refreshed=placed,
+        warnings=(f"moved: {where}", *there.warnings),
+    ), ()
+
+
+def _bug_found_elsewhere(case: _Case, candidates: tuple[str, ...]) -> Verdict | None:
+    """5. The bug elsewhere in the package (a helper, a mixin, another module): needed, and
+    the maintainer carries it there."""
+    elsewhere = _bug_elsewhere(case.repo, case.tree, case.looks, case.hunks)
+    if not (elsewhere or candidates):
+        return None
+    named = {place.split(":", 1)[0] for place in elsewhere}
+    found = (*elsewhere, *(c for c in candidates if c not in named))
+    return case.verdict(
+        State.CONFLICT,
+        Reason.AMBIGUOUS,
+        State.CONFLICT,
+        (
+            "the code it fixes is not where the patch says; it is at "
+            + ", ".join(found)
+            + ": carry the fix there by hand (queue import) or decide",
+        ),
+        candidates=found,
+        bug=bool(elsewhere),
+    )
+
+
+def _upstream(case: _Case) -> Verdict | None:
+    """6. Every change there, no bug anywhere: upstream."""
+    if not all(k == "present" or (k == "git" and h.result_present) for k, _, h in case.rows()):
+        return None
+    merged = case.merged()
+    _, _, warn = decide(State.UPSTREAM, case.expected, pending=case.pending, base=case.base)
+    return case.verdict(State.UPSTREAM, Reason.UPSTREAM, State.UPSTREAM, warn, three_way=merged)
+
+
+_THERE = ("site", "present", "changed", "git")  # kinds of a hunk whose code is there
+
+
+def _rewritten(case: _Case) -> Verdict | None:
+    """7. Part of the code is gone, while the bug the others fix is still there."""
+    if all(k in _THERE for k in case.kinds) or not case.bug_here:
+        return None
+    lost = [str(look.number) for kind, look, _ in case.rows() if kind == "lost"]
+    kept = [look.where(look.sites[0]) for kind, look, _ in case.rows() if kind == "site"]
+    return case.verdict(
+        State.CONFLICT,
+        Reason.REWRITTEN,
+        State.CONFLICT,
+        (
+            f"hunk(s) {', '.join(lost)}: the code they change is gone from {case.base}, while"
+            f" the code the others fix is still there ({', '.join(kept)}): port the patch"
+            " by hand (queue import) or decide",
+        ),
+    )
+
+
+def _decided(case: _Case) -> Verdict:
+    """8. The rules decide: the hunks are there, changed (`conflict`), or gone (`absent`)."""
+    text = State.CONFLICT if all(k in _THERE for k in case.kinds) else State.ABSENT
+    merged = case.merged()
     state, reason, warnings = decide(
         text,
-        expected,
-        was_applied=was_applied,
+        case.expected,
+        was_applied=case.was_applied,
         three_way=merged,
-        pending=pending,
-        base=base,
+        pending=case.pending,
+        base=case.base,
     )
-    return verdict(state, reason, text, warnings, three_way=merged)
+    return case.verdict(state, reason, text, warnings, three_way=merged)
 
 
 def _three_way(repo: Repo, tree: str, patch: Patch) -> str:

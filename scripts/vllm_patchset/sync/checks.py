@@ -16,6 +16,7 @@ from vllm_patchset.overlay.upstream import Mirror, pin_base
 from vllm_patchset.series.patches import (
     Patch,
     Series,
+    Trailers,
     load_series,
     parse_patch,
     read_series_entries,
@@ -70,70 +71,89 @@ def trailer_problems(project: Project, patch: Patch, archived: bool) -> list[str
     `Upstream-PR` a pull request (URL or number) or `none` with its reason, `Regression-test`
     ids of tests that exist in tests/ (where the project has a tests/ folder)."""
     t = patch.trailers
-    where = f"{patch.path}"
-    out: list[str] = []
+    found = [
+        *_version_problems(t),
+        *_release_problems(t, project.pin, archived),
+        *_pr_problems(t.upstream_pr),
+        *_test_problems(project, t.regression_tests),
+    ]
+    return [f"{patch.path}:{_line(patch.raw, name + ':')}: {message}" for name, message in found]
 
-    def add(trailer: str, message: str) -> None:
-        out.append(f"{where}:{_line(patch.raw, trailer + ':')}: {message}")
 
+# (the trailer, what is wrong with it)
+_Problems = list[tuple[str, str]]
+
+
+def _version_problems(t: Trailers) -> _Problems:
+    """The versions, each on its own and the two together."""
+    out = []
     for name, value, nightly in (
         ("Introduced-in", t.introduced_in, True),
         ("Applied-upstream", t.applied_upstream, False),
     ):
         problem = versions.trailer_problem(name, value, nightly=nightly)
         if problem:
-            add(name, problem)
+            out.append((name, problem))
     if not t.introduced_in:
-        add("Introduced-in", "Introduced-in: empty (a release, or `nightly`)")
+        out.append(("Introduced-in", "Introduced-in: empty (a release, or `nightly`)"))
     if versions.older(t.applied_upstream, t.introduced_in):
-        add(
-            "Applied-upstream",
-            f"Applied-upstream: {t.applied_upstream} is before Introduced-in: {t.introduced_in}",
+        out.append(
+            (
+                "Applied-upstream",
+                f"Applied-upstream: {t.applied_upstream} is before Introduced-in:"
+                f" {t.introduced_in}",
+            )
         )
-    pin = project.pin
+    return out
+
+
+def _release_problems(t: Trailers, pin: str, archived: bool) -> _Problems:
+    """`Applied-upstream` against the pin: an archived patch's at or before it, a series
+    patch's (when a version) after it."""
     if archived and not t.applied_upstream:
-        add(
-            "Applied-upstream",
-            "Applied-upstream: empty on an archived patch (the release with the fix)",
-        )
+        why = "Applied-upstream: empty on an archived patch (the release with the fix)"
     elif archived and versions.older(pin, t.applied_upstream):
-        add(
-            "Applied-upstream",
-            f"Applied-upstream: {t.applied_upstream} on an archived patch is after the pin {pin}",
-        )
+        why = f"Applied-upstream: {t.applied_upstream} on an archived patch is after the pin {pin}"
     elif (
         not archived
         and versions.is_version(t.applied_upstream)
         and versions.is_version(pin)
         and not versions.older(pin, t.applied_upstream)
     ):
-        add(
-            "Applied-upstream",
+        why = (
             f"Applied-upstream: {t.applied_upstream} on a patch of the series is not a"
-            f" release after the pin {pin} (archive it, or empty it)",
+            f" release after the pin {pin} (archive it, or empty it)"
         )
-    pr = t.upstream_pr
+    else:
+        return []
+    return [("Applied-upstream", why)]
+
+
+def _pr_problems(pr: str) -> _Problems:
     words = pr.split()
     if words and words[0].lower() == "none":
         if len(words) == 1:
-            add("Upstream-PR", "Upstream-PR: `none` without its reason (e.g. `none (local)`)")
-    elif not (_PR_URL.match(pr) or _PR_NUMBER.match(pr)):
-        add(
-            "Upstream-PR",
-            f"Upstream-PR: {pr!r} is not a pull request URL or number, nor `none (why)`",
-        )
+            return [("Upstream-PR", "Upstream-PR: `none` without its reason (e.g. `none (local)`)")]
+        return []
+    if not (_PR_URL.match(pr) or _PR_NUMBER.match(pr)):
+        why = f"Upstream-PR: {pr!r} is not a pull request URL or number, nor `none (why)`"
+        return [("Upstream-PR", why)]
+    return []
+
+
+def _test_problems(project: Project, nodes: tuple[str, ...]) -> _Problems:
+    """Each id a test id; of a test that exists, where the project has a tests/ folder."""
     has_tests = (project.root / "tests").is_dir()
-    for node in t.regression_tests:
+    out = []
+    for node in nodes:
         match = _NODE.match(node)
         if not match:
-            add(
-                "Regression-test",
-                f"Regression-test: {node!r} is not a test id (tests/<file>.py::<test>)",
-            )
+            why = f"Regression-test: {node!r} is not a test id (tests/<file>.py::<test>)"
+            out.append(("Regression-test", why))
         elif has_tests:
             names = [n.split("[", 1)[0] for n in match.group(2).split("::") if n]
             if not _defines(project, match.group(1), names):
-                add("Regression-test", f"Regression-test: {node} does not exist in tests/")
+                out.append(("Regression-test", f"Regression-test: {node} does not exist in tests/"))
     return out
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_patchset.errors import BadInput, Finding
-from vllm_patchset.infra import fsio
+from vllm_patchset.infra import codec, fsio, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.infra.hashes import sha256_bytes
@@ -139,9 +139,9 @@ def _refuse_overwriting_edits(
             )
         return
     try:
-        then = {str(k): str(v) for k, v in json.loads(text).items()}
-    except (ValueError, AttributeError) as exc:
-        raise BadInput(f"{snapshot_path}: unreadable ({exc!r}): import again") from None
+        then = codec.from_doc(dict[str, str], jsonfile.parse(text))
+    except ValueError as exc:
+        raise BadInput(f"{snapshot_path}: unreadable ({exc}): import again") from None
     for name in sorted({*writes, *removes}):
         new = sha256_bytes(writes[name]) if name in writes else None
         if now.get(name) not in (then.get(name), new):
