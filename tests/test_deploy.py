@@ -44,6 +44,7 @@ from vllm_install import (
     tree_state,
 )
 from vllm_patchset.cli import main
+from vllm_patchset.deploy import guard
 from vllm_patchset.deploy.deploy import LOCK_TIMEOUT_ENV
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
@@ -416,7 +417,14 @@ def test_symlinks_leading_out_refused(cli: Cli, target: Path, tmp_path: Path, wh
     before, outside_before = tree_state(target), tree_state(outside.parent)
     code, out, err = cli("apply", "--target", str(target))
     assert (code, out) == (1, "")
-    assert err.startswith(f"vllm-patchset: refusing {link}: it is a symlink (to {outside});")
+    if what == "file":  # a file linked elsewhere, as uv's --link-mode symlink makes them
+        assert err == (
+            f"vllm-patchset: refusing to apply, nothing changed: {link} is a symlink (to"
+            f" {outside}), as `uv pip install --link-mode symlink` installs; reinstall vllm"
+            " with `--link-mode copy` (or hardlink) to apply the overlay\n"
+        )
+    else:
+        assert err.startswith(f"vllm-patchset: refusing {link}: it is a symlink (to {outside});")
     assert tree_state(target) == before
     assert tree_state(outside.parent) == outside_before
 
@@ -779,7 +787,7 @@ def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
     assert code != compile(overlay.patched(EDITED), str(target / EDITED), "exec", dont_inherit=True)
     code_, out, _ = cli("verify", "--target", str(target))
     assert code_ == 1
-    assert out.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"
+    assert out.splitlines()[-1] == f"  note: {stale_note(pyc)}"
 
     code_, out, _ = cli("apply", "--target", str(target))
     assert (code_, out.splitlines()[0]) == (0, header("apply", "already applied", target))
@@ -788,3 +796,60 @@ def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
     )
     assert not pyc.exists()
     assert cli("verify", "--target", str(target))[0] == 0
+
+
+def stale_note(pyc: Path) -> str:
+    return (
+        f"stale unchecked-hash bytecode {pyc}: Python runs it instead of the patched file"
+        " (`vllm-patchset overlay apply` removes it)"
+    )
+
+
+def test_stale_bytecode_of_the_pristine_file_is_reported_alike(
+    cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
+) -> None:
+    """A pyc of the pristine module, unchecked-hash, put back after apply (an image layer
+    compiled before the overlay): status, verify and the guard all say it is not active."""
+    t = str(target)
+    assert cli("apply", "--target", t)[0] == 0
+    pyc = Path(importlib.util.cache_from_source(str(target / EDITED)))
+    py_compile.compile(
+        str(pristine.root / EDITED),
+        cfile=str(pyc),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    patched = [f"  patched    {rel}" for rel in OVERLAID]
+    note = f"  note: {stale_note(pyc)}"
+    assert cli("status", "--target", t) == (
+        1,
+        "\n".join([header("status", "stale bytecode", target), *patched, note]) + "\n",
+        "",
+    )
+    code, out, _ = cli("verify", "--target", t)
+    assert (code, out.splitlines()[0], out.splitlines()[-1]) == (
+        1,
+        header("verify", "NOT verified", target),
+        note,
+    )
+    assert guard.check(target) == (
+        False,
+        f"vllm-patchset: the overlay on vllm 0.24.0 at {target}/vllm is NOT active: stale"
+        f" unchecked-hash bytecode {pyc} runs instead of the patched file (run `vllm-patchset"
+        " overlay apply`: it removes them)",
+    )
+    assert cli("apply", "--target", t) == (
+        0,
+        "\n".join(
+            [
+                header("apply", "already applied", target),
+                *patched,
+                f"  note: removed the stale unchecked-hash bytecode {pyc}",
+            ]
+        )
+        + "\n",
+        "",
+    )
+    assert not pyc.exists()
+    assert cli("status", "--target", t)[0] == 0
+    assert guard.check(target).active

@@ -446,7 +446,10 @@ def test_a_fifo_for_a_pyc_is_reported_not_read(overlay: Overlay, target: Path) -
     os.mkfifo(pyc)
     done = cli(*deploy_args(overlay, "verify", "--target", target), timeout=60)
     assert done.returncode == 1
-    assert done.stdout.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"
+    assert done.stdout.splitlines()[-1] == (
+        f"  note: stale unchecked-hash bytecode {pyc}: Python runs it instead of the patched"
+        " file (`vllm-patchset overlay apply` removes it)"
+    )
 
 
 def test_symlinked_originals_are_refused(overlay: Overlay, target: Path, tmp_path: Path) -> None:

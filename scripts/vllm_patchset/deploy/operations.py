@@ -11,8 +11,9 @@ from vllm_patchset.deploy.bytecode import (
     check_bytecode_removable,
     left_bytecode,
     remove_bytecode,
-    stale_bytecode,
+    stale_notes,
 )
+from vllm_patchset.deploy.guard import stale_bytecode
 from vllm_patchset.deploy.plan import (
     Plan,
     current,
@@ -46,6 +47,7 @@ def apply(
     """Install the overlay of `lock` (files from `overlay_dir`): every file or none."""
     target.refuse_symlinked_state()
     target.check_version(lock)
+    target.refuse_linked(lock)
     paths = {e.path: target.path(e.path) for e in lock.entries}
     overlay = overlay_files(lock, overlay_dir)
     pending = target.pending()
@@ -67,8 +69,8 @@ def apply(
     with target.locked():
         repaired = Transaction.recover(target)
         plan = plan_apply(target, lock, read_record(target), force=force)
-        if plan.done:
-            notes = [repaired, *plan.notes]
+        if plan.done:  # the stale bytecode of the files in place goes all the same
+            notes = [repaired, *plan.notes, *_remove_stale(target, lock)]
             return make_report("apply", "already applied", target, lock, plan.files, notes)
         notes = [repaired, *_apply_plan(target, plan, paths, overlay)]
     outcome = "applied" if plan.steps or not lock.entries else "already applied"
@@ -123,6 +125,16 @@ def _save_originals(
     return originals
 
 
+def _remove_stale(target: Target, lock: Lock) -> list[str]:
+    notes = []
+    for entry in lock.entries:
+        path = target.path(entry.path)
+        for pyc in stale_bytecode(path):
+            remove_bytecode(path)
+            notes.append(f"removed the stale unchecked-hash bytecode {pyc}")
+    return notes
+
+
 def _would_repair(command: str, target: Target, lock: Lock) -> Report:
     outcome = f"would repair an interrupted run, then {command}"
     return make_report(command, outcome, target, lock, current(target, lock))
@@ -145,7 +157,7 @@ def revert(target: Target, lock: Lock, *, dry_run: bool = False, force: bool = F
         return _would_repair("revert", target, applied)
     if dry_run or not target.state.exists():  # no state: no record, nothing to lock or remove
         return _revert_unlocked(target, lock, record, dry_run=dry_run, force=force)
-    paths = [target.path(e.path) for e in applied.entries]
+    paths = [target.path(e.path, linked=True) for e in applied.entries]
     try:
         target.check_writable(paths)
     except ReadOnlyTarget:
@@ -212,16 +224,14 @@ def verify(target: Target, lock: Lock) -> Report:
         problems.append(_record_problem(target, lock, read_record(target)))
         files = []
         for entry in lock.entries:
-            path = target.path(entry.path)
-            data = fsio.read_regular(path)
+            path = target.path(entry.path, linked=True)
+            data = fsio.read_regular(path, follow=True)
             sha = None if data is None else sha256_bytes(data)
             files.append(FileState(entry.path, state_of(entry, sha), sha))
             if files[-1].state != "patched":
                 problems.append(f"{entry.path} is {files[-1].state}")
             elif data is not None:
-                problems += [
-                    f"stale unchecked-hash bytecode {p}" for p in stale_bytecode(path, data)
-                ]
+                problems += stale_notes(path, data)
     ok = not any(problems)
     outcome = "verified" if ok else "NOT verified"
     return make_report("verify", outcome, target, lock, files, problems, ok=ok)
@@ -252,6 +262,10 @@ def status(target: Target, lock: Lock) -> Report:
     record = read_record(target)
     files = current(target, lock)
     outcome, fine = _status_outcome(target, lock, record, {f.state for f in files})
+    stale = [n for e in lock.entries for n in stale_notes(target.path(e.path, linked=True))]
+    if outcome == "applied" and stale:
+        outcome, fine = "stale bytecode", False
+        notes += stale
     ok = ok and fine
     if outcome == "gone":
         assert record is not None
@@ -273,7 +287,7 @@ def status(target: Target, lock: Lock) -> Report:
 def _repair(target: Target, lock: Lock) -> tuple[str | None, bool]:
     """Recover an interrupted run, where the target can be written: (the note, ok)."""
     try:
-        target.check_writable([target.path(e.path) for e in lock.entries])
+        target.check_writable([target.path(e.path, linked=True) for e in lock.entries])
         with target.locked():
             note = Transaction.recover(target)
         fsio.interrupt_leaves(f"{note}; nothing else was changed")
