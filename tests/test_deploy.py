@@ -34,6 +34,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    by_patch,
     cli_command,
     journal_path,
     read_only,
@@ -110,7 +111,11 @@ def test_apply_verify_reapply_revert_round_trip(
     assert cli("status", "--target", t) == (
         0,
         "\n".join(
-            [header("status", "not applied", target), *(f"  pristine   {rel}" for rel in OVERLAID)]
+            [
+                header("status", "not applied", target),
+                *(f"  pristine   {rel}" for rel in OVERLAID),
+                *by_patch("not applied"),
+            ]
         )
         + "\n",
         "",
@@ -661,6 +666,7 @@ def test_revert_killed_at_each_write_then_finished(
         [
             header("status", "not applied", target),
             *(f"  pristine   {rel}" for rel in OVERLAID),
+            *by_patch("not applied"),
             f"  note: finished an interrupted revert ({restored} of {N} files had been restored)",
         ],
     )
@@ -823,7 +829,10 @@ def test_stale_bytecode_of_the_pristine_file_is_reported_alike(
     note = f"  note: {stale_note(pyc)}"
     assert cli("status", "--target", t) == (
         1,
-        "\n".join([header("status", "stale bytecode", target), *patched, note]) + "\n",
+        "\n".join(
+            [header("status", "stale bytecode", target), *patched, *by_patch("applied"), note]
+        )
+        + "\n",
         "",
     )
     code, out, _ = cli("verify", "--target", t)
@@ -853,3 +862,30 @@ def test_stale_bytecode_of_the_pristine_file_is_reported_alike(
     assert not pyc.exists()
     assert cli("status", "--target", t)[0] == 0
     assert guard.check(target).active
+
+
+# -- per patch ---------------------------------------------------------------------------------
+def test_status_per_patch_from_the_lock_s_file_map(
+    cli: Cli, target: Path, pristine: Pristine
+) -> None:
+    """One overlaid file put back to pristine after apply: each patch that touches it is
+    partly applied (or not at all, where it touches nothing else), the others applied."""
+    assert cli("apply", "--target", str(target))[0] == 0
+    replace_file(target / EDITED, (pristine.root / EDITED).read_bytes())
+    expected = []
+    for patch in PATCHES:
+        files = [e.path for e in LOCK.entries if patch in e.patches]
+        state = "applied" if EDITED not in files else "partly" if len(files) > 1 else "not applied"
+        expected.append({"patch": patch, "state": state, "files": files})
+    code, out, _ = cli("status", "--target", str(target))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            header("status", "partial", target),
+            *(f"  {'pristine' if r == EDITED else 'patched':10} {r}" for r in OVERLAID),
+            "  by patch (the lock's map of files to patches):",
+            *(f"    {p['state']:11} {p['patch']}" for p in expected),
+        ],
+    )
+    code, out, _ = cli("status", "--target", str(target), "--json")
+    assert (code, json.loads(out)["by_patch"]) == (1, expected)

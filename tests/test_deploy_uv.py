@@ -15,7 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from vllm_install import EDITED, OVERLAID, PATCHES, Overlay, Pristine, record_mismatches
+from vllm_install import (
+    EDITED,
+    OVERLAID,
+    PATCHES,
+    Overlay,
+    Pristine,
+    by_patch,
+    record_mismatches,
+)
 from vllm_patchset.cli import main
 from vllm_patchset.deploy import guard
 
@@ -89,7 +97,13 @@ def test_symlinked_install_is_read_through_and_never_written(
 
     assert cli("status", "--target", t) == (
         0,
-        "\n".join([header("status", "not applied", site), *(f"  pristine   {r}" for r in OVERLAID)])
+        "\n".join(
+            [
+                header("status", "not applied", site),
+                *(f"  pristine   {r}" for r in OVERLAID),
+                *by_patch("not applied"),
+            ]
+        )
         + "\n",
         "",
     )

@@ -32,6 +32,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    by_patch,
     record_mismatches,
     replace_file,
 )
@@ -613,6 +614,7 @@ def test_pip_force_reinstall_under_an_applied_overlay(
     assert out.splitlines() == [
         header("status", "gone", site),
         *(f"  pristine   {rel}" for rel in OVERLAID),
+        *by_patch("not applied"),
         GONE_NOTE.format(patches=", ".join(PATCHES)),
     ]
     assert (

@@ -3,6 +3,7 @@ target's lock where it writes), then carries the plan out in a `Transaction`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,16 +29,18 @@ from vllm_patchset.deploy.report import (
     Report,
     files_after,
     make_report,
+    patch_states,
     state_of,
     unified_diff,
 )
 from vllm_patchset.deploy.source import no_overlay, overlay_files
 from vllm_patchset.deploy.target import UNDO, ReadOnlyTarget, Target, check_writable
 from vllm_patchset.deploy.transaction import Transaction
+from vllm_patchset.errors import Finding
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.infra.installed import JOURNAL, ORIGINALS, STATE_DIR
-from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.lock import Lock, LockEntry
 
 
 # -- apply -------------------------------------------------------------------------------------
@@ -281,7 +284,8 @@ def status(target: Target, lock: Lock) -> Report:
         )
     elif record is None and outcome == "applied":
         notes.append("no record of this apply: `overlay revert` cannot restore the originals")
-    return make_report("status", outcome, target, lock, files, notes, ok=ok)
+    report = make_report("status", outcome, target, lock, files, notes, ok=ok)
+    return dataclasses.replace(report, by_patch=patch_states(lock, files))
 
 
 def _repair(target: Target, lock: Lock) -> tuple[str | None, bool]:
@@ -311,8 +315,17 @@ def _status_outcome(
 
 
 # -- diff, orphaned state --------------------------------------------------------------------
-def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[str, str]]:
-    """What apply would change: each overlaid file as installed against the overlay's."""
+DIFF_SHOWS = {
+    False: "installed -> overlay (what `overlay apply` would change)",
+    True: "pristine -> overlay (what the overlay changes in {package} {version})",
+}
+
+
+def diff(
+    target: Target, lock: Lock, overlay_dir: Path, *, pristine: bool = False
+) -> tuple[Report, dict[str, str]]:
+    """What apply would change: each overlaid file as installed against the overlay's; with
+    `pristine`, the pristine file (installed, else the original saved by apply) against it."""
     target.refuse_symlinked_state()
     target.check_version(lock)
     overlay = overlay_files(lock, overlay_dir)
@@ -322,11 +335,30 @@ def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[st
         sha = None if data is None else sha256_bytes(data)
         state = state_of(entry, sha)
         files.append(FileState(entry.path, state, sha, None if state == "patched" else "patch"))
-        diffs[entry.path] = (
-            "" if state == "patched" else unified_diff(entry.path, data, overlay[entry.path])
-        )
+        if pristine:
+            data = data if state == "pristine" else _saved_pristine(target, entry, state)
+        same = sha256_bytes(data) == entry.patched_sha256 if data is not None else False
+        diffs[entry.path] = "" if same else unified_diff(entry.path, data, overlay[entry.path])
     outcome = "differs" if any(diffs.values()) else "no difference"
-    return make_report("diff", outcome, target, lock, files), diffs
+    notes = []
+    if not pristine and outcome == "no difference" and lock.entries:
+        notes.append(
+            "the overlay is applied: `vllm-patchset overlay diff --pristine` shows what it"
+            f" changes in {target.package} {target.version}"
+        )
+    return make_report("diff", outcome, target, lock, files, notes), diffs
+
+
+def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes:
+    """The pristine bytes of a file that is not pristine, as apply saved them."""
+    record = read_record(target)
+    if record is not None and record.originals.get(entry.path) == entry.pristine_sha256:
+        return target.saved_original(entry.path, entry.pristine_sha256)
+    raise Finding(
+        f"no pristine {entry.path} at {target.root}: the installed file is {state} and no"
+        f" original of the pristine one is saved there; reinstall"
+        f" {target.package}=={target.version} to see the overlay's changes"
+    )
 
 
 def orphaned(root: Path, package: str, lock: Lock | None, command: str, why: str) -> Report:
