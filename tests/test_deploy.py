@@ -528,7 +528,23 @@ def break_no_package(target: Path) -> str:
     return f"{target} holds no vllm package (vllm/__init__.py is missing)"
 
 
-BROKEN_INSTALLS = (break_no_dist_info, break_two_dist_infos, break_no_version, break_no_package)
+def break_metadata_linked_to_a_fifo(target: Path) -> str:
+    """A link is read through (uv's --link-mode symlink), but only to a regular file."""
+    meta = target / "vllm-0.24.0.dist-info" / "METADATA"
+    fifo = target / "metadata.fifo"
+    os.mkfifo(fifo)
+    meta.unlink()
+    meta.symlink_to(fifo)
+    return f"refusing {meta}: it is a FIFO, not a regular file"
+
+
+BROKEN_INSTALLS = (
+    break_no_dist_info,
+    break_two_dist_infos,
+    break_no_version,
+    break_metadata_linked_to_a_fifo,
+    break_no_package,
+)
 
 
 @pytest.mark.parametrize("breakage", BROKEN_INSTALLS)
