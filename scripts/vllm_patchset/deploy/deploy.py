@@ -169,11 +169,11 @@ def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> in
     code = 0 if report.ok else 1
     changes = diff_text(diffs, colour=colours())
     if args.overlay_command == "diff":
-        shows = DIFF_SHOWS[args.pristine].format(
-            package=Path(report.target).name, version=report.version
-        )
-        doc["shows"] = shows.split(" (")[0]
-        head = [report.head(), f"  shows: {shows}", *(f"  note: {n}" for n in report.notes)]
+        shows, meaning = DIFF_SHOWS[args.pristine]
+        meaning = meaning.format(package=Path(report.target).name, version=report.version)
+        doc["shows"] = shows
+        head = [report.head(), f"  shows: {shows} ({meaning})"]
+        head += [f"  note: {note}" for note in report.notes]
         return emit(args, "\n".join([*head, changes.rstrip("\n")]).rstrip("\n"), doc, code)
     text = report.text() + ("\n" + changes.rstrip("\n") if changes else "")
     return emit(args, text, doc, code)

@@ -315,9 +315,9 @@ def _status_outcome(
 
 
 # -- diff, orphaned state --------------------------------------------------------------------
-DIFF_SHOWS = {
-    False: "installed -> overlay (what `overlay apply` would change)",
-    True: "pristine -> overlay (what the overlay changes in {package} {version})",
+DIFF_SHOWS = {  # which diff `overlay diff` shows (`--pristine`: True), and what it means
+    False: ("installed -> overlay", "what `overlay apply` would change"),
+    True: ("pristine -> overlay", "what the overlay changes in {package} {version}"),
 }
 
 
