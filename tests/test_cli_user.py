@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from support import export_committed
 from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
-from vllm_install import OVERLAID, PATCHES, Overlay, Pristine
+from vllm_install import EDITED, OVERLAID, PATCHES, Overlay, Pristine, by_patch, replace_file
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
 from vllm_patchset.gpu.kit import write_kit
 from vllm_patchset.infra.config import Project
@@ -312,8 +312,13 @@ def test_overlay_diff_is_what_apply_changes(
     overlay: Overlay, target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ("--project", overlay.project.root, "overlay")
-    code, diff, err = cli(capsys, *args, "diff", "--target", target)
+    code, out, err = cli(capsys, *args, "diff", "--target", target)
     assert (code, err) == (0, "")
+    head, shows, diff = out.split("\n", 2)  # the report's line, which diff, then the diff
+    assert (head, shows) == (
+        f"overlay diff: differs ({target}/vllm, 0.24.0; overlay for 0.24.0: {SERIES})",
+        "  shows: installed -> overlay (what `overlay apply` would change)",
+    )
     headers = [line for line in diff.splitlines() if line.startswith(("--- ", "+++ "))]
     assert headers == [h for rel in OVERLAID for h in (f"--- a/{rel}", f"+++ b/{rel}")]
     # The diff is a patch: applied to a copy of the installed files, it gives the overlay's.
@@ -337,12 +342,39 @@ def test_overlay_diff_is_what_apply_changes(
     doc = json.loads(out)
     chunks = ["--- " + c for c in diff.split("\n--- ")]  # one file's diff each, in lock order
     chunks = [c.removeprefix("--- ") if i == 0 else c for i, c in enumerate(chunks)]
-    assert (code, doc["outcome"]) == (0, "differs")
+    assert (code, doc["outcome"], doc["shows"]) == (0, "differs", "installed -> overlay")
     assert [f["diff"] for f in doc["files"]] == [
         c if c.endswith("\n") else c + "\n" for c in chunks
     ]
     assert cli(capsys, *args, "apply", "--target", target)[0] == 0
-    assert cli(capsys, *args, "diff", "--target", target) == (0, "", "")
+    where = f"({target}/vllm, 0.24.0; overlay for 0.24.0: {SERIES})"
+    assert cli(capsys, *args, "diff", "--target", target) == (
+        0,
+        f"overlay diff: no difference {where}\n"
+        "  shows: installed -> overlay (what `overlay apply` would change)\n"
+        "  note: the overlay is applied: `vllm-patchset overlay diff --pristine` shows what it"
+        " changes in vllm 0.24.0\n",
+        "",
+    )
+    # What the overlay changed in this vllm, once applied: pristine (the saved originals) to
+    # the overlay's files, the diff that apply had to make.
+    assert cli(capsys, *args, "diff", "--pristine", "--target", target) == (
+        0,
+        f"overlay diff: differs {where}\n"
+        "  shows: pristine -> overlay (what the overlay changes in vllm 0.24.0)\n" + diff,
+        "",
+    )
+    code, out, _ = cli(capsys, *args, "diff", "--pristine", "--target", target, "--json")
+    assert (code, json.loads(out)["shows"]) == (0, "pristine -> overlay")
+    assert cli(capsys, *args, "revert", "--target", target)[0] == 0
+    replace_file(target / EDITED, b"edited\n")  # neither pristine nor saved: nothing to show
+    assert cli(capsys, *args, "diff", "--pristine", "--target", target) == (
+        1,
+        "",
+        f"vllm-patchset: no pristine {EDITED} at {target}: the installed file is modified and no"
+        " original of the pristine one is saved there; reinstall vllm==0.24.0 to see the"
+        " overlay's changes\n",
+    )
 
 
 @pytest.mark.parametrize(("env", "coloured"), [({}, True), ({"NO_COLOR": "1"}, False)])
@@ -481,7 +513,12 @@ def test_status_and_revert_need_only_the_record(
     assert tool("overlay", "status", "--target", target, cwd=elsewhere) == (
         0,
         "\n".join(
-            [f"overlay status: applied {head}", *(f"  patched    {r}" for r in OVERLAID), note]
+            [
+                f"overlay status: applied {head}",
+                *(f"  patched    {r}" for r in OVERLAID),
+                *by_patch("applied"),
+                note,
+            ]
         )
         + "\n",
         "",

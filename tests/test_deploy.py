@@ -34,6 +34,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    by_patch,
     cli_command,
     journal_path,
     read_only,
@@ -44,6 +45,7 @@ from vllm_install import (
     tree_state,
 )
 from vllm_patchset.cli import main
+from vllm_patchset.deploy import guard
 from vllm_patchset.deploy.deploy import LOCK_TIMEOUT_ENV
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
@@ -109,7 +111,11 @@ def test_apply_verify_reapply_revert_round_trip(
     assert cli("status", "--target", t) == (
         0,
         "\n".join(
-            [header("status", "not applied", target), *(f"  pristine   {rel}" for rel in OVERLAID)]
+            [
+                header("status", "not applied", target),
+                *(f"  pristine   {rel}" for rel in OVERLAID),
+                *by_patch("not applied"),
+            ]
         )
         + "\n",
         "",
@@ -416,7 +422,14 @@ def test_symlinks_leading_out_refused(cli: Cli, target: Path, tmp_path: Path, wh
     before, outside_before = tree_state(target), tree_state(outside.parent)
     code, out, err = cli("apply", "--target", str(target))
     assert (code, out) == (1, "")
-    assert err.startswith(f"vllm-patchset: refusing {link}: it is a symlink (to {outside});")
+    if what == "file":  # a file linked elsewhere, as uv's --link-mode symlink makes them
+        assert err == (
+            f"vllm-patchset: refusing to apply, nothing changed: {link} is a symlink (to"
+            f" {outside}), as `uv pip install --link-mode symlink` installs; reinstall vllm"
+            " with `--link-mode copy` (or hardlink) to apply the overlay\n"
+        )
+    else:
+        assert err.startswith(f"vllm-patchset: refusing {link}: it is a symlink (to {outside});")
     assert tree_state(target) == before
     assert tree_state(outside.parent) == outside_before
 
@@ -515,7 +528,23 @@ def break_no_package(target: Path) -> str:
     return f"{target} holds no vllm package (vllm/__init__.py is missing)"
 
 
-BROKEN_INSTALLS = (break_no_dist_info, break_two_dist_infos, break_no_version, break_no_package)
+def break_metadata_linked_to_a_fifo(target: Path) -> str:
+    """A link is read through (uv's --link-mode symlink), but only to a regular file."""
+    meta = target / "vllm-0.24.0.dist-info" / "METADATA"
+    fifo = target / "metadata.fifo"
+    os.mkfifo(fifo)
+    meta.unlink()
+    meta.symlink_to(fifo)
+    return f"refusing {meta}: it is a FIFO, not a regular file"
+
+
+BROKEN_INSTALLS = (
+    break_no_dist_info,
+    break_two_dist_infos,
+    break_no_version,
+    break_metadata_linked_to_a_fifo,
+    break_no_package,
+)
 
 
 @pytest.mark.parametrize("breakage", BROKEN_INSTALLS)
@@ -653,6 +682,7 @@ def test_revert_killed_at_each_write_then_finished(
         [
             header("status", "not applied", target),
             *(f"  pristine   {rel}" for rel in OVERLAID),
+            *by_patch("not applied"),
             f"  note: finished an interrupted revert ({restored} of {N} files had been restored)",
         ],
     )
@@ -779,7 +809,7 @@ def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
     assert code != compile(overlay.patched(EDITED), str(target / EDITED), "exec", dont_inherit=True)
     code_, out, _ = cli("verify", "--target", str(target))
     assert code_ == 1
-    assert out.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"
+    assert out.splitlines()[-1] == f"  note: {stale_note(pyc)}"
 
     code_, out, _ = cli("apply", "--target", str(target))
     assert (code_, out.splitlines()[0]) == (0, header("apply", "already applied", target))
@@ -788,3 +818,90 @@ def test_verify_flags_stale_unchecked_bytecode_and_apply_clears_it(
     )
     assert not pyc.exists()
     assert cli("verify", "--target", str(target))[0] == 0
+
+
+def stale_note(pyc: Path) -> str:
+    return (
+        f"stale unchecked-hash bytecode {pyc}: Python runs it instead of the patched file"
+        " (`vllm-patchset overlay apply` removes it)"
+    )
+
+
+def test_stale_bytecode_of_the_pristine_file_is_reported_alike(
+    cli: Cli, target: Path, overlay: Overlay, pristine: Pristine
+) -> None:
+    """A pyc of the pristine module, unchecked-hash, put back after apply (an image layer
+    compiled before the overlay): status, verify and the guard all say it is not active."""
+    t = str(target)
+    assert cli("apply", "--target", t)[0] == 0
+    pyc = Path(importlib.util.cache_from_source(str(target / EDITED)))
+    py_compile.compile(
+        str(pristine.root / EDITED),
+        cfile=str(pyc),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    patched = [f"  patched    {rel}" for rel in OVERLAID]
+    note = f"  note: {stale_note(pyc)}"
+    assert cli("status", "--target", t) == (
+        1,
+        "\n".join(
+            [header("status", "stale bytecode", target), *patched, *by_patch("applied"), note]
+        )
+        + "\n",
+        "",
+    )
+    code, out, _ = cli("verify", "--target", t)
+    assert (code, out.splitlines()[0], out.splitlines()[-1]) == (
+        1,
+        header("verify", "NOT verified", target),
+        note,
+    )
+    assert guard.check(target) == (
+        False,
+        f"vllm-patchset: the overlay on vllm 0.24.0 at {target}/vllm is NOT active: stale"
+        f" unchecked-hash bytecode {pyc} runs instead of the patched file (run `vllm-patchset"
+        " overlay apply`: it removes them)",
+    )
+    assert cli("apply", "--target", t) == (
+        0,
+        "\n".join(
+            [
+                header("apply", "already applied", target),
+                *patched,
+                f"  note: removed the stale unchecked-hash bytecode {pyc}",
+            ]
+        )
+        + "\n",
+        "",
+    )
+    assert not pyc.exists()
+    assert cli("status", "--target", t)[0] == 0
+    assert guard.check(target).active
+
+
+# -- per patch ---------------------------------------------------------------------------------
+def test_status_per_patch_from_the_lock_s_file_map(
+    cli: Cli, target: Path, pristine: Pristine
+) -> None:
+    """One overlaid file put back to pristine after apply: each patch that touches it is
+    partly applied (or not at all, where it touches nothing else), the others applied."""
+    assert cli("apply", "--target", str(target))[0] == 0
+    replace_file(target / EDITED, (pristine.root / EDITED).read_bytes())
+    expected = []
+    for patch in PATCHES:
+        files = [e.path for e in LOCK.entries if patch in e.patches]
+        state = "applied" if EDITED not in files else "partly" if len(files) > 1 else "not applied"
+        expected.append({"patch": patch, "state": state, "files": files})
+    code, out, _ = cli("status", "--target", str(target))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            header("status", "partial", target),
+            *(f"  {'pristine' if r == EDITED else 'patched':10} {r}" for r in OVERLAID),
+            "  by patch (the lock's map of files to patches):",
+            *(f"    {p['state']:11} {p['patch']}" for p in expected),
+        ],
+    )
+    code, out, _ = cli("status", "--target", str(target), "--json")
+    assert (code, json.loads(out)["by_patch"]) == (1, expected)

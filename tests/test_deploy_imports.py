@@ -32,6 +32,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.deploy",
     "vllm_patchset.deploy.bytecode",
     "vllm_patchset.deploy.deploy",
+    "vllm_patchset.deploy.guard",  # stdlib only: the stale-bytecode check of status and verify
     "vllm_patchset.deploy.operations",
     "vllm_patchset.deploy.pack",
     "vllm_patchset.deploy.plan",

@@ -32,6 +32,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    by_patch,
     record_mismatches,
     replace_file,
 )
@@ -446,7 +447,10 @@ def test_a_fifo_for_a_pyc_is_reported_not_read(overlay: Overlay, target: Path) -
     os.mkfifo(pyc)
     done = cli(*deploy_args(overlay, "verify", "--target", target), timeout=60)
     assert done.returncode == 1
-    assert done.stdout.splitlines()[-1] == f"  note: stale unchecked-hash bytecode {pyc}"
+    assert done.stdout.splitlines()[-1] == (
+        f"  note: stale unchecked-hash bytecode {pyc}: Python runs it instead of the patched"
+        " file (`vllm-patchset overlay apply` removes it)"
+    )
 
 
 def test_symlinked_originals_are_refused(overlay: Overlay, target: Path, tmp_path: Path) -> None:
@@ -610,6 +614,7 @@ def test_pip_force_reinstall_under_an_applied_overlay(
     assert out.splitlines() == [
         header("status", "gone", site),
         *(f"  pristine   {rel}" for rel in OVERLAID),
+        *by_patch("not applied"),
         GONE_NOTE.format(patches=", ".join(PATCHES)),
     ]
     assert (

@@ -28,6 +28,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    by_patch,
     record_mismatches,
 )
 from vllm_patchset.cli import main
@@ -230,6 +231,8 @@ def test_the_packed_wheel_deploys_without_the_checkout(
 
     def report(command: str, outcome: str, word: str, *notes: str) -> str:
         files = [f"  {word:10} {rel}" for rel in OVERLAID]
+        if command == "status":  # the per-patch view beside the files
+            files += by_patch({"patched": "applied"}.get(word, "not applied"))
         return "\n".join([header(command, outcome, site), *files, *notes]) + "\n"
 
     assert tool("--version") == (
@@ -243,7 +246,14 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         assert (site / rel).read_bytes() == overlay.patched(rel)
     assert tool("overlay", "verify") == (0, report("verify", "verified", "patched"), "")
     assert tool("overlay", "status") == (0, report("status", "applied", "patched"), "")
-    assert tool("overlay", "diff") == (0, "", "")
+    assert tool("overlay", "diff") == (
+        0,
+        f"overlay diff: no difference ({site}/vllm, 0.24.0; overlay for 0.24.0: {SERIES})\n"
+        "  shows: installed -> overlay (what `overlay apply` would change)\n"
+        "  note: the overlay is applied: `vllm-patchset overlay diff --pristine` shows what it"
+        " changes in vllm 0.24.0\n",
+        "",
+    )
     plugins = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; from vllm_patchset.deploy import guard;"
          " print([e.value for e in m.entry_points(group='vllm.general_plugins', name='vllm_patchset_guard')]);"

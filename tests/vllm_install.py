@@ -281,3 +281,11 @@ def journal_path(target: Path) -> Path:
 def record_doc(target: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads((target / ".vllm-patchset" / "applied.json").read_text())
     return data
+
+
+def by_patch(state: str) -> list[str]:
+    """The per-patch lines of `overlay status` with every patch of the series in `state`."""
+    return [
+        "  by patch (the lock's map of files to patches):",
+        *(f"    {state:11} {p}" for p in PATCHES),
+    ]

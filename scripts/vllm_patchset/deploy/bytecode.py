@@ -3,24 +3,14 @@ source, so apply removes every pyc of a file it replaces, and verify finds stale
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from vllm_patchset.deploy.guard import STALE, bytecode_files, stale_bytecode
 from vllm_patchset.deploy.target import ReadOnlyTarget
 from vllm_patchset.infra import fsio
-from vllm_patchset.infra.fsio import UnsafePath
-
-
-def bytecode_files(source: Path) -> list[Path]:
-    """`__pycache__/<module>.*.pyc` of a module, for every interpreter and optimization level."""
-    cache = source.parent / "__pycache__"
-    if not cache.is_dir() or cache.is_symlink():
-        return []
-    prefix = source.name.removesuffix(".py") + "."
-    return sorted(p for p in cache.iterdir() if p.name.startswith(prefix) and p.suffix == ".pyc")
 
 
 def remove_bytecode(source: Path, *, strict: bool = True) -> None:
@@ -86,18 +76,11 @@ def left_bytecode(sources: Iterable[Path]) -> list[str]:
     ]
 
 
-def stale_bytecode(source: Path, data: bytes) -> list[Path]:
-    """Unchecked-hash pycs that do not match `data`: Python would run them instead of it."""
-    stale = []
-    for pyc in bytecode_files(source):
-        try:
-            head = fsio.read_regular(pyc, limit=16) or b""
-        except UnsafePath:
-            stale.append(pyc)  # not a regular file where a pyc should be: not the patched code
-            continue
-        flags = int.from_bytes(head[4:8], "little")
-        if flags & 0b01 and not flags & 0b10:  # hash-based, check_source off (PEP 552)
-            current = head[:4] == importlib.util.MAGIC_NUMBER
-            if not (current and head[8:16] == importlib.util.source_hash(data)):
-                stale.append(pyc)
-    return stale
+def stale_notes(source: Path, data: bytes | None = None) -> list[str]:
+    """What status and verify say of each stale unchecked-hash pyc of `source` (its bytes
+    `data`, else read only where an unchecked-hash pyc is there)."""
+    return [
+        f"{STALE} {pyc}: Python runs it instead of the patched file (`vllm-patchset overlay"
+        " apply` removes it)"
+        for pyc in stale_bytecode(source, data)
+    ]

@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset.console import colours, emit
-from vllm_patchset.deploy.operations import apply, diff, orphaned, revert, status, verify
+from vllm_patchset.deploy.operations import (
+    DIFF_SHOWS,
+    apply,
+    diff,
+    orphaned,
+    revert,
+    status,
+    verify,
+)
 from vllm_patchset.deploy.record import read_record
 from vllm_patchset.deploy.report import Report, diff_text
 from vllm_patchset.deploy.source import Source, no_overlay, overlay_source, packaged_overlay
@@ -83,6 +91,13 @@ def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(
                 "--diff", action="store_true", help="also print the changes as a unified diff"
             )
+        if name == "diff":
+            p.add_argument(
+                "--pristine",
+                action="store_true",
+                help="pristine vllm -> overlay (what the overlay changes), also once applied;"
+                " default: installed -> overlay (what apply would change)",
+            )
 
 
 NO_OVERLAY = (
@@ -134,7 +149,7 @@ def _run(
     lock = source.lock if source else _recorded(target)
     if command == "diff":
         assert source is not None
-        return diff(target, lock, source.files)
+        return diff(target, lock, source.files, pristine=args.pristine)
     if command == "apply":
         assert source is not None
         diffs = diff(target, lock, source.files)[1] if args.diff else {}
@@ -154,7 +169,12 @@ def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> in
     code = 0 if report.ok else 1
     changes = diff_text(diffs, colour=colours())
     if args.overlay_command == "diff":
-        return emit(args, changes.rstrip("\n"), doc, code)
+        shows, meaning = DIFF_SHOWS[args.pristine]
+        meaning = meaning.format(package=Path(report.target).name, version=report.version)
+        doc["shows"] = shows
+        head = [report.head(), f"  shows: {shows} ({meaning})"]
+        head += [f"  note: {note}" for note in report.notes]
+        return emit(args, "\n".join([*head, changes.rstrip("\n")]).rstrip("\n"), doc, code)
     text = report.text() + ("\n" + changes.rstrip("\n") if changes else "")
     return emit(args, text, doc, code)
 

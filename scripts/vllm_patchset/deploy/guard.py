@@ -114,6 +114,15 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             f" ({', '.join(unpatched)}): its fixes are NOT active (run"
             " `vllm-patchset overlay status`, then apply)",
         )
+    stale = [pyc for rel in files for pyc in _stale_of(root, package, rel)]
+    if stale:
+        return Outcome(
+            False,
+            f"vllm-patchset: the overlay on {package} {version} at {where} is NOT active:"
+            f" {STALE} {stale[0]} runs instead of the patched file"
+            + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else "")
+            + " (run `vllm-patchset overlay apply`: it removes them)",
+        )
     return Outcome(
         True,
         f"vllm-patchset: overlay active on {package} {version}:"
@@ -136,6 +145,46 @@ def _sha256(root: Path, package: str, rel: str, size: int | None) -> str | None:
     except (PatchsetError, OSError):  # a FIFO, another size, missing: not the patched file
         return None
     return digest.hexdigest()
+
+
+STALE = "stale unchecked-hash bytecode"  # the words of status, verify and this guard
+
+
+def bytecode_files(source: Path) -> list[Path]:
+    """`__pycache__/<module>.*.pyc` of a module, for every interpreter and optimization level."""
+    cache = source.parent / "__pycache__"
+    if not cache.is_dir() or cache.is_symlink():
+        return []
+    prefix = source.name.removesuffix(".py") + "."
+    return sorted(p for p in cache.iterdir() if p.name.startswith(prefix) and p.suffix == ".pyc")
+
+
+def stale_bytecode(source: Path, data: bytes | None = None) -> list[Path]:
+    """Unchecked-hash pycs that do not match the source (`data`, else read only when such a
+    pyc is there): Python would run them instead of it. Cheap where there is none."""
+    stale = []
+    for pyc in bytecode_files(source):
+        try:
+            head = read_regular(pyc, limit=16) or b""
+        except PatchsetError:
+            stale.append(pyc)  # not a regular file where a pyc should be: not the patched code
+            continue
+        flags = int.from_bytes(head[4:8], "little")
+        if flags & 0b01 and not flags & 0b10:  # hash-based, check_source off (PEP 552)
+            if data is None:
+                data = read_regular(source, follow=True) or b""
+            current = head[:4] == importlib.util.MAGIC_NUMBER
+            if not (current and head[8:16] == importlib.util.source_hash(data)):
+                stale.append(pyc)
+    return stale
+
+
+def _stale_of(root: Path, package: str, rel: str) -> list[Path]:
+    parts = path_parts(package, rel)
+    try:
+        return stale_bytecode(root.joinpath(*parts)) if parts is not None else []
+    except (PatchsetError, OSError):
+        return []
 
 
 def _installed_root(package: str) -> Path | None:

@@ -3,6 +3,7 @@ target's lock where it writes), then carries the plan out in a `Transaction`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -11,8 +12,9 @@ from vllm_patchset.deploy.bytecode import (
     check_bytecode_removable,
     left_bytecode,
     remove_bytecode,
-    stale_bytecode,
+    stale_notes,
 )
+from vllm_patchset.deploy.guard import stale_bytecode
 from vllm_patchset.deploy.plan import (
     Plan,
     current,
@@ -27,16 +29,18 @@ from vllm_patchset.deploy.report import (
     Report,
     files_after,
     make_report,
+    patch_states,
     state_of,
     unified_diff,
 )
 from vllm_patchset.deploy.source import no_overlay, overlay_files
 from vllm_patchset.deploy.target import UNDO, ReadOnlyTarget, Target, check_writable
 from vllm_patchset.deploy.transaction import Transaction
+from vllm_patchset.errors import Finding
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.infra.installed import JOURNAL, ORIGINALS, STATE_DIR
-from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.lock import Lock, LockEntry
 
 
 # -- apply -------------------------------------------------------------------------------------
@@ -46,6 +50,7 @@ def apply(
     """Install the overlay of `lock` (files from `overlay_dir`): every file or none."""
     target.refuse_symlinked_state()
     target.check_version(lock)
+    target.refuse_linked(lock)
     paths = {e.path: target.path(e.path) for e in lock.entries}
     overlay = overlay_files(lock, overlay_dir)
     pending = target.pending()
@@ -67,8 +72,8 @@ def apply(
     with target.locked():
         repaired = Transaction.recover(target)
         plan = plan_apply(target, lock, read_record(target), force=force)
-        if plan.done:
-            notes = [repaired, *plan.notes]
+        if plan.done:  # the stale bytecode of the files in place goes all the same
+            notes = [repaired, *plan.notes, *_remove_stale(target, lock)]
             return make_report("apply", "already applied", target, lock, plan.files, notes)
         notes = [repaired, *_apply_plan(target, plan, paths, overlay)]
     outcome = "applied" if plan.steps or not lock.entries else "already applied"
@@ -123,6 +128,16 @@ def _save_originals(
     return originals
 
 
+def _remove_stale(target: Target, lock: Lock) -> list[str]:
+    notes = []
+    for entry in lock.entries:
+        path = target.path(entry.path)
+        for pyc in stale_bytecode(path):
+            remove_bytecode(path)
+            notes.append(f"removed the stale unchecked-hash bytecode {pyc}")
+    return notes
+
+
 def _would_repair(command: str, target: Target, lock: Lock) -> Report:
     outcome = f"would repair an interrupted run, then {command}"
     return make_report(command, outcome, target, lock, current(target, lock))
@@ -145,7 +160,7 @@ def revert(target: Target, lock: Lock, *, dry_run: bool = False, force: bool = F
         return _would_repair("revert", target, applied)
     if dry_run or not target.state.exists():  # no state: no record, nothing to lock or remove
         return _revert_unlocked(target, lock, record, dry_run=dry_run, force=force)
-    paths = [target.path(e.path) for e in applied.entries]
+    paths = [target.path(e.path, linked=True) for e in applied.entries]
     try:
         target.check_writable(paths)
     except ReadOnlyTarget:
@@ -212,16 +227,14 @@ def verify(target: Target, lock: Lock) -> Report:
         problems.append(_record_problem(target, lock, read_record(target)))
         files = []
         for entry in lock.entries:
-            path = target.path(entry.path)
-            data = fsio.read_regular(path)
+            path = target.path(entry.path, linked=True)
+            data = fsio.read_regular(path, follow=True)
             sha = None if data is None else sha256_bytes(data)
             files.append(FileState(entry.path, state_of(entry, sha), sha))
             if files[-1].state != "patched":
                 problems.append(f"{entry.path} is {files[-1].state}")
             elif data is not None:
-                problems += [
-                    f"stale unchecked-hash bytecode {p}" for p in stale_bytecode(path, data)
-                ]
+                problems += stale_notes(path, data)
     ok = not any(problems)
     outcome = "verified" if ok else "NOT verified"
     return make_report("verify", outcome, target, lock, files, problems, ok=ok)
@@ -252,6 +265,10 @@ def status(target: Target, lock: Lock) -> Report:
     record = read_record(target)
     files = current(target, lock)
     outcome, fine = _status_outcome(target, lock, record, {f.state for f in files})
+    stale = [n for e in lock.entries for n in stale_notes(target.path(e.path, linked=True))]
+    if outcome == "applied" and stale:
+        outcome, fine = "stale bytecode", False
+        notes += stale
     ok = ok and fine
     if outcome == "gone":
         assert record is not None
@@ -267,13 +284,14 @@ def status(target: Target, lock: Lock) -> Report:
         )
     elif record is None and outcome == "applied":
         notes.append("no record of this apply: `overlay revert` cannot restore the originals")
-    return make_report("status", outcome, target, lock, files, notes, ok=ok)
+    report = make_report("status", outcome, target, lock, files, notes, ok=ok)
+    return dataclasses.replace(report, by_patch=patch_states(lock, files))
 
 
 def _repair(target: Target, lock: Lock) -> tuple[str | None, bool]:
     """Recover an interrupted run, where the target can be written: (the note, ok)."""
     try:
-        target.check_writable([target.path(e.path) for e in lock.entries])
+        target.check_writable([target.path(e.path, linked=True) for e in lock.entries])
         with target.locked():
             note = Transaction.recover(target)
         fsio.interrupt_leaves(f"{note}; nothing else was changed")
@@ -297,8 +315,17 @@ def _status_outcome(
 
 
 # -- diff, orphaned state --------------------------------------------------------------------
-def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[str, str]]:
-    """What apply would change: each overlaid file as installed against the overlay's."""
+DIFF_SHOWS = {  # which diff `overlay diff` shows (`--pristine`: True), and what it means
+    False: ("installed -> overlay", "what `overlay apply` would change"),
+    True: ("pristine -> overlay", "what the overlay changes in {package} {version}"),
+}
+
+
+def diff(
+    target: Target, lock: Lock, overlay_dir: Path, *, pristine: bool = False
+) -> tuple[Report, dict[str, str]]:
+    """What apply would change: each overlaid file as installed against the overlay's; with
+    `pristine`, the pristine file (installed, else the original saved by apply) against it."""
     target.refuse_symlinked_state()
     target.check_version(lock)
     overlay = overlay_files(lock, overlay_dir)
@@ -308,11 +335,30 @@ def diff(target: Target, lock: Lock, overlay_dir: Path) -> tuple[Report, dict[st
         sha = None if data is None else sha256_bytes(data)
         state = state_of(entry, sha)
         files.append(FileState(entry.path, state, sha, None if state == "patched" else "patch"))
-        diffs[entry.path] = (
-            "" if state == "patched" else unified_diff(entry.path, data, overlay[entry.path])
-        )
+        if pristine:
+            data = data if state == "pristine" else _saved_pristine(target, entry, state)
+        same = sha256_bytes(data) == entry.patched_sha256 if data is not None else False
+        diffs[entry.path] = "" if same else unified_diff(entry.path, data, overlay[entry.path])
     outcome = "differs" if any(diffs.values()) else "no difference"
-    return make_report("diff", outcome, target, lock, files), diffs
+    notes = []
+    if not pristine and outcome == "no difference" and lock.entries:
+        notes.append(
+            "the overlay is applied: `vllm-patchset overlay diff --pristine` shows what it"
+            f" changes in {target.package} {target.version}"
+        )
+    return make_report("diff", outcome, target, lock, files, notes), diffs
+
+
+def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes:
+    """The pristine bytes of a file that is not pristine, as apply saved them."""
+    record = read_record(target)
+    if record is not None and record.originals.get(entry.path) == entry.pristine_sha256:
+        return target.saved_original(entry.path, entry.pristine_sha256)
+    raise Finding(
+        f"no pristine {entry.path} at {target.root}: the installed file is {state} and no"
+        f" original of the pristine one is saved there; reinstall"
+        f" {target.package}=={target.version} to see the overlay's changes"
+    )
 
 
 def orphaned(root: Path, package: str, lock: Lock | None, command: str, why: str) -> Report:

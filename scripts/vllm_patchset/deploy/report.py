@@ -25,6 +25,13 @@ class FileState:
 
 
 @dataclass(frozen=True)
+class PatchState:
+    patch: str
+    state: str  # applied | not applied | partly: from the states of the files the lock maps to it
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Report:
     command: str
     outcome: str
@@ -35,16 +42,41 @@ class Report:
     patches: tuple[str, ...]
     files: tuple[FileState, ...]
     notes: tuple[str, ...] = ()
+    by_patch: tuple[PatchState, ...] = ()  # status: each patch of the lock, applied or not
 
-    def text(self) -> str:
-        lines = [
+    def head(self) -> str:
+        return (
             f"overlay {self.command}: {self.outcome} ({self.target},"
             f" {self.version or 'not installed'};"
             f" overlay for {self.lock_version}: {', '.join(self.patches) or 'no patches'})"
-        ]
+        )
+
+    def text(self) -> str:
+        lines = [self.head()]
         lines += [f"  {f.action or f.state:10} {f.path}" for f in self.files]
+        if self.by_patch:
+            lines.append("  by patch (the lock's map of files to patches):")
+            lines += [f"    {p.state:11} {p.patch}" for p in self.by_patch]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def patch_states(lock: Lock, files: Iterable[FileState]) -> tuple[PatchState, ...]:
+    """Each patch of `lock`: applied when every file it touches is patched, not applied when
+    none is, else partly (the per-file view says which)."""
+    states = {f.path: f.state for f in files}
+    out = []
+    for patch in lock.patches:
+        paths = tuple(e.path for e in lock.entries if patch in e.patches)
+        found = {states.get(p) for p in paths}
+        if found == {"patched"}:
+            state = "applied"
+        elif "patched" in found:
+            state = "partly"
+        else:
+            state = "not applied"
+        out.append(PatchState(patch, state, paths))
+    return tuple(out)
 
 
 def state_of(entry: LockEntry, sha: str | None) -> str:

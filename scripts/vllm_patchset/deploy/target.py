@@ -51,6 +51,10 @@ class ReadOnlyTarget(Finding):
     pass
 
 
+class LinkedInstall(Finding):
+    pass
+
+
 class NoPackage(BadInput):
     """No package where the target should hold one; `root` is where its state would be."""
 
@@ -101,17 +105,37 @@ class Target:
         """A path in the state dir, no symlink on the way (the state dir itself included)."""
         return fsio.no_symlink_below(self.root, [STATE_DIR, *parts])
 
-    def path(self, rel: str) -> Path:
-        """The path of a lock entry in the target, refusing anything that could lead out of it."""
+    def path(self, rel: str, *, linked: bool = False) -> Path:
+        """The path of a lock entry in the target, refusing anything that could lead out of it.
+
+        `linked`: the file itself may be a symlink (uv's `--link-mode symlink` links each file
+        into its cache); its reads follow it to a regular file, and a write replaces the link,
+        never what it points to. The folders on the way may not be links."""
         parts = path_parts(self.package, rel)
         if parts is None:
             raise UnsafePath(
                 f"refusing lock path {rel!r}: only relative paths inside the {self.package}"
                 " package are deployed"
             )
-        path = fsio.no_symlink_below(self.root, parts)
+        if linked:
+            path = fsio.no_symlink_below(self.root, parts[:-1]) / parts[-1]
+        else:
+            path = fsio.no_symlink_below(self.root, parts)
         fsio.no_symlink_below(path.parent, ["__pycache__"])
         return path
+
+    def refuse_linked(self, lock: Lock) -> None:
+        """Apply writes no file that is a symlink: uv's `--link-mode symlink` shares it with
+        uv's cache and every environment made from it."""
+        for entry in lock.entries:
+            path = self.path(entry.path, linked=True)
+            if path.is_symlink():
+                raise LinkedInstall(
+                    f"refusing to apply, nothing changed: {path} is a symlink (to"
+                    f" {os.readlink(path)}), as `uv pip install --link-mode symlink` installs;"
+                    f" reinstall {self.package} with `--link-mode copy` (or hardlink) to apply"
+                    " the overlay"
+                )
 
     def refuse_symlinked_state(self) -> None:
         for name in (LOCK_FILE, ORIGINALS, UNDO, RECORD, JOURNAL):
@@ -119,14 +143,16 @@ class Target:
 
     # -- reads -----------------------------------------------------------------------------------
     def read(self, rel: str) -> bytes | None:
-        return fsio.read_regular(self.path(rel))
+        """The bytes of an installed file (through a link to a regular file), None: missing."""
+        return fsio.read_regular(self.path(rel, linked=True), follow=True)
 
     def file_sha(self, rel: str) -> str | None:
         """The sha256 of an installed file, streamed in chunks (a large file is never held
-        whole), or None when it is missing; a FIFO or a link is refused before it is opened."""
-        path = self.path(rel)
+        whole), or None when it is missing; a FIFO is refused before it is opened, a link is
+        read through to a regular file."""
+        path = self.path(rel, linked=True)
         try:
-            return sha256_file(path)
+            return sha256_file(path, follow=True)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:

@@ -16,11 +16,11 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, *, follow: bool = False) -> str:
     """Streamed in chunks (a large file is never held whole; lstat-checked: a FIFO is never
-    opened)."""
+    opened; `follow`: a link to a regular file is read through)."""
     digest = hashlib.sha256()
-    for chunk in read_chunks(path):
+    for chunk in read_chunks(path, follow=follow):
         digest.update(chunk)
     return digest.hexdigest()
 

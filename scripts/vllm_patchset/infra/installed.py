@@ -52,7 +52,9 @@ def dist_info(root: Path, package: str) -> Path:
 def _dist_file(root: Path, package: str, name: str) -> bytes:
     path = dist_info(root, package) / name
     try:
-        data = read_regular(path, limit=64 << 20)  # no FIFO is opened: the guard reads this
+        # no FIFO is opened: the guard reads this; a link to a regular file is read through (uv's
+        # `--link-mode symlink` links every file of an install into its cache)
+        data = read_regular(path, limit=64 << 20, follow=True)
     except UnsafePath as exc:  # it names the path
         raise BadInput(str(exc)) from None
     except OSError as exc:

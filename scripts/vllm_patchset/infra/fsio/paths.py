@@ -83,18 +83,21 @@ def no_symlink_below(root: Path, parts: Iterable[str]) -> Path:
     return root.joinpath(*parts)
 
 
-def read_regular(path: Path, *, limit: int | None = None) -> bytes | None:
+def read_regular(path: Path, *, limit: int | None = None, follow: bool = False) -> bytes | None:
     """The bytes of a regular file (the first `limit` of them), or None when it is missing.
 
     A symlink, FIFO, device or dir is refused with UnsafePath before anything opens it; the
     open itself is O_NOFOLLOW | O_NONBLOCK, so a file swapped for a FIFO meanwhile cannot
-    block either."""
+    block either. With `follow`, a symlink whose target is a regular file is read through (an
+    install made of links, as uv's `--link-mode symlink` makes: read-only use only)."""
     info = lstat_or_none(path)
+    if info is not None and follow and stat.S_ISLNK(info.st_mode):
+        info = stat_or_none(path)  # a dangling link: missing
     if info is None:
         return None
     if not stat.S_ISREG(info.st_mode):
         raise UnsafePath(f"refusing {path}: it is {kind_of(info.st_mode)}, not a regular file")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
