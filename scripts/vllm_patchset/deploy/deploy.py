@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.console import colours, emit
+from vllm_patchset.console import colours, emit, fit
 from vllm_patchset.deploy.operations import apply, diff, orphaned, revert, status, verify
 from vllm_patchset.deploy.record import read_record
 from vllm_patchset.deploy.report import Report, diff_text
@@ -154,9 +154,9 @@ def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> in
     code = 0 if report.ok else 1
     changes = diff_text(diffs, colour=colours())
     if args.overlay_command == "diff":
-        return emit(args, changes.rstrip("\n"), doc, code)
-    text = report.text() + ("\n" + changes.rstrip("\n") if changes else "")
-    return emit(args, text, doc, code)
+        return emit(args, changes.rstrip("\n"), doc, code, verbatim=True)
+    text = fit(report.text()) + ("\n" + changes.rstrip("\n") if changes else "")
+    return emit(args, text, doc, code, verbatim=True)  # the report fitted, the diff as it is
 
 
 def _recorded(target: Target) -> Lock:
