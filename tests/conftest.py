@@ -70,6 +70,10 @@ def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "NETRC"):
         monkeypatch.delenv(name, raising=False)
+    # Reports fit the terminal ($COLUMNS, else 80 when piped): the exact texts of the tests are
+    # a wide terminal's, whose lines a temporary path of any length does not break;
+    # tests/test_terminal.py runs every report in 80 columns.
+    monkeypatch.setenv("COLUMNS", "1000")
     _guard_active = True
     try:
         yield
@@ -78,12 +82,13 @@ def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The upstream mirror for the whole session (env VLLM_PATCHSET_TEST_CACHE reuses one)."""
-    if env := os.environ.get("VLLM_PATCHSET_TEST_CACHE"):
-        Path(env).mkdir(parents=True, exist_ok=True)
-        return Path(env)
-    return tmp_path_factory.mktemp("upstream-cache")
+def cache_dir() -> Path:
+    """The upstream mirror and downloads for the whole session, kept from one session to the
+    next: $VLLM_PATCHSET_TEST_CACHE, else `.cache/test-upstream` in the checkout (git-ignored),
+    so that the README's test command downloads each release once."""
+    cache = Path(os.environ.get("VLLM_PATCHSET_TEST_CACHE") or REPO / ".cache" / "test-upstream")
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
 
 
 # Every release a test reads, fetched once before the first test: a test's exact stderr must

@@ -71,7 +71,8 @@ def test_cache_list(capsys: pytest.CaptureFixture[str], tiny: Project, cache: Pa
     rows = _rows(cache)
     total = sum(r[2] for r in rows)
     lines = [f"cache: {cache} ({len(rows)} items, {human(total)})"]
-    lines += [f"  {r:<6}  {k:<5}  {human(s):>8}  {p}{n}" for r, k, s, p, n in rows]
+    size = max(len(human(r[2])) for r in rows)
+    lines += [f"  {r:<6}  {k:<5}  {human(s):>{size}}  {p}{n}" for r, k, s, p, n in rows]
     assert cli(capsys, tiny.root, "cache", "list") == (0, "\n".join(lines) + "\n", "")
     code, out, err = cli(capsys, tiny.root, "cache", "list", "--json")
     doc = json.loads(out)

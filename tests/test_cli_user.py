@@ -128,9 +128,16 @@ def test_help_is_for_users_and_lists_the_exit_codes(capsys: pytest.CaptureFixtur
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["--version"])
-    assert (exited.value.code, capsys.readouterr().out) == (0, "vllm-patchset 0.1.0\n")
+    assert cli(capsys, "--version") == (0, "vllm-patchset 0.1.0\n", "")
+    assert cli(capsys, "--version", "--json") == (
+        0,
+        json.dumps(
+            {"ok": True, "command": "", "exit_code": 0, "version": "0.1.0", "overlay": None},
+            indent=2,
+        )
+        + "\n",
+        "",
+    )
 
 
 @pytest.mark.parametrize(
@@ -270,25 +277,30 @@ version  U0001     0001                    0002
 U0001  patches/upstreamed/{STORY_ARCHIVED.name}
 0001   patches/{STORY_FIX.name}
 0002   patches/{STORY_LOCAL.name}
-states: applies (needed, applies cleanly), upstream (the version has the fix), absent (the code it
-  fixes is not there), conflict (needed, does not apply); (verdict) when finer, * a warning below
-* WARNING 1.2 0001: text says absent, trailers say applies: the code it changes is gone (rewritten
-    or removed upstream)
-* WARNING 1.2 0002: text says absent, trailers say applies: the code it changes is gone (rewritten
-    or removed upstream)
+states: applies (needed, applies cleanly), upstream (the version has the fix),
+  absent (the code it fixes is not there), conflict (needed, does not apply);
+  (verdict) when finer, * a warning below
+* WARNING 1.2 0001: text says absent, trailers say applies: the code it changes
+  is gone (rewritten or removed upstream)
+* WARNING 1.2 0002: text says absent, trailers say applies: the code it changes
+  is gone (rewritten or removed upstream)
 1 cosmetic note(s) on upstreamed code (--verbose shows them)
 """
 # With --verbose the cosmetic note is shown where the count was.
 MATRIX_VERBOSE = MATRIX.replace(
     "1 cosmetic note(s) on upstreamed code (--verbose shows them)\n",
-    "  note 1.1 0001: hunk 1 (vllm/layers/moe.py): code matches upstream, comment lines differ\n",
+    "  note 1.1 0001: hunk 1 (vllm/layers/moe.py): code matches upstream, comment\n"
+    "    lines differ\n",
 )
 
 
-def test_the_matrix_reads_in_100_columns(tiny: Project, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_matrix_reads_in_80_columns(
+    tiny: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
     code, out, err = cli(capsys, "--project", tiny.root, "matrix", "1.2", "1.1", "1.0")
     assert (code, out) == (0, MATRIX)
-    assert max(len(line) for line in out.splitlines()) <= 100
+    assert max(len(line) for line in out.splitlines()) <= 80
     assert err.startswith("matrix: 3 trees x 3 patches in ")
     code, out, _ = cli(capsys, "--project", tiny.root, "matrix", "1.2", "1.1", "1.0", "--verbose")
     assert (code, out) == (0, MATRIX_VERBOSE)
@@ -299,7 +311,7 @@ def test_matrix_states_are_coloured_on_a_terminal(
     tiny: Project, env: dict[str, str], coloured: bool
 ) -> None:
     argv = ("--project", tiny.root, "matrix", "1.2", "1.1", "1.0")
-    code, shown = on_a_terminal(*argv, env=env, stream="stdout")
+    code, shown = on_a_terminal(*argv, env={"COLUMNS": "80", **env}, stream="stdout")
     text = shown.decode().replace("\r\n", "\n")
     assert code == 0
     assert ("\x1b[32mapplies\x1b[0m" in text) is coloured

@@ -217,6 +217,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     elsewhere.mkdir()
     # As in an image: no git (GitPython will not even import without it), no checkout.
     env = {"PATH": str(env_root / "bin"), "HOME": str(tmp_path / "home"), "LC_ALL": "C.UTF-8"}
+    env["COLUMNS"] = os.environ["COLUMNS"]  # the exact texts are a wide terminal's (conftest)
 
     def tool(*args: str) -> tuple[int, str, str]:
         done = subprocess.run(
@@ -239,6 +240,11 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         0,
         f"vllm-patchset {wheel_version(overlay)} (overlay for vllm 0.24.0: {SERIES})\n",
         "",
+    )
+    code, out, _ = tool("--version", "--json")
+    assert (code, json.loads(out)["overlay"]) == (
+        0,
+        {"package": "vllm", "version": "0.24.0", "patches": list(PATCHES)},
     )
     assert tool("overlay", "status") == (0, report("status", "not applied", "pristine"), "")
     assert tool("overlay", "apply") == (0, report("apply", "applied", "patch"), "")

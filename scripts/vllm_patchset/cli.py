@@ -16,14 +16,14 @@ import textwrap
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # The deploy commands (`overlay apply|verify|revert|status|diff`, on a serving image that has
 # the tool's wheel but maybe not every dependency of the other commands) import only what they
 # use: the command modules imported here import the modules that do the work in their handlers,
 # and those of COMMAND_MODULES are imported by build_parser for the lines that may name them.
 from vllm_patchset.commands import check, fetch, matrix, overlay, queue, releases, status, tree
-from vllm_patchset.console import print_json
+from vllm_patchset.console import emit, print_json
 from vllm_patchset.deploy import deploy
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio
@@ -47,7 +47,7 @@ exit codes:
   0        success
   1        a finding: a mismatch, a conflict, drift, a decision needed
   2        bad usage or input (nothing was changed)
-  3        an internal error: a bug of vllm-patchset (--verbose shows the traceback)
+  3        an internal error: a bug of vllm-patchset (--verbose: its traceback)
   130, 143 interrupted (SIGINT, SIGTERM): the message says what the run left
   141      the reader of stdout went away
 --project, --cache-dir, --verbose and --json go before or after the subcommand."""
@@ -59,6 +59,27 @@ class UsageError(BadInput):
     def __init__(self, message: str, command: str) -> None:
         super().__init__(message)
         self.command = command
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help with the usage in the terminal's width: argparse keeps a group of
+    choices (`(--onto VERSION | ... | --abort)`) on one line however long; such a line is
+    broken between words here."""
+
+    def _format_usage(self, *args: Any) -> str:
+        lines = []
+        for line in super()._format_usage(*args).split("\n"):
+            indent = " " * (len(line) - len(line.lstrip()))
+            if len(line) > self._width:
+                line = textwrap.fill(
+                    line.lstrip(),
+                    self._width,
+                    initial_indent=indent,
+                    subsequent_indent=indent + " ",
+                    break_on_hyphens=False,
+                )
+            lines.append(line)
+        return "\n".join(lines)
 
 
 class Parser(argparse.ArgumentParser):
@@ -119,7 +140,7 @@ def _finish(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
     sub = parser.get_default("subcommands")
     for name, command in (sub.choices if sub else {}).items():
         command.epilog = EXIT_CODES
-        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.formatter_class = Formatter
         _add_global_options(command, top=False)
         command.set_defaults(command_name=" ".join((*path, name)))
         _finish(command, (*path, name))
@@ -130,9 +151,9 @@ def _needs_subcommand(group: argparse.ArgumentParser, command: str) -> UsageErro
     return UsageError(f"{what} is needed: {', '.join(subcommand_names(group))}", command)
 
 
-def version_line() -> str:
+def version_report() -> tuple[str, dict[str, object]]:
     """`vllm-patchset --version`: the installed version (pip's), and the overlay it carries
-    (a wheel `overlay pack` built)."""
+    (a wheel `overlay pack` built), as the text and the JSON body."""
     from importlib.metadata import PackageNotFoundError, version
 
     from vllm_patchset import __version__
@@ -143,11 +164,13 @@ def version_line() -> str:
         installed = __version__
     packed = deploy.packaged_overlay()
     if packed is None:
-        return f"vllm-patchset {installed}"
+        return f"vllm-patchset {installed}", {"version": installed, "overlay": None}
     lock = packed.lock
+    overlay = {"package": lock.package, "version": lock.version, "patches": list(lock.patches)}
     return (
         f"vllm-patchset {installed} (overlay for {lock.package} {lock.version}:"
-        f" {', '.join(lock.patches) or 'no patches'})"
+        f" {', '.join(lock.patches) or 'no patches'})",
+        {"version": installed, "overlay": overlay},
     )
 
 
@@ -158,12 +181,12 @@ def build_parser(*, every_command: bool = True) -> argparse.ArgumentParser:
         prog="vllm-patchset",
         description=textwrap.fill(DESCRIPTION, 79),
         epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Formatter,
     )
     parser.add_argument(
         "--version",
-        action="version",
-        version=version_line(),
+        dest="show_version",  # `fetch VERSION` has a `version` of its own
+        action="store_true",
         help="print the version (and the overlay, for a wheel built by `overlay pack`)",
     )
     _add_global_options(parser, top=True)
@@ -231,12 +254,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             command, verbose, as_json = args.command_name, args.verbose, args.json
             if extra:
                 raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")
-            if args.func is None:  # `vllm-patchset overlay`: its subcommands
+            if args.show_version:  # whatever follows it, as argparse's own --version did
+                code = emit(args, *version_report())
+            elif args.func is None:  # `vllm-patchset overlay`: its subcommands
                 args.group.print_help(sys.stderr)
                 raise _needs_subcommand(args.group, command)
-            handler: Handler = args.func
-            with _one_writer(args):
-                code = handler(args)
+            else:
+                handler: Handler = args.func
+                with _one_writer(args):
+                    code = handler(args)
             sys.stdout.flush()  # here, so that a closed pipe is seen inside the boundary
             return code
         except BrokenPipeError:

@@ -9,8 +9,11 @@ exactly its text (or its one JSON document). The start-up guard never imports th
 from __future__ import annotations
 
 import argparse
+import io
 import json
-from collections.abc import Iterator, Mapping
+import re
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +32,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.style import Style
-from rich.text import Text
+from rich.table import Table
+from rich.text import Span, Text
 
 
 # -- the JSON documents ----------------------------------------------------------------------
@@ -45,14 +49,97 @@ def print_json(command: str, exit_code: int, body: Mapping[str, Any]) -> None:
     print(json.dumps(document(command, exit_code, body), indent=2))
 
 
-def emit(args: argparse.Namespace, text: str, body: Mapping[str, Any], exit_code: int = 0) -> int:
-    """A command's one output on stdout: `text`, or with --json `body` as a document. Returns
-    the exit code, for `return emit(...)`."""
+def emit(
+    args: argparse.Namespace,
+    text: str,
+    body: Mapping[str, Any],
+    exit_code: int = 0,
+    *,
+    verbatim: bool = False,
+) -> int:
+    """A command's one output on stdout: `text` fitted to the terminal (`fit`; `verbatim`
+    text, a diff, as it is), or with --json `body` as a document. Returns the exit code, for
+    `return emit(...)`."""
     if args.json:
         print_json(args.command_name, exit_code, body)
     elif text:
-        print(text)
+        print(text if verbatim else fit(text))
     return exit_code
+
+
+# -- the terminal's width --------------------------------------------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes `paint` adds
+
+
+def width() -> int:
+    """The columns of stdout: $COLUMNS, else the terminal's, else 80 (piped or captured)."""
+    return _console(stderr=False).width
+
+
+def fit(text: str, columns: int | None = None) -> str:
+    """Each line of `text` in at most `columns` (default: `width()`), broken between words
+    only (a path or a word longer than a line stays whole), the rest of a line indented two
+    more than its start. Quoted code (a line whose text starts with `| `) is left as it is."""
+    columns = columns or width()
+    out: list[str] = []
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        if len(_ANSI.sub("", line)) <= columns or body.startswith("| "):
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(body))
+        out += textwrap.wrap(
+            body,
+            columns,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]
+    return "\n".join(out)
+
+
+def table(
+    heading: Sequence[str] | None,
+    rows: Sequence[Sequence[tuple[str, str]]],
+    *,
+    colour: bool = False,
+    right: Sequence[int] = (),
+) -> str:
+    """A table of (text, style) cells under `heading` (None: no heading) in the terminal's
+    width: rich's `Table`, columns two apart, no borders, the columns `right` right-aligned;
+    a cell too wide is wrapped between words inside its column, never inside a word (a path
+    longer than the terminal makes the table wider). Styles as ANSI codes when `colour`; no
+    trailing blanks."""
+    columns = len(rows[0]) if rows else len(heading or ())
+    cells = [*([heading] if heading else []), *([text for text, _ in row] for row in rows)]
+    longest = [
+        max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(columns)
+    ]
+    grid = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, show_header=heading is not None)
+    grid.header_style = ""
+    for i in range(columns):
+        name = heading[i] if heading else ""
+        grid.add_column(name, min_width=longest[i], justify="right" if i in right else "left")
+    for row in rows:
+        # The style on the text only (a span), not on the blanks that pad its cell.
+        grid.add_row(
+            *(
+                Text(text, spans=[Span(0, len(text), style)] if colour and style else [])
+                for text, style in row
+            )
+        )
+    console = Console(
+        file=io.StringIO(),
+        width=max(width(), sum(longest) + 2 * (columns - 1)),
+        color_system="standard" if colour else None,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
+    console.print(grid)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return "\n".join(line.rstrip() for line in text.rstrip("\n").split("\n"))
 
 
 # -- colours ---------------------------------------------------------------------------------
@@ -161,7 +248,10 @@ __all__ = [
     "diff_line_style",
     "document",
     "emit",
+    "fit",
     "paint",
     "print_json",
     "progress",
+    "table",
+    "width",
 ]

@@ -24,6 +24,19 @@ def is_version(text: str) -> bool:
     return parse(text) is not None
 
 
+def normal(text: str) -> str | None:
+    """PEP 440's normal form of `text` (`V0.25.0RC1` is 0.25.0rc1), or None: not a version."""
+    version = parse(text)
+    return None if version is None else str(version)
+
+
+def spelt_as(version: str, spellings: Iterable[str]) -> str | None:
+    """The one of `spellings` that PEP 440 holds equal to `version` (0.24 is 0.24.0, and
+    0.24.0.0), or None."""
+    wanted = parse(version)
+    return next((s for s in spellings if wanted is not None and parse(s) == wanted), None)
+
+
 def ordered(versions: Iterable[str]) -> list[str]:
     """PEP 440 order (0.22.0 < 0.22.1 < 0.25.0rc1 < 0.25.0 < 0.25.0.post1)."""
     return sorted(versions, key=Version)

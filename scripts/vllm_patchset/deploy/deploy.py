@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.console import colours, emit
+from vllm_patchset.console import colours, emit, fit
 from vllm_patchset.deploy.operations import (
     DIFF_SHOWS,
     apply,
@@ -174,9 +174,10 @@ def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> in
         doc["shows"] = shows
         head = [report.head(), f"  shows: {shows} ({meaning})"]
         head += [f"  note: {note}" for note in report.notes]
-        return emit(args, "\n".join([*head, changes.rstrip("\n")]).rstrip("\n"), doc, code)
-    text = report.text() + ("\n" + changes.rstrip("\n") if changes else "")
-    return emit(args, text, doc, code)
+        text = "\n".join([fit("\n".join(head)), changes.rstrip("\n")]).rstrip("\n")
+        return emit(args, text, doc, code, verbatim=True)  # the head fitted, the diff as it is
+    text = fit(report.text()) + ("\n" + changes.rstrip("\n") if changes else "")
+    return emit(args, text, doc, code, verbatim=True)  # the report fitted, the diff as it is
 
 
 def _recorded(target: Target) -> Lock:

@@ -26,7 +26,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_patchset import versions
-from vllm_patchset.console import emit
+from vllm_patchset.console import emit, table
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project, default_cache_dir
 from vllm_patchset.infra.gitrepo import Repo
@@ -122,11 +122,14 @@ def _order(item: Item) -> tuple[int, bool, Version, str]:
 def _table(cache: Path, items: list[Item], title: str) -> str:
     total = sum(i.size for i in items)
     lines = [f"{title}: {cache} ({len(items)} items, {human(total)})"]
-    width = max((len(i.release) for i in items), default=0)
+    rows = []
     for i in items:
         note = " (pin)" if i.pin else " (prunable)" if i.prunable else ""
         note = f" ({i.detail})" if i.detail else note
-        lines.append(f"  {i.release:<{width}}  {i.kind:<5}  {human(i.size):>8}  {i.path}{note}")
+        cells = ("", i.release, i.kind, human(i.size), f"{i.path}{note}")
+        rows.append([(cell, "") for cell in cells])
+    if rows:
+        lines.append(table(None, rows, right=(3,)))
     return "\n".join(lines)
 
 

@@ -55,9 +55,11 @@ def is_version(version: str) -> bool:
 
 
 def check_version(version: str) -> str:
-    if not is_version(version):
+    """`version` in PEP 440's normal form (`versions.normal`), or BadInput."""
+    spelt = versions.normal(version)
+    if spelt is None:
         raise BadInput(f"not a vLLM version: {version!r} (expected e.g. 0.24.0)")
-    return version
+    return spelt
 
 
 def sort_versions(releases: Iterable[str]) -> list[str]:
@@ -150,11 +152,12 @@ class Mirror:
     # -- PyPI ---------------------------------------------------------------------------------
     def release(self, version: str) -> Upstream:
         """The PyPI release `version`, fetched once; a second call needs no network."""
-        check_version(version)
-        cached = self.get(f"v{version}")
+        wanted = check_version(version)
+        stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
+        cached = self.get(f"v{versions.spelt_as(wanted, stored) or wanted}")
         if cached is not None:
             return cached
-        sdist, sha256, url = self._download_sdist(version)
+        sdist, sha256, url, version = self._download_sdist(wanted)
         with (
             progress(f"importing {sdist.name} into the mirror"),
             fsio.temp_dir("vllm-patchset-sdist-") as root,
@@ -185,15 +188,23 @@ class Mirror:
             v for v, p in parsed.items() if p is not None and (pre or not p.is_prerelease)
         )
 
-    def _download_sdist(self, version: str) -> tuple[Path, str, str]:
-        name = f"{self.package}-{version}.tar.gz"
-        entries = {f.filename: f for f in self._index_files()}
-        if name not in entries:
+    def _download_sdist(self, version: str) -> tuple[Path, str, str, str]:
+        """The sdist of the release equal to `version` (PEP 440), its sha256, its URL (for
+        the lock) and the version as the index spells it."""
+        prefix, suffix = f"{self.package}-", ".tar.gz"
+        entries = {
+            f.filename[len(prefix) : -len(suffix)]: f
+            for f in self._index_files()
+            if f.filename.startswith(prefix) and f.filename.endswith(suffix)
+        }
+        spelt = versions.spelt_as(version, entries)
+        if spelt is None:
+            name = f"{prefix}{version}{suffix}"
             raise UnknownVersion(self.package, version, f"{self.index_url} (no sdist {name})")
-        entry = entries[name]
+        entry = entries[spelt]
         target = index.fetch(entry, self.sdists, self.index.headers)
         assert entry.sha256 is not None  # fetch refuses an entry without one
-        return target, entry.sha256, indexsettings.public(entry.url)  # recorded in the lock
+        return target, entry.sha256, indexsettings.public(entry.url), spelt
 
     # -- git ----------------------------------------------------------------------------------
     def git_ref(self, url: str, ref: str) -> Upstream:
@@ -356,4 +367,4 @@ def is_pin(project: Project, upstream: Upstream) -> bool:
         return git_source_commit(upstream) == project.pin_commit
     if project.pin_git and project.pin_ref:
         return upstream.label == f"git:{project.pin_ref}"
-    return upstream.tag == f"v{project.pin}"
+    return versions.spelt_as(project.pin, [upstream.tag.removeprefix("v")]) is not None

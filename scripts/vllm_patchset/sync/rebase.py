@@ -378,7 +378,7 @@ def resolve_names(
     PATCH is a key (path under patches/), a file name, or a key's number prefix."""
     patches = [p for _, p in _ordered(series)]
     if release is not None:
-        check_version(release)
+        release = check_version(release)
         if not any(c == Choice.RESOLVE_UPSTREAM for c, _ in choices):
             raise BadInput("--release goes with --resolve-upstream PATCH")
     decisions: list[Decision] = []

@@ -3,10 +3,9 @@ body of the JSON document; `console.emit` prints the one or the other."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
-from vllm_patchset.console import paint
+from vllm_patchset.console import table
 from vllm_patchset.series.states import Verdict
 
 
@@ -134,21 +133,15 @@ def unique_ids(patches: Sequence[str]) -> dict[str, str]:
     return {p: p if taken.count(i) > 1 else i for p, i in ids.items()}
 
 
-def _wrap(text: str, indent: str) -> list[str]:
-    """Lines of at most 100 columns; paths and words with hyphens are never cut."""
-    return textwrap.wrap(
-        text, 100, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
-    )
-
-
 def matrix_table(
     columns: dict[str, Sequence[Verdict]], *, colour: bool = False, verbose: bool = False
 ) -> str:
-    """Versions as rows, patches as columns under their short ids, a legend of both; states
-    coloured when `colour`. Fits 100 columns for a few patches (long notes are wrapped)."""
+    """Versions as rows, patches as columns under their short ids (a rich `Table`: a cell
+    too wide for the terminal is wrapped inside its column), a legend of both; states
+    coloured when `colour`. The legend and the notes are fitted by `console.emit`."""
     patches = list(dict.fromkeys(v.patch for vs in columns.values() for v in vs))
     ids = unique_ids(patches)
-    rows: list[list[tuple[str, str]]] = [[("version", "")] + [(ids[p], "") for p in patches]]
+    rows: list[list[tuple[str, str]]] = []
     for label, verdicts in columns.items():
         by_patch = {v.patch: v for v in verdicts}
         cells = [
@@ -158,20 +151,12 @@ def matrix_table(
             for p in patches
         ]
         rows.append([(label, ""), *cells])
-    widths = [max(len(row[i][0]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(
-            paint(text, style, on=colour) + " " * (width - len(text))
-            for (text, style), width in zip(row, widths, strict=True)
-        ).rstrip()
-        for row in rows
-    ]
+    lines = [table(["version", *(ids[p] for p in patches)], rows, colour=colour)]
     key = max(len(i) for i in ids.values()) if ids else 0
     lines += [f"{ids[p].ljust(key)}  patches/{p}" for p in patches if ids[p] != p]
-    lines += _wrap(LEGEND, "  ")
+    lines.append(LEGEND)
     notes = [(f"{label} {ids[v.patch]}", v) for label, vs in columns.items() for v in vs]
-    for line in note_lines(notes, verbose=verbose):
-        lines += _wrap(line, "    ")
+    lines += note_lines(notes, verbose=verbose)
     return "\n".join(lines)
 
 
