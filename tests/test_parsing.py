@@ -17,7 +17,7 @@ from vllm_patchset.infra.fsio import plain_parts
 from vllm_patchset.infra.installed import canonical_name, parse_record
 from vllm_patchset.overlay.build import compare_locks
 from vllm_patchset.overlay.lock import Lock, LockEntry
-from vllm_patchset.overlay.upstream import is_remote_url, parse_version
+from vllm_patchset.overlay.upstream import is_remote_url
 from vllm_patchset.series.patches import (
     FilePatch,
     Hunk,
@@ -27,6 +27,7 @@ from vllm_patchset.series.patches import (
     series_bytes,
 )
 from vllm_patchset.series.states import HunkFinding, Reason, State, Verdict
+from vllm_patchset.versions import parse as parse_version
 
 # -- a patch file --------------------------------------------------------------------------------
 HEAD = (

@@ -53,7 +53,7 @@ EDITED = OVERLAID[-1]
 EDITED_MODULE = PurePosixPath(EDITED).stem
 EDITED_DIR = str(PurePosixPath(EDITED).parent)
 FIRST = OVERLAID[0]
-# Write points of an apply (see deploy._kill_point: two per file written): journal, then one
+# Write points of an apply (fsio.observed, tests/killable.py: two per file written): journal, then one
 # original per file, then the files. Killed here, the first overlaid file has just been
 # replaced and the others not: a journal is pending, nothing is committed.
 KILLED_MID_APPLY = 2 + 2 * len(OVERLAID) + 2

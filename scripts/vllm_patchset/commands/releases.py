@@ -6,6 +6,7 @@ import argparse
 
 from packaging.version import Version
 
+from vllm_patchset import versions
 from vllm_patchset.commands import project_of
 from vllm_patchset.console import emit
 from vllm_patchset.errors import BadInput
@@ -13,12 +14,12 @@ from vllm_patchset.registry import Subcommands, add_command
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay.upstream import mirror_for, parse_version
+    from vllm_patchset.overlay.upstream import mirror_for
 
     project = project_of(args)
     releases = mirror_for(project).available_versions(pre=args.pre)
     if args.newer_than_pin:
-        pin = parse_version(project.pin)
+        pin = versions.parse(project.pin)
         if pin is None:
             raise BadInput(f"the pin {project.pin} is not a release version")
         releases = [v for v in releases if Version(v) > pin]

@@ -48,7 +48,7 @@ class Outcome(NamedTuple):  # not a dataclass: this module is imported at every 
 def check(root: Path, package: str = "vllm") -> Outcome:
     """Is the overlay recorded in `root` (the dir holding the package) active there?
 
-    Reads the record as plain JSON (`deploy.read_record` would import the dataclasses)."""
+    Reads the record as plain JSON (`deploy.record.read_record` would import the dataclasses)."""
     where = root / package
     state = root / STATE_DIR
     try:

@@ -28,13 +28,14 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_patchset import versions
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, by_exit_code
 from vllm_patchset.gpu import gpurun, kitparts
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import TREE_INFO, TreeInfo, export_tree, patches_for, walk
-from vllm_patchset.overlay.upstream import Mirror, Upstream, is_version, mirror_for, pin_base
+from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
 from vllm_patchset.registry import add_command
 from vllm_patchset.series.patches import Patch
 from vllm_patchset.series.states import State
@@ -145,7 +146,7 @@ def _upstreamed_trees(
     mirror: Mirror, pin: Upstream, patch: Patch, trees: Path
 ) -> list[gpurun.TreeSpec]:
     release = patch.trailers.applied_upstream
-    if not is_version(release):
+    if not versions.is_version(release):
         raise BadInput(f"{patch.key}: Applied-upstream {release!r} is not a release version")
     # Right after a rebase archives a fix, the release that merged it is the pin itself.
     merged: Upstream = pin if pin.version == release else mirror.release(release)

@@ -17,8 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from packaging.version import Version
-
 from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, DownloadFailed, UnknownVersion
@@ -43,15 +41,6 @@ class Upstream:
     tag: str  # tag in the mirror
     commit: str
     source: str  # where it came from, for the lock and reports
-
-
-def parse_version(version: str) -> Version | None:
-    """The PEP 440 version, or None when `version` is not one (e.g. "git:nightly")."""
-    return versions.parse(version)
-
-
-def is_version(version: str) -> bool:
-    return versions.is_version(version)
 
 
 def check_version(version: str) -> str:
@@ -178,12 +167,12 @@ class Mirror:
         """Releases with an sdist on the index, in PEP 440 order; pre- and dev releases only
         with `pre` (post-releases and patch releases are releases)."""
         prefix = f"{self.package}-"
-        versions = {
+        found = {
             f.filename[len(prefix) : -len(".tar.gz")]
             for f in self._index_files()
             if f.filename.startswith(prefix) and f.filename.endswith(".tar.gz") and not f.yanked
         }
-        parsed = {v: parse_version(v) for v in versions}
+        parsed = {v: versions.parse(v) for v in found}
         return sort_versions(
             v for v, p in parsed.items() if p is not None and (pre or not p.is_prerelease)
         )
@@ -215,7 +204,7 @@ class Mirror:
         if subtree is None:
             raise BadInput(f"{ref} of {url} has no {self.package}/ package")
         tree = self.repo.wrap_tree(subtree, self.package)
-        version = ref.removeprefix("v") if is_version(ref.removeprefix("v")) else None
+        version = ref.removeprefix("v") if versions.is_version(ref.removeprefix("v")) else None
         safe = re.sub(r"[^A-Za-z0-9._-]+", "-", ref)
         # A local path names this machine only: the source (written into locks) keeps the
         # ref and the commit instead.

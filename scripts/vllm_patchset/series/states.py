@@ -27,13 +27,13 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from vllm_patchset import versions
 from vllm_patchset.errors import GitError
 from vllm_patchset.infra import codec, jsonfile
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.series import locate
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import FilePatch, Hunk, Patch, parse_patch_bytes
-from vllm_patchset.versions import parse as parse_version
 
 LOCATE_RATIO = 0.8  # a pre-image window this similar is "the same code, changed"
 
@@ -237,18 +237,18 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
 def trailer_state(patch: Patch, version: str | None) -> State | None:
     """What the provenance trailers say the state on `version` should be (None: they cannot
     tell, e.g. a git ref with no release version)."""
-    current = parse_version(version) if version else None
+    current = versions.parse(version) if version else None
     if current is None:
         return None
     merged_in = patch.trailers.applied_upstream
     introduced = patch.trailers.introduced_in
-    merged = parse_version(merged_in) if merged_in else None
+    merged = versions.parse(merged_in) if merged_in else None
     if merged is not None and current >= merged:
         return State.UPSTREAM
     if introduced == "nightly":
         # A bug that lived on main only: releases before the fix never had it.
         return State.ABSENT if merged_in else None
-    first = parse_version(introduced) if introduced else None
+    first = versions.parse(introduced) if introduced else None
     if first is not None and current < first:
         return State.ABSENT
     return State.APPLIES

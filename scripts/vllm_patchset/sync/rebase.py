@@ -36,7 +36,6 @@ from vllm_patchset.overlay.upstream import (
     Upstream,
     check_version,
     mirror_for,
-    parse_version,
     pin_base,
     sort_versions,
 )
@@ -331,12 +330,12 @@ def _merged_in(ctx: Context, patch: Patch) -> tuple[str, str]:
             f"Applied-upstream: {patch.trailers.applied_upstream} (trailer kept)"
         )
     onto = ctx.onto
-    current = parse_version(onto.version) if onto.version else None
+    current = versions.parse(onto.version) if onto.version else None
     if current is None:
         return "", f"merged upstream at {onto.label}, no release yet: Applied-upstream left empty"
     repo = ctx.mirror.repo
     tags = [t[1:] for t in repo.tags("v*")]
-    releases = [v for v in tags if (parsed := parse_version(v)) is not None and parsed <= current]
+    releases = [v for v in tags if (parsed := versions.parse(v)) is not None and parsed <= current]
     first = onto.version or ""
     for release in reversed(sort_versions(releases)):
         tree = repo.tree_of(f"refs/tags/v{release}")
