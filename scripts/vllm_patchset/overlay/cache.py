@@ -194,8 +194,9 @@ def _gc(repo: Repo, project: Project) -> int:
     the bytes freed."""
     before = size_of(repo.path)
     lock = Lock.load(project.lock_path) if fsio.is_regular(project.lock_path) else None
-    if lock is not None and repo.resolve(f"{lock.upstream_commit}^{{commit}}") is not None:
-        repo.run("update-ref", LOCK_REF, lock.upstream_commit)
+    commit = repo.resolve(lock.upstream_commit) if lock is not None else None
+    if commit is not None:  # the id git resolved, not the lock's text
+        repo.run("update-ref", LOCK_REF, commit)
     repo.run("gc", "--quiet", "--prune=now")
     return max(0, before - size_of(repo.path))
 
