@@ -6,7 +6,6 @@ import argparse
 
 from packaging.version import Version
 
-from vllm_patchset import versions
 from vllm_patchset.commands import project_of
 from vllm_patchset.console import emit
 from vllm_patchset.errors import BadInput
@@ -14,6 +13,7 @@ from vllm_patchset.registry import Subcommands, add_command
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
+    from vllm_patchset import versions
     from vllm_patchset.overlay.upstream import mirror_for
 
     project = project_of(args)
