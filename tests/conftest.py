@@ -21,6 +21,7 @@ from support import (
     export_committed,
     git,
     make_upstream_repo,
+    populating,
 )
 from synthetic import Story, make_story
 from vllm_install import full_pristine, overlay, pristine, target
@@ -29,6 +30,22 @@ from vllm_patchset.overlay.upstream import Mirror
 
 # The real vLLM wheel's fixtures, for every test module.
 __all__ = ["full_pristine", "overlay", "pristine", "target"]
+
+# Test directories in memory where the machine has a tmpfs with room (about 0.5 GB a session;
+# pytest keeps the last three): a session writes and removes some 70,000 files, which costs
+# a disk (ext4 mounted with `discard` here) about 30 s. PYTEST_DEBUG_TEMPROOT, when set, wins.
+TMPFS = Path("/dev/shm")
+TMPFS_ROOM = 4 << 30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "PYTEST_DEBUG_TEMPROOT" in os.environ or not os.access(TMPFS, os.W_OK | os.X_OK):
+        return
+    with open("/proc/mounts") as mounts:
+        tmpfs = any(line.split()[1:3] == [str(TMPFS), "tmpfs"] for line in mounts)
+    if tmpfs and shutil.disk_usage(TMPFS).free >= TMPFS_ROOM:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TMPFS)
+
 
 _REAL_HOME = Path(os.path.expanduser("~")).resolve()
 _PROTECTED = tuple(
@@ -99,8 +116,9 @@ RELEASES = ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.25.0", "0.33.0")
 @pytest.fixture(scope="session")
 def mirror(cache_dir: Path) -> Mirror:
     mirror = Mirror(cache_dir)
-    for version in RELEASES:
-        mirror.release(version)
+    with populating(cache_dir):
+        for version in RELEASES:
+            mirror.release(version)
     return mirror
 
 

@@ -3,6 +3,8 @@ own, since tests/ and tests/gpu/ each have a conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import io
@@ -11,7 +13,7 @@ import os
 import stat
 import subprocess
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,17 @@ PROJECT_FILES = (
 NIGHTLY_LINE_FIXED = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(w13.device)"
 NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer.weight.device)"
 ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+
+
+@contextlib.contextmanager
+def populating(cache_dir: Path) -> Iterator[None]:
+    """One filler of the shared test cache at a time (pytest-xdist's workers, or two sessions):
+    an exclusive flock(2) on `cache_dir/.populate.lock`, held while a fixture downloads into the
+    cache or checks that an earlier one did; the next one waits, then finds it filled."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".populate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def git(

@@ -58,7 +58,7 @@ def test_the_suite_runs_during_the_review_of_an_uncommitted_rebase(
         "tests/test_deploy.py::test_apply_verify_reapply_revert_round_trip",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests,
          "--basetemp", str(tmp_path / "basetemp")],
         cwd=checkout,
         env={**os.environ, "VLLM_PATCHSET_TEST_CACHE": str(cache_dir)},

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import REPO
+from support import REPO, populating
 from vllm_install import (
     LOCK,
     OVERLAID,
@@ -158,7 +158,11 @@ def test_pack_refuses_an_overlay_that_is_not_the_lock_s(
 # -- the wheel in a serving environment ----------------------------------------------------------
 def dependency_wheels(cache_dir: Path) -> list[Path]:
     """The dependencies' wheels, downloaded once per cache (pip, from the package index)."""
-    folder = cache_dir / "wheels" / "tool-deps"
+    with populating(cache_dir):
+        return _dependency_wheels(cache_dir / "wheels" / "tool-deps")
+
+
+def _dependency_wheels(folder: Path) -> list[Path]:
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in DEPENDENCIES]
     marker = folder / "pins.txt"
     if not marker.is_file() or marker.read_text() != "\n".join(pins):

@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from killable import KILLABLE
-from support import committed, export_committed
+from support import committed, export_committed, populating
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import build_overlay
 from vllm_patchset.overlay.lock import Lock
@@ -101,6 +101,11 @@ def wheel_record(wheel: Path) -> dict[str, str]:
 
 @functools.cache
 def install_pristine(cache_dir: Path) -> Pristine:
+    with populating(cache_dir):
+        return _install_pristine(cache_dir)
+
+
+def _install_pristine(cache_dir: Path) -> Pristine:
     wheels = cache_dir / "wheels"
     home = cache_dir / "pip-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -121,8 +126,8 @@ def install_pristine(cache_dir: Path) -> Pristine:
 
 
 def slim_install(full: Pristine, folder: Path) -> Pristine:
-    """The part of `full` the deploy tests touch, in `folder`/site (hard links, and a RECORD
-    of its own), and a wheel of it in `folder` (the original wheel's members and RECORD rows);
+    """The part of `full` the deploy tests touch, in `folder`/site (copies, and a RECORD
+    of its own; the tests' own copies of it are hard links, in one file system), and a wheel of it in `folder` (the original wheel's members and RECORD rows);
     every file checked against the wheel's RECORD (an earlier run that wrote in place into the
     cached install would show here)."""
     dirs = {str(PurePosixPath(p).parent) for p in OVERLAID}
@@ -137,7 +142,7 @@ def slim_install(full: Pristine, folder: Path) -> Pristine:
     for rel in (*record, *(f"{info}/{n}" for n in ("INSTALLER", "REQUESTED"))):
         if (full.root / rel).exists():
             (site / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.link(full.root / rel, site / rel)
+            shutil.copy2(full.root / rel, site / rel)
     installed = (full.root / info / "RECORD").read_text()
     (site / info / "RECORD").write_text(_record_rows(installed, (site / info).name, site))
     wheel = folder / full.wheel.name
