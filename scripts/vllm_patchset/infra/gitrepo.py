@@ -10,19 +10,27 @@ but for the few that only say how to reach a remote (`TRANSPORT_ENV`). A value f
 the command line never reaches git where it could read as an option: a revision or ref that
 starts with `-` is refused, sources are checked (`check_source`), and `--` goes before
 repositories and paths.
+
+Answers that depend on git objects alone (a file of a tree, whether a patch applies to a
+tree, the tree it makes) are asked of git once per process and repository (`_Memo`): an
+object id names the same bytes forever. Revisions that are names (tags, HEAD) are asked
+every time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
 import tarfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_patchset.errors import BadInput, GitError, NoGit
 from vllm_patchset.infra import fsio
@@ -122,6 +130,49 @@ def check_rev(rev: str, what: str = "a revision") -> str:
     return rev
 
 
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_T = TypeVar("_T")
+
+
+class _Memo:
+    """The last `size` answers about git objects, keyed by the repository (its path and the
+    inode there: a repository made again at the same path is another) and the question.
+    Only questions about object ids are kept (`is_object_id`), never about names."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.answers: OrderedDict[tuple[object, ...], object] = OrderedDict()
+
+    def get(self, repo: Path, question: tuple[object, ...], ask: Callable[[], _T]) -> _T:
+        try:
+            key = (str(repo), os.stat(repo).st_ino, *question)
+        except OSError:
+            return ask()  # git says what is wrong with the path
+        if key in self.answers:
+            self.answers.move_to_end(key)
+            return self.answers[key]  # type: ignore[return-value]  # asked with this `ask`
+        answer = ask()
+        self.answers[key] = answer
+        if len(self.answers) > self.size:
+            self.answers.popitem(last=False)
+        return answer
+
+    def forget(self, repo: Path, question: tuple[object, ...]) -> None:
+        with suppress(OSError):
+            self.answers.pop((str(repo), os.stat(repo).st_ino, *question), None)
+
+
+# About 2,000 files of a vLLM release's package, read by a rebase; a blob larger than
+# _MEMO_BLOB_BYTES is read again each time (at most 512 MiB held, typically a few MiB).
+_MEMO = _Memo(4096)
+_MEMO_BLOB_BYTES = 128 << 10
+
+
+def is_object_id(rev: str) -> bool:
+    """A full object id (SHA-1 or SHA-256), whose object never changes."""
+    return _OBJECT_ID.fullmatch(rev) is not None
+
+
 @dataclass(frozen=True)
 class Repo:
     """A git repository: the upstream mirror (bare) or a worktree of it."""
@@ -173,25 +224,59 @@ class Repo:
 
     # -- objects ---------------------------------------------------------------------------
     def resolve(self, rev: str) -> str | None:
-        check_rev(rev)
+        return self._found(
+            ("commit", rev), partial(self._rev_parse, f"{check_rev(rev)}^{{commit}}")
+        )
+
+    def tree_of(self, rev: str) -> str:
+        ask = partial(self.run, "rev-parse", f"{check_rev(rev)}^{{tree}}")
+        return (_MEMO.get(self.path, ("tree", rev), ask) if is_object_id(rev) else ask()).strip()
+
+    def commit_message(self, commit: str) -> str:
+        ask = partial(self.run, "log", "-1", "--format=%B", check_rev(commit))
+        return _MEMO.get(self.path, ("message", commit), ask) if is_object_id(commit) else ask()
+
+    def _rev_parse(self, spec: str) -> str | None:
         try:
-            return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+            return self.run("rev-parse", "--verify", "--quiet", spec).strip() or None
         except GitError:
             return None
 
-    def tree_of(self, rev: str) -> str:
-        check_rev(rev)
-        return self.run("rev-parse", f"{rev}^{{tree}}").strip()
+    def _found(self, question: tuple[str, ...], ask: Callable[[], str | None]) -> str | None:
+        """`ask()` about the object id question[1], kept once found (an object missing now may
+        be fetched later); a name is asked every time."""
+        if not is_object_id(question[1]):
+            return ask()
+        found = _MEMO.get(self.path, question, ask)
+        if found is None:
+            _MEMO.forget(self.path, question)
+        return found
 
     def read_blob(self, rev: str, path: str) -> bytes | None:
         """File bytes at `rev:path`, or None when the file is not there."""
+        if not is_object_id(rev):
+            return self._read_blob(rev, path)
+        blob = _MEMO.get(self.path, ("blob", rev, path), partial(self._blob_id, rev, path))
+        if blob is None:
+            return None
+        data = _MEMO.get(self.path, ("cat", blob), partial(self._cat_small, blob))
+        return data if data is not None else self.run_bytes("cat-file", "blob", blob)
+
+    def _read_blob(self, rev: str, path: str) -> bytes | None:
+        blob = self._blob_id(rev, path)
+        return None if blob is None else self.run_bytes("cat-file", "blob", blob)
+
+    def _blob_id(self, rev: str, path: str) -> str | None:
         listing = self.run("ls-tree", check_rev(rev), "--", path).strip()
         if not listing:
             return None
         mode_type_sha = listing.split("\t", 1)[0].split()
-        if mode_type_sha[1] != "blob":
-            return None
-        return self.run_bytes("cat-file", "blob", mode_type_sha[2])
+        return mode_type_sha[2] if mode_type_sha[1] == "blob" else None
+
+    def _cat_small(self, blob: str) -> bytes | None:
+        """The blob's bytes when they are few enough to keep (`_MEMO_BLOB_BYTES`), else None."""
+        data = self.run_bytes("cat-file", "blob", blob)
+        return data if len(data) <= _MEMO_BLOB_BYTES else None
 
     def grep_files(self, rev: str, text: str, pathspec: str) -> list[str]:
         """Paths of the files of `rev` (a commit or tree) under `pathspec` that contain the
@@ -274,17 +359,21 @@ class Repo:
         return self.run("mktree", stdin=f"040000 tree {subtree}\t{name}\n".encode()).strip()
 
     def subtree(self, rev: str, path: str) -> str | None:
-        check_rev(rev)
-        try:
-            return self.run("rev-parse", "--verify", "--quiet", f"{rev}:{path}").strip() or None
-        except GitError:
-            return None
+        ask = partial(self._rev_parse, f"{check_rev(rev)}:{path}")
+        return self._found(("subtree", rev, path), ask)
 
     def apply_to_tree(
         self, tree: str, patch: bytes, *, three_way: bool = False, reverse: bool = False
     ) -> str:
         """The tree that `patch` (undone, with `reverse`) makes of `tree` (no fuzz: context
         must match exactly)."""
+        ask = partial(self._apply_to_tree, tree, patch, three_way, reverse)
+        if not is_object_id(tree):
+            return ask()
+        digest = hashlib.sha256(patch).hexdigest()
+        return _MEMO.get(self.path, ("apply", tree, digest, three_way, reverse), ask)
+
+    def _apply_to_tree(self, tree: str, patch: bytes, three_way: bool, reverse: bool) -> str:
         with self._temp_index() as env:
             self.run("read-tree", check_rev(tree), env=env)
             args = ["apply", "--cached", "--whitespace=nowarn"]
@@ -298,6 +387,13 @@ class Repo:
     def check_apply(self, tree: str, patch: bytes, *, reverse: bool = False) -> tuple[bool, str]:
         """Whether `patch` applies to `tree` (is undone from it, with `reverse`) with no fuzz,
         and git's words about it."""
+        ask = partial(self._check_apply, tree, patch, reverse)
+        if not is_object_id(tree):
+            return ask()
+        digest = hashlib.sha256(patch).hexdigest()
+        return _MEMO.get(self.path, ("check", tree, digest, reverse), ask)
+
+    def _check_apply(self, tree: str, patch: bytes, reverse: bool) -> tuple[bool, str]:
         with self._temp_index() as env:
             self.run("read-tree", check_rev(tree), env=env)
             args = [

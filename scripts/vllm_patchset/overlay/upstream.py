@@ -116,7 +116,7 @@ class Mirror:
         commit = self.repo.resolve(f"refs/tags/{tag}")
         if commit is None:
             return None
-        message = self.repo.run("log", "-1", "--format=%B", commit)
+        message = self.repo.commit_message(commit)
         try:
             doc = jsonfile.parse(message.split("\n\n", 1)[1].encode("utf-8", "surrogateescape"))
             meta = codec.from_doc(_TagMeta, doc)
