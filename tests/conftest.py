@@ -8,6 +8,7 @@ import shutil
 import site
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,12 +40,52 @@ TMPFS_ROOM = 4 << 30
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller did both
+        _own_bytecode_settings()
+        return
+    _temp_root_in_memory()
+    _bytecode_for_children()
+
+
+def _temp_root_in_memory() -> None:
     if "PYTEST_DEBUG_TEMPROOT" in os.environ or not os.access(TMPFS, os.W_OK | os.X_OK):
         return
     with open("/proc/mounts") as mounts:
         tmpfs = any(line.split()[1:3] == [str(TMPFS), "tmpfs"] for line in mounts)
     if tmpfs and shutil.disk_usage(TMPFS).free >= TMPFS_ROOM:
         os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TMPFS)
+
+
+# The suite starts some 250 Python processes (the tool in a process of its own, pytest-xdist's
+# workers). Where PYTHONDONTWRITEBYTECODE is set, as on the machine the suite is timed on, each
+# compiled the tool's modules again (0.25 s of CPU a process): those processes write their
+# bytecode to the test cache instead (PYTHONPYCACHEPREFIX), never beside a source or in
+# site-packages, and the bytecode of the session's temporary files is removed at its end. The
+# tests' own process keeps the settings it was started with: the stale-bytecode tests place
+# .pyc files where a plain Python looks for them (importlib.util.cache_from_source).
+ORIGINAL_BYTECODE = "VLLM_PATCHSET_TEST_DONTWRITEBYTECODE"
+
+
+def _bytecode_for_children() -> None:
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or "PYTHONPYCACHEPREFIX" in os.environ:
+        return
+    os.environ[ORIGINAL_BYTECODE] = os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONPYCACHEPREFIX"] = str(test_cache_dir() / "pycache")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or ORIGINAL_BYTECODE not in os.environ:
+        return
+    prefix = Path(os.environ["PYTHONPYCACHEPREFIX"])
+    for temp in {tempfile.gettempdir(), os.environ.get("PYTEST_DEBUG_TEMPROOT")} - {None}:
+        shutil.rmtree(prefix / Path(str(temp)).resolve().relative_to("/"), ignore_errors=True)
+
+
+def _own_bytecode_settings() -> None:
+    """A worker, started with the children's settings, takes the tests' own back."""
+    if ORIGINAL_BYTECODE in os.environ:
+        sys.dont_write_bytecode = True
+        sys.pycache_prefix = None
 
 
 _REAL_HOME = Path(os.path.expanduser("~")).resolve()
@@ -103,9 +144,13 @@ def cache_dir() -> Path:
     """The upstream mirror and downloads for the whole session, kept from one session to the
     next: $VLLM_PATCHSET_TEST_CACHE, else `.cache/test-upstream` in the checkout (git-ignored),
     so that the README's test command downloads each release once."""
-    cache = Path(os.environ.get("VLLM_PATCHSET_TEST_CACHE") or REPO / ".cache" / "test-upstream")
+    cache = test_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     return cache
+
+
+def test_cache_dir() -> Path:
+    return Path(os.environ.get("VLLM_PATCHSET_TEST_CACHE") or REPO / ".cache" / "test-upstream")
 
 
 # Every release a test reads, fetched once before the first test: a test's exact stderr must
