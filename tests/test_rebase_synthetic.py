@@ -381,7 +381,7 @@ DAMAGE = [
     (
         "a wrong type",
         lambda text: text.replace('"old_pin": "1.0"', '"old_pin": 10'),
-        "not a string: 10",
+        "'old_pin' is a JSON number, not a JSON string",
     ),
 ]
 

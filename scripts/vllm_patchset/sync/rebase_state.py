@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from vllm_patchset.errors import BadInput
-from vllm_patchset.infra import jsonfile
+from vllm_patchset.infra import codec, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import atomic_write, plain_parts
 from vllm_patchset.overlay.upstream import Upstream
-from vllm_patchset.series.states import Verdict
+from vllm_patchset.series.states import THREE_WAY, Verdict
 
 REBASE_DIR = ".rebase"
 STATE_FILE = "state.json"
@@ -105,37 +104,6 @@ class Step:
     report: str = ""  # the conflict report
     parked_reason: str = ""
 
-    def to_doc(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["section"] = self.section.value
-        doc["action"] = self.action.value
-        doc["verdict"] = self.verdict.to_doc()
-        doc["decision"] = self.decision.value if self.decision else None
-        doc["options"] = [o.value for o in self.options]
-        doc["notes"] = list(self.notes)
-        return doc
-
-    @staticmethod
-    def from_doc(doc: Mapping[str, Any]) -> Step:
-        fields = {f.name for f in dataclasses.fields(Step)}
-        if set(doc) != fields:
-            raise KeyError(f"step fields {sorted(set(doc) ^ fields)}")
-        text = {k: _string(doc[k]) for k in ("key", "name", "applied_upstream")}
-        text |= {
-            k: _string(doc[k])
-            for k in ("upstream_pr", "range_diff", "diff_of_diffs", "report", "parked_reason")
-        }
-        return Step(
-            **text,
-            section=Section(doc["section"]),
-            action=Action(_string(doc["action"])),
-            verdict=Verdict.from_doc(doc["verdict"]),
-            decision=Choice(doc["decision"]) if doc["decision"] else None,
-            options=tuple(Choice(o) for o in doc["options"]),
-            notes=tuple(_string(n) for n in doc["notes"]),
-            commit=_string(doc["commit"]) if doc["commit"] is not None else None,
-        )
-
 
 @dataclass(frozen=True)
 class RebaseState:
@@ -161,78 +129,29 @@ class RebaseState:
         return next((d for d in self.decisions if d.patch == key), None)
 
     def to_json(self) -> str:
-        doc = {
-            "phase": self.phase.value,
-            "old_pin": self.old_pin,
-            "onto": dataclasses.asdict(self.onto),
-            "git": self.git,
-            "ref": self.ref,
-            "project_head": self.project_head,
-            "decisions": [
-                {"patch": d.patch, "choice": d.choice.value, "release": d.release}
-                for d in self.decisions
-            ],
-            "applied_before": list(self.applied_before),
-            "renames": [list(r) for r in self.renames],
-            "steps": [s.to_doc() for s in self.steps],
-            "stop": self.stop.value if self.stop else None,
-            "stopped_head": self.stopped_head,
-            "moves": list(self.moves),
-        }
-        return json.dumps(doc, indent=2) + "\n"
+        return json.dumps(codec.to_doc(self), indent=2) + "\n"
 
     @staticmethod
     def from_json(text: str) -> RebaseState:
-        doc = jsonfile.parse(text.encode("utf-8", "surrogateescape"))
-        if doc["phase"] not in tuple(Phase):
-            raise ValueError(f"phase {doc['phase']!r}")
-        stop = _optional(doc["stop"])
-        if stop is not None and not (stop in tuple(Action) and Action(stop).stops):
-            raise ValueError(f"stop {stop!r}")
-        onto = doc["onto"]
-        return RebaseState(
-            phase=Phase(doc["phase"]),
-            old_pin=_string(doc["old_pin"]),
-            onto=Upstream(
-                label=_string(onto["label"]),
-                version=_optional(onto["version"]),
-                tag=_string(onto["tag"]),
-                commit=_string(onto["commit"]),
-                source=_string(onto["source"]),
-            ),
-            git=_optional(doc["git"]),
-            ref=_optional(doc["ref"]),
-            project_head=_string(doc["project_head"]),
-            decisions=tuple(
-                Decision(_string(d["patch"]), Choice(d["choice"]), _optional(d["release"]))
-                for d in doc["decisions"]
-            ),
-            applied_before=tuple(_string(k) for k in doc["applied_before"]),
-            renames=tuple((_string(a), _string(b)) for a, b in doc["renames"]),
-            steps=tuple(Step.from_doc(s) for s in doc["steps"]),
-            stop=Action(stop) if stop is not None else None,
-            stopped_head=_optional(doc["stopped_head"]),
-            moves=tuple(_move(m) for m in doc["moves"]),
-        )
+        """The journal's state, every value type-checked (infra/codec.py); a stop that is not a
+        stopping action, a three-way outcome git does not give, or a move that is not a plain
+        path inside the checkout, refused."""
+        state = codec.from_doc(RebaseState, jsonfile.parse(text.encode("utf-8", "surrogateescape")))
+        if state.stop is not None and not state.stop.stops:
+            raise ValueError(f"stop {state.stop.value!r}")
+        for step in state.steps:
+            if step.verdict.three_way not in THREE_WAY:
+                raise ValueError(f"three_way {step.verdict.three_way!r}")
+        return dataclasses.replace(state, moves=tuple(_move(m) for m in state.moves))
 
 
-def _string(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"not a string: {value!r}")
-    return value
-
-
-def _move(value: Any) -> str:
+def _move(value: str) -> str:
     """A path the swap moves in: plain, relative, inside the checkout and not its `.git` (a
     tampered journal must not make `--continue` replace a file beside the checkout)."""
-    parts = plain_parts(_string(value))
+    parts = plain_parts(value)
     if parts is None or parts[0] == ".git":
         raise ValueError(f"a move {value!r} is not a plain path inside the checkout")
     return "/".join(parts)
-
-
-def _optional(value: Any) -> str | None:
-    return None if value is None else _string(value)
 
 
 class DamagedState(BadInput):
