@@ -146,6 +146,9 @@ def test_dry_run_up_to_the_gpu(job_project: Project, pristine: Pristine, tmp_pat
     build = job_project.root / "build"
     trees = sorted(p.name for p in (build / "gpu-validate" / "trees").iterdir())
     assert trees == sorted(tree_names(job_project))
+    # The project's pytest options but pytest-xdist's: one pytest process per tree, one GPU.
+    ini = (build / "gpu-validate" / "pytest.ini").read_text()
+    assert ini.splitlines()[1] == "addopts = -ra --strict-markers"
 
 
 def test_dry_run_refuses_an_image_that_is_not_the_pin(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from synthetic import BUGGY, FIXED, MOE, MOE_TEXT, PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset.cli import main
-from vllm_patchset.gpu import gpurun
+from vllm_patchset.gpu import gpurun, validate
 
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
 TEST = "tests/gpu/test_synthetic.py::test_fix"
@@ -55,6 +55,21 @@ def validated(
     out, err = capsys.readouterr()
     assert out == ""
     return code, err, work
+
+
+@pytest.mark.parametrize(
+    ("addopts", "kept"),
+    [
+        ("-ra -n auto --maxprocesses 8 --dist loadfile --strict-markers", "-ra --strict-markers"),
+        ("-nauto -ra --dist=load --numprocesses=2", "-ra"),
+        ("-ra --strict-markers", "-ra --strict-markers"),
+        ("", ""),
+    ],
+)
+def test_the_gpu_run_is_serial(addopts: str, kept: str) -> None:
+    """The bundle's pytest.ini keeps the project's options but pytest-xdist's (a GPU host has
+    one pytest process per tree, and may have no pytest-xdist: `-n` was an unknown option)."""
+    assert validate.serial(addopts) == kept
 
 
 def test_merged_as_is_gets_a_buggy_and_a_fixed_tree(

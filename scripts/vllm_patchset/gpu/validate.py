@@ -21,6 +21,7 @@ from the pin's wheel (mode `native` in the report) instead of the stand-ins.
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import tomllib
@@ -79,15 +80,35 @@ def _add_metadata(tree: Path, version: str) -> None:
 
 def _write_pytest_ini(project: Project, root: Path) -> None:
     """The project's pytest settings, so that the run's rootdir (and its node ids, as the
-    manifest and the patches' trailers name them) is `root` wherever it lies."""
+    manifest and the patches' trailers name them) is `root` wherever it lies; without
+    pytest-xdist's options (`serial`)."""
     settings = tomllib.loads(project.pyproject.read_text("utf-8"))
     # A project without pytest settings of its own runs tests/gpu with pytest's defaults.
     options = settings.get("tool", {}).get("pytest", {}).get("ini_options", {})
-    lines = ["[pytest]", f"addopts = {options.get('addopts', '')}"]
+    lines = ["[pytest]", f"addopts = {serial(options.get('addopts', ''))}"]
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
         lines.extend(f"    {value}" for value in options.get(key, ()))
     fsio.write_file(root / "pytest.ini", "\n".join(lines) + "\n")
+
+
+# pytest-xdist's options, each with its value (the CPU suite's workers): a GPU run is one
+# pytest process per tree on one GPU, where pytest-xdist may not be installed.
+XDIST_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist")
+
+
+def serial(addopts: str) -> str:
+    """`addopts` without pytest-xdist's options (`-n 2`, `-nauto`, `--dist=loadfile`...)."""
+    kept: list[str] = []
+    words = iter(shlex.split(addopts))
+    for word in words:
+        name, eq, _ = word.partition("=")
+        if name in XDIST_OPTIONS:
+            if not eq:
+                next(words, None)
+        elif not (word.startswith("-n") and word[2:] and not word.startswith("--")):
+            kept.append(word)
+    return shlex.join(kept)
 
 
 def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: TreeInfo) -> None:
