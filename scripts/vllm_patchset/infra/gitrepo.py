@@ -26,7 +26,7 @@ import re
 import tarfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -136,30 +136,39 @@ _T = TypeVar("_T")
 
 class _Memo:
     """The last `size` answers about git objects, keyed by the repository (its path and the
-    inode there: a repository made again at the same path is another) and the question.
-    Only questions about object ids are kept (`is_object_id`), never about names."""
+    inode there: a repository made again at the same path is another) and the question."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.answers: OrderedDict[tuple[object, ...], object] = OrderedDict()
 
-    def get(self, repo: Path, question: tuple[object, ...], ask: Callable[[], _T]) -> _T:
+    def ask(
+        self,
+        repo: Path,
+        rev: str,
+        question: tuple[object, ...],
+        ask: Callable[[], _T],
+        *,
+        keep_none: bool = True,
+    ) -> _T:
+        """`ask()`, kept where `rev` is an object id (`is_object_id`): a name (a tag, HEAD)
+        is asked every time. `keep_none=False`: a None answer is not kept (an object
+        missing now may be fetched later)."""
+        if not is_object_id(rev):
+            return ask()
         try:
-            key = (str(repo), os.stat(repo).st_ino, *question)
+            key = (str(repo), os.stat(repo).st_ino, rev, *question)
         except OSError:
             return ask()  # git says what is wrong with the path
         if key in self.answers:
             self.answers.move_to_end(key)
             return self.answers[key]  # type: ignore[return-value]  # asked with this `ask`
         answer = ask()
-        self.answers[key] = answer
-        if len(self.answers) > self.size:
-            self.answers.popitem(last=False)
+        if answer is not None or keep_none:
+            self.answers[key] = answer
+            if len(self.answers) > self.size:
+                self.answers.popitem(last=False)
         return answer
-
-    def forget(self, repo: Path, question: tuple[object, ...]) -> None:
-        with suppress(OSError):
-            self.answers.pop((str(repo), os.stat(repo).st_ino, *question), None)
 
 
 # About 2,000 files of a vLLM release's package, read by a rebase; a blob larger than
@@ -224,17 +233,16 @@ class Repo:
 
     # -- objects ---------------------------------------------------------------------------
     def resolve(self, rev: str) -> str | None:
-        return self._found(
-            ("commit", rev), partial(self._rev_parse, f"{check_rev(rev)}^{{commit}}")
-        )
+        ask = partial(self._rev_parse, f"{check_rev(rev)}^{{commit}}")
+        return _MEMO.ask(self.path, rev, ("commit",), ask, keep_none=False)
 
     def tree_of(self, rev: str) -> str:
         ask = partial(self.run, "rev-parse", f"{check_rev(rev)}^{{tree}}")
-        return (_MEMO.get(self.path, ("tree", rev), ask) if is_object_id(rev) else ask()).strip()
+        return _MEMO.ask(self.path, rev, ("tree",), ask).strip()
 
     def commit_message(self, commit: str) -> str:
         ask = partial(self.run, "log", "-1", "--format=%B", check_rev(commit))
-        return _MEMO.get(self.path, ("message", commit), ask) if is_object_id(commit) else ask()
+        return _MEMO.ask(self.path, commit, ("message",), ask)
 
     def _rev_parse(self, spec: str) -> str | None:
         try:
@@ -242,29 +250,13 @@ class Repo:
         except GitError:
             return None
 
-    def _found(self, question: tuple[str, ...], ask: Callable[[], str | None]) -> str | None:
-        """`ask()` about the object id question[1], kept once found (an object missing now may
-        be fetched later); a name is asked every time."""
-        if not is_object_id(question[1]):
-            return ask()
-        found = _MEMO.get(self.path, question, ask)
-        if found is None:
-            _MEMO.forget(self.path, question)
-        return found
-
     def read_blob(self, rev: str, path: str) -> bytes | None:
         """File bytes at `rev:path`, or None when the file is not there."""
-        if not is_object_id(rev):
-            return self._read_blob(rev, path)
-        blob = _MEMO.get(self.path, ("blob", rev, path), partial(self._blob_id, rev, path))
+        blob = _MEMO.ask(self.path, rev, ("blob", path), partial(self._blob_id, rev, path))
         if blob is None:
             return None
-        data = _MEMO.get(self.path, ("cat", blob), partial(self._cat_small, blob))
+        data = _MEMO.ask(self.path, blob, ("cat",), partial(self._cat_small, blob))
         return data if data is not None else self.run_bytes("cat-file", "blob", blob)
-
-    def _read_blob(self, rev: str, path: str) -> bytes | None:
-        blob = self._blob_id(rev, path)
-        return None if blob is None else self.run_bytes("cat-file", "blob", blob)
 
     def _blob_id(self, rev: str, path: str) -> str | None:
         listing = self.run("ls-tree", check_rev(rev), "--", path).strip()
@@ -360,7 +352,7 @@ class Repo:
 
     def subtree(self, rev: str, path: str) -> str | None:
         ask = partial(self._rev_parse, f"{check_rev(rev)}:{path}")
-        return self._found(("subtree", rev, path), ask)
+        return _MEMO.ask(self.path, rev, ("subtree", path), ask, keep_none=False)
 
     def apply_to_tree(
         self, tree: str, patch: bytes, *, three_way: bool = False, reverse: bool = False
@@ -368,10 +360,8 @@ class Repo:
         """The tree that `patch` (undone, with `reverse`) makes of `tree` (no fuzz: context
         must match exactly)."""
         ask = partial(self._apply_to_tree, tree, patch, three_way, reverse)
-        if not is_object_id(tree):
-            return ask()
         digest = hashlib.sha256(patch).hexdigest()
-        return _MEMO.get(self.path, ("apply", tree, digest, three_way, reverse), ask)
+        return _MEMO.ask(self.path, tree, ("apply", digest, three_way, reverse), ask)
 
     def _apply_to_tree(self, tree: str, patch: bytes, three_way: bool, reverse: bool) -> str:
         with self._temp_index() as env:
@@ -388,10 +378,8 @@ class Repo:
         """Whether `patch` applies to `tree` (is undone from it, with `reverse`) with no fuzz,
         and git's words about it."""
         ask = partial(self._check_apply, tree, patch, reverse)
-        if not is_object_id(tree):
-            return ask()
         digest = hashlib.sha256(patch).hexdigest()
-        return _MEMO.get(self.path, ("check", tree, digest, reverse), ask)
+        return _MEMO.ask(self.path, tree, ("check", digest, reverse), ask)
 
     def _check_apply(self, tree: str, patch: bytes, reverse: bool) -> tuple[bool, str]:
         with self._temp_index() as env:
