@@ -63,13 +63,35 @@ def validated(
         ("-ra -n auto --maxprocesses 8 --dist loadfile --strict-markers", "-ra --strict-markers"),
         ("-nauto -ra --dist=load --numprocesses=2", "-ra"),
         ("-ra --strict-markers", "-ra --strict-markers"),
+        (["-ra", "-n", "auto", "-k", "a b"], "-ra -k 'a b'"),
         ("", ""),
     ],
 )
-def test_the_gpu_run_is_serial(addopts: str, kept: str) -> None:
+def test_the_gpu_run_is_serial(addopts: str | list[str], kept: str) -> None:
     """The bundle's pytest.ini keeps the project's options but pytest-xdist's (a GPU host has
     one pytest process per tree, and may have no pytest-xdist: `-n` was an unknown option)."""
     assert validate.serial(addopts) == kept
+
+
+@pytest.mark.parametrize(
+    ("addopts", "why"),
+    [('"-ra \'x"', "No closing quotation"), ("3", "not a string or a list of strings")],
+)
+def test_addopts_that_are_no_command_line_are_one_line(
+    tmp_path: Path,
+    synthetic_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    addopts: str,
+    why: str,
+) -> None:
+    """Was: a traceback (shlex) half-way through the build; now refused before anything is
+    written."""
+    settings = f"\n[tool.pytest.ini_options]\naddopts = {addopts}\n"
+    code, err, work = validated(tmp_path, synthetic_cache, FIXED, capsys, pytest_settings=settings)
+    pyproject = tmp_path / "project" / "pyproject.toml"
+    assert (code, err.count("\n"), work.exists()) == (2, 1, False)
+    assert err.startswith(f"vllm-patchset: {pyproject}: [tool.pytest.ini_options] addopts ")
+    assert err.endswith(f": {why}\n")
 
 
 def test_merged_as_is_gets_a_buggy_and_a_fixed_tree(

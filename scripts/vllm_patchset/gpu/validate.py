@@ -78,18 +78,26 @@ def _add_metadata(tree: Path, version: str) -> None:
     fsio.write_file(info / "METADATA", f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
 
 
-def _write_pytest_ini(project: Project, root: Path) -> None:
+def _pytest_ini(project: Project) -> str:
     """The project's pytest settings, so that the run's rootdir (and its node ids, as the
-    manifest and the patches' trailers name them) is `root` wherever it lies; without
-    pytest-xdist's options (`serial`)."""
+    manifest and the patches' trailers name them) is the run's folder wherever it lies;
+    without pytest-xdist's options (`serial`). Read before anything is written: an `addopts`
+    that is no command line is one line of BadInput."""
     settings = tomllib.loads(project.pyproject.read_text("utf-8"))
     # A project without pytest settings of its own runs tests/gpu with pytest's defaults.
     options = settings.get("tool", {}).get("pytest", {}).get("ini_options", {})
-    lines = ["[pytest]", f"addopts = {serial(options.get('addopts', ''))}"]
+    addopts = options.get("addopts", "")
+    try:
+        kept = serial(addopts)
+    except ValueError as exc:
+        raise BadInput(
+            f"{project.pyproject}: [tool.pytest.ini_options] addopts {addopts!r}: {exc}"
+        ) from None
+    lines = ["[pytest]", f"addopts = {kept}"]
     for key in ("markers", "filterwarnings"):
         lines.append(f"{key} =")
         lines.extend(f"    {value}" for value in options.get(key, ()))
-    fsio.write_file(root / "pytest.ini", "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 # pytest-xdist's options, each with its value (the CPU suite's workers): a GPU run is one
@@ -97,15 +105,23 @@ def _write_pytest_ini(project: Project, root: Path) -> None:
 XDIST_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist")
 
 
-def serial(addopts: str) -> str:
-    """`addopts` without pytest-xdist's options (`-n 2`, `-nauto`, `--dist=loadfile`...)."""
+def serial(addopts: object) -> str:
+    """`addopts` (a command line, or its words as pyproject.toml may list them) without
+    pytest-xdist's options (`-n 2`, `-nauto`, `--dist=loadfile`...); ValueError where it is
+    neither."""
+    if isinstance(addopts, str):
+        words = shlex.split(addopts)
+    elif isinstance(addopts, list) and all(isinstance(w, str) for w in addopts):
+        words = addopts
+    else:
+        raise ValueError("not a string or a list of strings")
     kept: list[str] = []
-    words = iter(shlex.split(addopts))
-    for word in words:
+    rest = iter(words)
+    for word in rest:
         name, eq, _ = word.partition("=")
         if name in XDIST_OPTIONS:
             if not eq:
-                next(words, None)
+                next(rest, None)
         elif not (word.startswith("-n") and word[2:] and not word.startswith("--")):
             kept.append(word)
     return shlex.join(kept)
@@ -119,6 +135,7 @@ def _write_tree(mirror: Mirror, git_tree: str, dest: Path, info: TreeInfo) -> No
 
 def build_trees(project: Project, root: Path) -> BuiltTrees:
     """Write every tree under `root`/trees, tests/gpu beside them, and the manifest."""
+    ini = _pytest_ini(project)
     mirror = mirror_for(project)
     pin = pin_base(project, mirror)
     patches = patches_for(project)
@@ -158,7 +175,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
             specs.extend(_upstreamed_trees(mirror, pin, patch, trees))
 
     fsio.copy_tree(project.root / TESTS, root / TESTS, ignore=shutil.ignore_patterns("__pycache__"))
-    _write_pytest_ini(project, root)
+    fsio.write_file(root / "pytest.ini", ini)
     gpurun.write_manifest(root, specs)
     return BuiltTrees(root, tuple(specs))
 
