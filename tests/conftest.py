@@ -40,11 +40,10 @@ TMPFS_ROOM = 4 << 30
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller did both
-        _own_bytecode_settings()
-        return
-    _temp_root_in_memory()
-    _bytecode_for_children()
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller did both
+        _temp_root_in_memory()
+        _bytecode_for_children()
+    _own_bytecode_settings()
 
 
 def _temp_root_in_memory() -> None:
@@ -82,7 +81,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _own_bytecode_settings() -> None:
-    """A worker, started with the children's settings, takes the tests' own back."""
+    """The tests' process takes their own settings back (a worker, or a suite a test starts,
+    is started with the children's)."""
     if ORIGINAL_BYTECODE in os.environ:
         sys.dont_write_bytecode = True
         sys.pycache_prefix = None
