@@ -41,10 +41,17 @@ from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, quant_dequant  # noqa
 
 # Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
 GROUPS = {
-    1: [(16, True, True), (16, True, False)],
-    8: [(16, False, True), (16, True, True), (16, False, False), (16, True, False)],
-    32: [(16, False, True), (16, False, False), (32, False, False)],
-    128: [(16, False, False), (32, False, False), (64, False, False)],
+    1: [(8, True, False), (16, True, True), (16, True, False)],
+    8: [
+        (8, False, False),
+        (8, True, False),
+        (16, False, True),
+        (16, True, True),
+        (16, False, False),
+        (16, True, False),
+    ],
+    32: [(8, False, False), (16, False, True), (16, False, False), (32, False, False)],
+    128: [(8, False, False), (16, False, False), (32, False, False), (64, False, False)],
     512: [(16, False, False), (32, False, False), (64, False, False)],
 }
 # Bucket bound (largest token count) -> (token count swept, groups it may pick). Naive blocks
@@ -74,6 +81,7 @@ def _tiles(*tiles: tuple[int, int, int]) -> list[tuple[int, int, int, int]]:
 # stages up to 256 tokens (six and eight were slower everywhere); the wide ones stay as
 # candidates for other GPUs.
 W13 = {
+    8: _tiles((16, 1, 3), (16, 1, 4), (32, 1, 4), (32, 2, 3), (32, 2, 4), (64, 2, 4), (64, 4, 3)),
     16: _tiles(
         (16, 1, 3),
         (16, 1, 4),
@@ -91,6 +99,7 @@ W13 = {
     64: _tiles((32, 4, 3), (64, 4, 3), (64, 2, 3), (128, 8, 2), (128, 8, 3)),
 }
 W2 = {
+    8: _tiles((32, 1, 4), (32, 2, 4), (64, 1, 4), (64, 2, 3), (64, 2, 4), (128, 2, 4), (128, 4, 3)),
     16: _tiles(
         (32, 2, 3),
         (32, 1, 4),
@@ -200,7 +209,7 @@ class Case:
         self.act = torch.randn(self.pairs, shape.intermediate, device="cuda").to(torch.bfloat16)
         self.act_out = torch.empty_like(self.act)
         self.y = torch.empty(self.pairs, shape.hidden, dtype=torch.bfloat16, device="cuda")
-        self.aligned = {bm: align(self.tids, bm, shape.experts) for bm in (16, 32, 64)}
+        self.aligned = {bm: align(self.tids, bm, shape.experts) for bm in (8, 16, 32, 64)}
 
     def gemm(self, kind, bm, naive, qdq, tile):
         m, g = self.moe, K.GemmConfig(*tile)

@@ -20,6 +20,10 @@ Paths (a fixture each):
   fail on the pristine pin, as `vllm-patchset validate` expects (its NEW_PATH_TESTS). Where
   the overlay does not read the switch, its default path is its only one and is tested here.
 
+The two paths agree bitwise: the same layer and tokens through the default path and the portable
+one give the same output (patch 0002's CUDA-only decode computes the portable decode's
+products; where the vLLM under test has one path, it is compared with itself).
+
 Numerics: each path's output against the W4A4 reference (tests/gpu/nvfp4_reference.py, the
 pristine emulation's arithmetic in plain torch) with the fused-kernel tests' tolerance
 (test_fused_nvfp4_emulation.py's docstring argues it: the relative Frobenius error under 1e-2
@@ -57,7 +61,7 @@ SHAPE = moe_setup.SHAPES[0]  # qwen3-30b-a3b
 # (entry, graph): FusedMoEKernel.apply or the experts' apply; eager or replayed from a graph.
 MODES = [("kernel", False), ("kernel", True), ("experts", False), ("experts", True)]
 # Batch sizes around every token bucket and block boundary the emulation's paths use (4, 16,
-# 64, 256 and 16/32/64/128-row blocks), up to 512, and a few larger (prefill chunks).
+# 64, 256 and 8/16/32/64/128-row blocks), up to 512, and a few larger (prefill chunks).
 BATCHES: tuple[int, ...] = (2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127)
 BATCHES += (128, 129, 255, 256, 257, 300, 511, 512, 1024, 2048, 3072)
 NUMERICS_TOKENS = (1, 8, 32, 128, 512)
@@ -191,3 +195,21 @@ def test_matches_reference(moe: Nvfp4Moe, default_path: None, tokens: int) -> No
 @pytest.mark.parametrize("tokens", NUMERICS_TOKENS)
 def test_portable_matches_reference(moe: Nvfp4Moe, portable_path: None, tokens: int) -> None:
     check_matches_reference(moe, tokens)
+
+
+@pytest.mark.parametrize("tokens", NUMERICS_TOKENS)
+def test_default_and_portable_paths_same_bits(
+    moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, tokens: int
+) -> None:
+    outputs = []
+    for portable in (False, True):
+        if portable:
+            monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+        else:
+            monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+        kernel = _experts(moe)  # the experts pick their decode when built
+        layer = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
+        outputs.append(moe_setup.KernelCall(kernel, layer).run().clone())
+    default, portable = outputs
+    differ = int((default != portable).sum())
+    assert differ == 0, f"{tokens} tokens: {differ} of {default.numel()} elements differ"
