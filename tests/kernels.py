@@ -397,7 +397,14 @@ class FusedModule:
 
     @property
     def configs(self) -> Mapping[int, Any]:
-        return getattr(self.module, FUSED_CONFIGS)  # type: ignore[no-any-return]
+        """The table of tiles as the module's platform runs it (its smallest token block, where
+        the module has one)."""
+        table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)
+        least = getattr(self.module, "platform_min_block_m", lambda: 0)()
+        return {
+            bound: dataclasses.replace(c, block_m=max(c.block_m, least))
+            for bound, c in table.items()
+        }
 
 
 def forbid_unfused(fused: FusedModule) -> None:
