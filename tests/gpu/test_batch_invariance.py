@@ -202,8 +202,8 @@ def test_default_and_portable_paths_same_bits(
     moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, tokens: int
 ) -> None:
     outputs = []
-    for portable in (False, True):
-        if portable:
+    for forced in (False, True):
+        if forced:
             monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
         else:
             monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
