@@ -77,9 +77,9 @@ def _tiles(*tiles: tuple[int, int, int]) -> list[tuple[int, int, int, int]]:
     return [(block_n, BLOCK_K, warps, stages) for block_n, warps, stages in tiles]
 
 
-# Narrow programs (one or two warps) won at every size on an H200 (2026-12-01 sweeps), with four
-# stages up to 256 tokens (six and eight were slower everywhere); the wide ones stay as
-# candidates for other GPUs.
+# Narrow programs (one to four warps) won at every size on an H200 (2026-12-01 sweeps), with four
+# stages up to 256 tokens for most tiles (six and eight were slower everywhere), and blocks of 8
+# tokens up to 64 tokens; the wide ones stay as candidates for other GPUs.
 W13 = {
     8: _tiles((16, 1, 3), (16, 1, 4), (32, 1, 4), (32, 2, 3), (32, 2, 4), (64, 2, 4), (64, 4, 3)),
     16: _tiles(

@@ -397,10 +397,9 @@ class FusedModule:
 
     @property
     def configs(self) -> Mapping[int, Any]:
-        """The table of tiles as the module's platform runs it (its smallest token block, where
-        the module has one)."""
+        """The table of tiles as the module's platform runs it (its smallest token block)."""
         table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)
-        least = getattr(self.module, "platform_min_block_m", lambda: 0)()
+        least = self.module.platform_min_block_m()
         return {
             bound: dataclasses.replace(c, block_m=max(c.block_m, least))
             for bound, c in table.items()
