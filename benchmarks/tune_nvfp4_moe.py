@@ -20,6 +20,7 @@ states inside the GEMM or in a pass of its own) with the least such sum. Output:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import multiprocessing as mp
@@ -173,6 +174,7 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
         True,
         cfg.block_m,
         cfg.w13,
+        **layout_kwargs(),
     )
     out = torch.empty(tokens, top_k, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
     K.invoke_nvfp4_moe_gemm(
@@ -192,6 +194,7 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
         False,
         cfg.block_m,
         cfg.w2,
+        **layout_kwargs(),
     )
     summed = torch.empty(tokens, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
     K.invoke_topk_sum(out, summed)
@@ -201,8 +204,11 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
 class Case:
     """One shape and token count: weights, routing, aligned ids, static buffers."""
 
-    def __init__(self, moe: Nvfp4Moe, shape: moe_setup.MoeShape, tokens: int):
-        self.moe, self.shape, self.tokens = moe, shape, tokens
+    def __init__(
+        self, moe: Nvfp4Moe, shape: moe_setup.MoeShape, tokens: int, rows: Nvfp4Moe
+    ) -> None:
+        # moe: as the GEMMs read it (laid_out); rows: the checkpoint's, for the reference.
+        self.moe, self.shape, self.tokens, self.rows = moe, shape, tokens, rows
         self.hidden, self.tw, self.tids = moe_setup.random_inputs(tokens, shape, seed=tokens)
         self.hidden_qdq = quant_dequant(self.hidden, moe.a13_gscale).to(torch.bfloat16)
         self.pairs = tokens * shape.top_k
@@ -236,6 +242,7 @@ class Case:
                 True,
                 bm,
                 g,
+                **layout_kwargs(),
             )
         return lambda: K.invoke_nvfp4_moe_gemm(
             self.act,
@@ -254,7 +261,31 @@ class Case:
             False,
             bm,
             g,
+            **layout_kwargs(),
         )
+
+
+def laid_out(moe: Nvfp4Moe) -> Nvfp4Moe:
+    """Copies of ``moe``'s weights and scales in the layout the experts'
+    process_weights_after_loading gives them (the tiles of the kernel module's
+    tile_nvfp4_weights), which the GEMMs then read; as it is for a module without tiles."""
+    if not hasattr(K, "tile_nvfp4_weights"):
+        return moe
+    out = dataclasses.replace(
+        moe,
+        w13=moe.w13.clone(),
+        w2=moe.w2.clone(),
+        w13_scale=moe.w13_scale.clone(),
+        w2_scale=moe.w2_scale.clone(),
+    )
+    K.tile_nvfp4_weights(out.w13, out.w13_scale)
+    K.tile_nvfp4_weights(out.w2, out.w2_scale)
+    return out
+
+
+def layout_kwargs() -> dict[str, bool]:
+    """invoke_nvfp4_moe_gemm's layout argument for weights from ``laid_out``."""
+    return {"tiled": True} if hasattr(K, "tile_nvfp4_weights") else {}
 
 
 def all_tasks() -> list[tuple]:
@@ -271,9 +302,10 @@ def make_cases(names=None) -> dict:
     cases = {}
     for shape in moe_setup.SHAPES:
         if names is None or shape.name in names:
-            moe = moe_setup.make_moe(shape)
+            rows = moe_setup.make_moe(shape)
+            moe = laid_out(rows)
             for t in GROUPS:
-                cases[shape.name, t] = Case(moe, shape, t)
+                cases[shape.name, t] = Case(moe, shape, t, rows)
     return cases
 
 
@@ -410,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         for shape in moe_setup.SHAPES:
             c = cases[shape.name, t]
             got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg).float()
-            want = nvfp4_moe_reference(c.moe, c.hidden, c.tw, c.tids, exact_weights=True).float()
+            want = nvfp4_moe_reference(c.rows, c.hidden, c.tw, c.tids, exact_weights=True).float()
             rel = ((got - want).norm() / want.norm()).item()
             picks.append(
                 dict(

@@ -388,6 +388,18 @@ class ExpertsBase:
     def moe_sum(self, input: torch.Tensor, output: torch.Tensor) -> None:
         output.copy_(input.sum(dim=1))  # vLLM's moe_sum op, as tests/gpu/standins.py has it
 
+    def process_weights_after_loading(self, layer: Any) -> None:
+        pass  # FusedMoEExpertsModular's: nothing to do
+
+
+def laid_out(experts: Any, w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The weights ``experts.apply`` takes after vLLM's loading: copies of w13 and w2, given to
+    its ``process_weights_after_loading`` (which may lay them out in place, with the scales
+    of its quant config) as a layer's ``w13_weight`` and ``w2_weight``."""
+    layer = types.SimpleNamespace(w13_weight=w13.clone(), w2_weight=w2.clone())
+    experts.process_weights_after_loading(layer)
+    return layer.w13_weight, layer.w2_weight
+
 
 @dataclasses.dataclass(frozen=True)
 class FusedModule:
@@ -550,7 +562,9 @@ def token_counts(bounds: list[int]) -> list[int]:
 def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple[list[Launch], Any]:
     """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over both shapes,
     dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
-    reads; and the table of tiles the launcher chose from."""
+    reads; and the table of tiles the launcher chose from. BF16 takes the weights as the
+    experts' ``process_weights_after_loading`` lays them out (``laid_out``), FP16 the
+    checkpoint's rows: both layouts compile, each with its dtype's kernels."""
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
     fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
@@ -570,6 +584,8 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
                     experts = fused.experts(None, config)
                     w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
                     w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
+                    if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
+                        w13, w2 = laid_out(experts, w13, w2)
                     ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
                     weights = torch.rand(m, top_k)
                     hidden = torch.zeros(m, h, dtype=dtype)

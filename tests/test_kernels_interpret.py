@@ -84,6 +84,16 @@ CASE_IDS = [
     f"interpret-{NAMES[dtype]}-{s}-{t}tok{'-ep' if ep else ''}" for dtype, (s, t, ep) in RUNS
 ]
 SPIED = "interpret-fp16-small-17tok-ep"  # the case whose launches are recorded
+# Every case runs on the weights as the experts' process_weights_after_loading lays them out
+# (as vLLM's loading leaves them). These also run at twice the sizes (two K steps of both
+# GEMMs: with one, the tiles are the rows), once in each layout, for the same bits.
+ROW_LAYOUT = [
+    "interpret-fp16-small-1tok",
+    "interpret-fp16-small-5tok",
+    "interpret-fp16-small-17tok",
+    "interpret-fp16-small-17tok-ep",
+    "interpret-bf16-sparse-2tok",
+]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +126,16 @@ def test_fused_moe_interpret_matches_reference(results: dict[str, Any], case: st
     rtol = RTOL[case.split("-")[1]]
     close = ((got - want).abs() <= ATOL + rtol * want.abs()).float().mean().item()
     assert close >= MIN_CLOSE, f"only {close:.4f} of the elements within atol/rtol"
+
+
+@pytest.mark.parametrize("case", ROW_LAYOUT)
+def test_weight_layouts_give_the_same_bits(results: dict[str, Any], case: str) -> None:
+    """The tiles process_weights_after_loading lays the weights and scales out in hold the
+    same bytes in another order: the kernel gives the same bits from them as from the
+    checkpoint's rows, and the layout did change (the tiles are not the rows)."""
+    tiles, rows, moved = results["layouts"][case]
+    assert moved, "process_weights_after_loading left the weights as they were"
+    assert torch.equal(tiles, rows)
 
 
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
@@ -162,8 +182,11 @@ def run(
     tokens: int,
     ep: bool,
     dtype: torch.dtype,
+    layout: bool = True,
 ) -> Any:
-    """(the fused experts' output, the reference's) for one case."""
+    """(the fused experts' output, the reference's) for one case; layout: on the weights as
+    the experts' process_weights_after_loading lays them out, else on the checkpoint's rows
+    (and then also whether the layout moved any byte)."""
     moe = moe_setup.make_moe(shape, seed=0, device="cpu")
     hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     hidden = hidden.to(dtype)
@@ -180,9 +203,13 @@ def run(
         moe.a2_gscale,
     )
     experts = fused.experts(None, config)
-    got = kernels.fused_apply(
-        fused, experts, hidden, moe.w13[pick], moe.w2[pick], weights, ids, emap, shape.experts
-    )
+    w13, w2 = moe.w13[pick], moe.w2[pick]
+    if not layout:
+        return kernels.fused_apply(
+            fused, experts, hidden, w13, w2, weights, ids, emap, shape.experts
+        )
+    w13, w2 = kernels.laid_out(experts, w13, w2)
+    got = kernels.fused_apply(fused, experts, hidden, w13, w2, weights, ids, emap, shape.experts)
     if ep:
         weights = weights * torch.isin(ids, pick.to(ids.dtype))  # other ranks' experts: zeros
     return got, nvfp4_moe_reference(moe, hidden, weights, ids, **REFERENCE_OPTIONS)
@@ -227,13 +254,34 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         name: moe_setup.MoeShape(name, experts, hidden, intermediate, top_k=2)
         for name, experts in EXPERTS.items()
     }
+    layouts = {}
     for case_id, (dtype, (name, tokens, ep)) in zip(CASE_IDS, RUNS, strict=True):
         shape = shapes[name]
         if case_id == SPIED:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
         outputs[case_id] = run(fused, shape, tokens, ep, dtype)
         InterpretedFunction.run = original  # type: ignore[method-assign]
-    torch.save({"outputs": outputs, "launched": launched, "dot_errors": errors}, out)
+        if case_id in ROW_LAYOUT:
+            wide = moe_setup.MoeShape(name, shape.experts, 2 * hidden, 2 * intermediate, top_k=2)
+            layouts[case_id] = (
+                run(fused, wide, tokens, ep, dtype)[0],
+                run(fused, wide, tokens, ep, dtype, layout=False),
+                moved(fused, wide),
+            )
+    saved = {"outputs": outputs, "layouts": layouts, "launched": launched, "dot_errors": errors}
+    torch.save(saved, out)
+
+
+def moved(fused: kernels.FusedModule, shape: moe_setup.MoeShape) -> bool:
+    """Whether process_weights_after_loading changed the order of both GEMMs' weight bytes
+    and block scales."""
+    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
+    scales = moe.w13_scale.clone(), moe.w2_scale.clone()
+    config = kernels.quant_config(*scales, moe.w13_gscale, moe.w2_gscale, moe.a13_gscale,
+                                  moe.a2_gscale)  # fmt: skip
+    w13, w2 = kernels.laid_out(fused.experts(None, config), moe.w13, moe.w2)
+    pairs = [(w13, moe.w13), (w2, moe.w2), (scales[0], moe.w13_scale), (scales[1], moe.w2_scale)]
+    return all(not torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
 
 
 if __name__ == "__main__":

@@ -292,10 +292,17 @@ class Experts:
 
 
 def nvfp4_emulation_experts(
-    moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int, local: torch.Tensor | None = None
+    moe: Nvfp4Moe,
+    shape: MoeShape,
+    max_num_tokens: int,
+    local: torch.Tensor | None = None,
+    loaded: bool = True,
 ) -> Experts:
     """vLLM's NVFP4 emulation experts over ``moe`` (the overlay's fused kernel where patch 0002
-    is applied); with ``local``, only those experts, as one rank of expert parallelism."""
+    is applied); with ``local``, only those experts, as one rank of expert parallelism.
+    ``loaded``: the weights as vLLM's loading leaves them, i.e. after the experts'
+    ``process_weights_after_loading`` (patch 0002 lays copies of the weights and scales out in
+    tiles there; ``moe``'s own are never changed), else the checkpoint's rows as they are."""
     from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
         Nvfp4QuantizationEmulationTritonExperts,
     )
@@ -309,12 +316,24 @@ def nvfp4_emulation_experts(
         local_experts=None if local is None else local.numel(),
         max_num_tokens=max_num_tokens,
     )
-    experts = Nvfp4QuantizationEmulationTritonExperts(config, nvfp4_quant_config(moe, pick))
+    weights = moe
+    if loaded:  # copies: the hook may lay weights and scales out in place
+        weights = dataclasses.replace(
+            moe,
+            w13=moe.w13.clone(),
+            w2=moe.w2.clone(),
+            w13_scale=moe.w13_scale.clone(),
+            w2_scale=moe.w2_scale.clone(),
+        )
+    experts = Nvfp4QuantizationEmulationTritonExperts(config, nvfp4_quant_config(weights, pick))
+    layer = types.SimpleNamespace(w13_weight=weights.w13[pick], w2_weight=weights.w2[pick])
+    if loaded:
+        experts.process_weights_after_loading(layer)
     expert_map = None
     if local is not None:
         expert_map = torch.full((shape.experts,), -1, dtype=torch.int32, device="cuda")
         expert_map[local] = torch.arange(local.numel(), dtype=torch.int32, device="cuda")
-    return Experts(experts, moe.w13[pick], moe.w2[pick], expert_map)
+    return Experts(experts, layer.w13_weight, layer.w2_weight, expert_map)
 
 
 def bf16_triton_experts(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Experts:

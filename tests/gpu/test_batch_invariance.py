@@ -98,8 +98,8 @@ def portable_path(monkeypatch: pytest.MonkeyPatch, vllm_under_test, capsys) -> N
             print(f"\n{package} does not read {moe_setup.PORTABLE_ENV}: one path, the default")
 
 
-def _experts(moe: Nvfp4Moe) -> moe_setup.Kernel:
-    experts = moe_setup.nvfp4_emulation_experts(moe, SHAPE, max(BATCHES))
+def _experts(moe: Nvfp4Moe, loaded: bool = True) -> moe_setup.Kernel:
+    experts = moe_setup.nvfp4_emulation_experts(moe, SHAPE, max(BATCHES), loaded=loaded)
     return moe_setup.emulation_or_bf16_kernel(experts)
 
 
@@ -201,15 +201,23 @@ def test_portable_matches_reference(moe: Nvfp4Moe, portable_path: None, tokens: 
 def test_default_and_portable_paths_same_bits(
     moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, tokens: int
 ) -> None:
-    outputs = []
-    for forced in (False, True):
+    """The default path (on CUDA the PTX decode) and the forced portable one, on the weights
+    as loading lays them out; and the default path on the checkpoint's rows (the layout of
+    weights that no process_weights_after_loading saw): the same bits, all three."""
+    outputs = {}
+    for name, forced, loaded in (
+        ("default", False, True),
+        ("portable", True, True),
+        ("rows", False, False),
+    ):
         if forced:
             monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
         else:
             monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
-        kernel = _experts(moe)  # the experts pick their decode when built
+        kernel = _experts(moe, loaded)  # the experts pick their decode when built
         layer = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
-        outputs.append(moe_setup.KernelCall(kernel, layer).run().clone())
-    default, portable = outputs
-    differ = int((default != portable).sum())
-    assert differ == 0, f"{tokens} tokens: {differ} of {default.numel()} elements differ"
+        outputs[name] = moe_setup.KernelCall(kernel, layer).run().clone()
+    for name in ("portable", "rows"):
+        differ = int((outputs["default"] != outputs[name]).sum())
+        total = outputs[name].numel()
+        assert differ == 0, f"{tokens} tokens, {name}: {differ} of {total} elements differ"
