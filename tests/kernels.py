@@ -562,9 +562,10 @@ def token_counts(bounds: list[int]) -> list[int]:
 def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple[list[Launch], Any]:
     """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over both shapes,
     dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
-    reads; and the table of tiles the launcher chose from. BF16 takes the weights as the
-    experts' ``process_weights_after_loading`` lays them out (``laid_out``), FP16 the
-    checkpoint's rows: both layouts compile, each with its dtype's kernels."""
+    reads; and the table of tiles the launcher chose from. BF16 takes the weights as laid
+    out by the experts' ``process_weights_after_loading`` (their record of it, set here:
+    ``tests/test_kernels_interpret.py`` runs the hook itself), FP16 the checkpoint's rows:
+    both layouts compile, each with its dtype's kernels."""
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
     fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
@@ -585,7 +586,8 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
                     w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
                     w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
                     if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
-                        w13, w2 = laid_out(experts, w13, w2)
+                        experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
+                        # are read here: moving 1.2 GB of them would only cost time)
                     ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
                     weights = torch.rand(m, top_k)
                     hidden = torch.zeros(m, h, dtype=dtype)
