@@ -4,7 +4,9 @@
 
 DIR holds a vLLM tree with patch 0002 applied (the kernel lives in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py; without vLLM's
-compiled extensions the stand-ins of tests/gpu/standins.py are installed). Times each GEMM
+compiled extensions the stand-ins of tests/gpu/standins.py are installed). The weights are laid
+out as the experts' process_weights_after_loading leaves them (the module's tiles, where it
+has them; ``laid_out``), the reference reads the checkpoint's rows. Times each GEMM
 (w13 with silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on both
 benchmark shapes and token counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before
 each replay, median of 20), checks the picked configs against the pure-torch
