@@ -22,7 +22,6 @@ states inside the GEMM or in a pass of its own) with the least such sum. Output:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import multiprocessing as mp
@@ -273,13 +272,7 @@ def laid_out(moe: Nvfp4Moe) -> Nvfp4Moe:
     tile_nvfp4_weights), which the GEMMs then read; as it is for a module without tiles."""
     if not hasattr(K, "tile_nvfp4_weights"):
         return moe
-    out = dataclasses.replace(
-        moe,
-        w13=moe.w13.clone(),
-        w2=moe.w2.clone(),
-        w13_scale=moe.w13_scale.clone(),
-        w2_scale=moe.w2_scale.clone(),
-    )
+    out = moe_setup.weight_copies(moe)
     K.tile_nvfp4_weights(out.w13, out.w13_scale)
     K.tile_nvfp4_weights(out.w2, out.w2_scale)
     return out

@@ -291,6 +291,18 @@ class Experts:
     expert_map: torch.Tensor | None = None  # global expert id -> local index, -1 elsewhere
 
 
+def weight_copies(moe: Nvfp4Moe) -> Nvfp4Moe:
+    """``moe`` with copies of its packed weights and block scales (for code that changes them
+    in place)."""
+    return dataclasses.replace(
+        moe,
+        w13=moe.w13.clone(),
+        w2=moe.w2.clone(),
+        w13_scale=moe.w13_scale.clone(),
+        w2_scale=moe.w2_scale.clone(),
+    )
+
+
 def nvfp4_emulation_experts(
     moe: Nvfp4Moe,
     shape: MoeShape,
@@ -316,15 +328,7 @@ def nvfp4_emulation_experts(
         local_experts=None if local is None else local.numel(),
         max_num_tokens=max_num_tokens,
     )
-    weights = moe
-    if loaded:  # copies: the hook may lay weights and scales out in place
-        weights = dataclasses.replace(
-            moe,
-            w13=moe.w13.clone(),
-            w2=moe.w2.clone(),
-            w13_scale=moe.w13_scale.clone(),
-            w2_scale=moe.w2_scale.clone(),
-        )
+    weights = weight_copies(moe) if loaded else moe  # the hook may lay them out in place
     experts = Nvfp4QuantizationEmulationTritonExperts(config, nvfp4_quant_config(weights, pick))
     layer = types.SimpleNamespace(w13_weight=weights.w13[pick], w2_weight=weights.w2[pick])
     if loaded:
