@@ -273,14 +273,19 @@ def laid_out(moe: Nvfp4Moe) -> Nvfp4Moe:
     if not hasattr(K, "tile_nvfp4_weights"):
         return moe
     out = moe_setup.weight_copies(moe)
-    K.tile_nvfp4_weights(out.w13, out.w13_scale)
-    K.tile_nvfp4_weights(out.w2, out.w2_scale)
+    for w, scale in ((out.w13, out.w13_scale), (out.w2, out.w2_scale)):
+        # moe_setup's block scales are E4M3 normals: the hook would record fast scales.
+        assert not hasattr(K, "fast_nvfp4_scales") or K.fast_nvfp4_scales(w, scale)
+        K.tile_nvfp4_weights(w, scale)
     return out
 
 
 def layout_kwargs() -> dict[str, bool]:
-    """invoke_nvfp4_moe_gemm's layout argument for weights from ``laid_out``."""
-    return {"tiled": True} if hasattr(K, "tile_nvfp4_weights") else {}
+    """invoke_nvfp4_moe_gemm's layout arguments for weights from ``laid_out``."""
+    kwargs = {"tiled": True} if hasattr(K, "tile_nvfp4_weights") else {}
+    if hasattr(K, "fast_nvfp4_scales"):
+        kwargs["fast_scales"] = True
+    return kwargs
 
 
 def all_tasks() -> list[tuple]:

@@ -564,8 +564,9 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
     dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
     reads; and the table of tiles the launcher chose from. BF16 takes the weights as laid
     out by the experts' ``process_weights_after_loading`` (their record of it, set here:
-    ``tests/test_kernels_interpret.py`` runs the hook itself), FP16 the checkpoint's rows:
-    both layouts compile, each with its dtype's kernels."""
+    ``tests/test_kernels_interpret.py`` runs the hook itself), with block scales that the
+    hook found fit for the PTX decode's one-operation conversion, and (with the expert map)
+    not; FP16 the checkpoint's rows: both layouts and both conversions compile."""
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
     fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
@@ -593,6 +594,10 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
                     hidden = torch.zeros(m, h, dtype=dtype)
                     emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
                     for expert_map in (None, emap):
+                        # The hook's record of the block scales: fit for the PTX decode's
+                        # one-operation conversion, and (with the expert map) not, so that
+                        # both conversions compile.
+                        experts.fast_scales = expert_map is None
                         fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
     return launches, fused.configs
 
