@@ -92,6 +92,38 @@ def test_make_moe_is_seeded() -> None:
     assert not torch.equal(a.w13, other.w13)
 
 
+@pytest.mark.parametrize("general", [False, True])
+def test_with_block_scale_kinds(general: bool) -> None:
+    """Each tensor's blocks, a scale and its 8 bytes of codes at one flat index: zero scales
+    over zero codes at every 13th, and (general) subnormal scales 1-7 at 5 after those and
+    zero scales over the block's own codes at 9 after; every other block as it was, and
+    ``moe`` itself unchanged."""
+    moe = moe_setup.make_moe(SMALL, seed=0, device="cpu")
+    before = moe_setup.weight_copies(moe)
+    out = moe_setup.with_block_scale_kinds(moe, general)
+    for name in ("w13", "w2"):
+        codes = getattr(out, name).view(-1, 8)
+        old_codes = getattr(before, name).view(-1, 8)
+        scales = getattr(out, f"{name}_scale").view(torch.uint8).view(-1)
+        old_scales = getattr(before, f"{name}_scale").view(torch.uint8).view(-1)
+        assert torch.equal(getattr(moe, name), getattr(before, name))
+        residue = torch.arange(scales.numel()) % 13
+        zero_codes = residue == 0
+        assert (scales[zero_codes] == 0).all() and (codes[zero_codes] == 0).all()
+        subnormal, zero_scale = residue == 5, residue == 9
+        if general:
+            want = (torch.arange(scales.numel())[subnormal] % 7 + 1).to(torch.uint8)
+            assert torch.equal(scales[subnormal], want)
+            assert (scales[zero_scale] == 0).all()
+            assert (codes[zero_scale] != 0).any()  # the random codes kept
+            kept = ~(zero_codes | subnormal | zero_scale)
+        else:
+            kept = ~zero_codes
+        assert torch.equal(scales[kept], old_scales[kept])
+        assert torch.equal(codes[~zero_codes], old_codes[~zero_codes])
+        assert int(zero_codes.sum()) == (scales.numel() + 12) // 13
+
+
 def test_random_inputs_and_routing() -> None:
     hidden, weights, ids = moe_setup.random_inputs(16, SMALL, seed=3, device="cpu")
     assert (hidden.shape, hidden.dtype) == ((16, SMALL.hidden), torch.bfloat16)

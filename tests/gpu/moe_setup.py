@@ -303,6 +303,29 @@ def weight_copies(moe: Nvfp4Moe) -> Nvfp4Moe:
     )
 
 
+def with_block_scale_kinds(moe: Nvfp4Moe, general: bool) -> Nvfp4Moe:
+    """A copy of ``moe`` whose block scales hold, beside E4M3 normals, the kinds a real
+    checkpoint may hold (each tensor's blocks in flat order, a block's scale and its 8 bytes
+    of codes at the same index): every 13th block a zero scale over zero codes; with
+    ``general`` also subnormal scales (bytes 1-7) at the blocks 5 after those, and zero
+    scales over the random codes at the blocks 9 after them. Patch 0002's PTX decode converts
+    the first kind with one integer operation, the other two only with the general FP8
+    conversion."""
+    out = weight_copies(moe)
+    for w, scale in ((out.w13, out.w13_scale), (out.w2, out.w2_scale)):
+        scale_bytes = scale.view(torch.uint8).view(-1)
+        codes = w.view(-1, BLOCK // 2)
+        index = torch.arange(scale_bytes.numel(), device=scale_bytes.device)
+        zero = index % 13 == 0
+        scale_bytes[zero] = 0
+        codes[zero] = 0
+        if general:
+            subnormal = index % 13 == 5
+            scale_bytes[subnormal] = (index[subnormal] % 7 + 1).to(torch.uint8)
+            scale_bytes[index % 13 == 9] = 0
+    return out
+
+
 def nvfp4_emulation_experts(
     moe: Nvfp4Moe,
     shape: MoeShape,

@@ -221,3 +221,37 @@ def test_default_and_portable_paths_same_bits(
         differ = int((outputs["default"] != outputs[name]).sum())
         total = outputs[name].numel()
         assert differ == 0, f"{tokens} tokens, {name}: {differ} of {total} elements differ"
+
+
+@pytest.mark.parametrize("kinds", ["fast", "general"])
+def test_block_scale_kinds_same_bits(
+    moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, kinds: str
+) -> None:
+    """Block scales of the kinds a real checkpoint may hold beside E4M3 normals
+    (moe_setup.with_block_scale_kinds): zero scales over zero codes, which patch 0002's PTX
+    decode converts with one integer operation (``fast``), and with them subnormal scales and
+    zero scales over nonzero codes, which send it to the general FP8 conversion
+    (``general``). The default path and the portable one give the same bits, and agree with
+    the reference; where the experts record the hook's check, it says which conversion ran."""
+    edged = moe_setup.with_block_scale_kinds(moe, general=kinds == "general")
+    tokens = 32
+    outputs = {}
+    for name, forced in (("default", False), ("portable", True)):
+        if forced:
+            monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+        else:
+            monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+        kernel = _experts(edged)
+        record = getattr(kernel.experts.experts, "fast_scales", None)
+        assert record in (None, kinds == "fast"), f"{name}: fast_scales {record}"
+        layer = moe_setup.MoeLayer(edged, SHAPE, tokens, kernel.experts, seed=tokens)
+        outputs[name] = moe_setup.KernelCall(kernel, layer).run().clone()
+    differ = int((outputs["default"] != outputs["portable"]).sum())
+    assert differ == 0, f"{differ} of {outputs['default'].numel()} elements differ"
+    fused = hasattr(
+        nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts, "_apply_dequantized"
+    )
+    want = nvfp4_moe_reference(
+        edged, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=fused
+    )
+    assert_agree(outputs["default"], want)
