@@ -191,6 +191,8 @@ def worker(run: Run, model: Path, out: Path) -> None:
     started = time.monotonic()
     if run.dump:  # the engine core in this process: the dump's hooks run where the model is
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # apply_model sends moe_layers to the engine core's process (pickled: vLLM asks for this)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
 
     try:
@@ -200,6 +202,10 @@ def worker(run: Run, model: Path, out: Path) -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
         return
     result["startup_s"] = round(time.monotonic() - started, 1)
+    try:
+        result["moe_layers"] = llm.apply_model(moe_layers)  # one dict per worker
+    except Exception as exc:  # a record of the run: the measurement goes on without it
+        result["moe_layers_error"] = f"{type(exc).__name__}: {exc}"
     dump = MoeDump.install(llm) if run.dump else None
 
     def generate(batch: list[list[int]], params: Any) -> list[Any]:
@@ -351,6 +357,46 @@ class MoeDump:
         except Exception as exc:  # the tensors are saved: compare them offline
             summary = {"error": f"comparison failed: {type(exc).__name__}: {exc}"}
         return {"file": str(path), "layers": self.layers, **summary}
+
+
+def moe_layers(model: Any) -> dict[str, dict[str, Any]]:
+    """Each MoE layer's experts class and, where patch 0002's experts record them, whether
+    loading laid the weights out in tiles (``tiled_weights``) and found every block scale fit
+    for the PTX decode's one-operation conversion (``fast_scales``); None where not recorded."""
+    layers = {}
+    for name, module in _moe_modules(model):
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if experts is None:
+            continue
+        layers[name] = {
+            "experts": type(experts).__name__,
+            "tiled": (
+                experts.tiled_weights is not None if hasattr(experts, "tiled_weights") else None
+            ),
+            "fast_scales": getattr(experts, "fast_scales", None),
+        }
+    return layers
+
+
+def layers_line(result: dict[str, Any]) -> str:
+    """A run's MoE layers in a few words: each experts class with its count, and how many
+    of its layers are tiled and have fast scales where the experts record it."""
+    if "moe_layers_error" in result:
+        return "not recorded: " + result["moe_layers_error"][:80]
+    per_worker = result.get("moe_layers") or []
+    if not per_worker:
+        return "—"
+    counts: dict[str, list[int]] = {}
+    for layer in per_worker[0].values():  # the first worker (every rank builds the same)
+        count = counts.setdefault(layer["experts"], [0, 0, 0])
+        count[0] += 1
+        count[1] += layer["tiled"] is True
+        count[2] += layer["fast_scales"] is True
+    return "; ".join(
+        f"{n} {name}" + (f", {tiled} tiled, {fast} fast scales" if tiled or fast else "")
+        for name, (n, tiled, fast) in counts.items()
+    )
 
 
 def _moe_modules(model: Any) -> list[tuple[str, Any]]:
@@ -792,6 +838,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "capture_errors": r.get("capture_errors", []),
             "failing_frame": r.get("failing_frame"),
             "error": r.get("startup_error") or (r.get("error_tail") or [None])[-1],
+            "moe_layers": layers_line(r),
         }
         for name, r in results.items()
     }
@@ -860,8 +907,8 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
     lines += [
         "Runs:",
         "",
-        "| run | GPUs | outcome | start-up (s) | guard plugin |",
-        "|---|---|---|---:|---|",
+        "| run | GPUs | outcome | start-up (s) | guard plugin | MoE layers |",
+        "|---|---|---|---:|---|---|",
     ]
     for name, r in summary["runs"].items():
         if r["ok"]:
@@ -870,7 +917,10 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             outcome = "FAILED: " + ("; ".join(r["capture_errors"]) or str(r["error"])[:120])
         guard = "<br>".join(r["guard"]) or "—"
         gpus = ",".join(map(str, r["gpus"] or []))
-        lines.append(f"| {name} | {gpus} | {outcome} | {r['startup_s'] or '—'} | {guard} |")
+        layers = r.get("moe_layers", "—")
+        lines.append(
+            f"| {name} | {gpus} | {outcome} | {r['startup_s'] or '—'} | {guard} | {layers} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -143,22 +144,38 @@ def _run(name: str, **extra: object) -> dict[str, Any]:
     return {"name": name, "finished": True, "startup_s": 40.0, "gpus": [0], "guard": ["g"], **extra}
 
 
+EMULATION = "Nvfp4QuantizationEmulationTritonExperts"
+
+
+def _layers(*records: tuple[bool | None, bool | None]) -> list[dict[str, Any]]:
+    """moe_layers' answer from one worker: a layer per (tiled, fast_scales)."""
+    return [
+        {
+            f"layers.{n}.mlp.experts": {"experts": EMULATION, "tiled": t, "fast_scales": f}
+            for n, (t, f) in enumerate(records)
+        }
+    ]
+
+
 RESULTS = {
     "pristine-emulation-L2": _run(
         "pristine-emulation-L2",
         logprobs_batch=[[-1.0, -2.0]],
         logprobs_single=[[-1.0, -2.0]],
         greedy=[[5, 6, 7]],
+        moe_layers=_layers((None, None), (None, None)),
     ),
     "overlay-emulation-L2": _run(
         "overlay-emulation-L2",
         logprobs_batch=[[-1.0, -2.5]],
         logprobs_single=[[-1.0, -2.0]],
         greedy=[[5, 6, 8]],
+        moe_layers=_layers((True, True), (True, False)),
     ),
     "pristine-emulation-L12": _run(
         "pristine-emulation-L12",
         throughput={"1": {"median": 100.0, "repeats": [99.0, 100.0, 101.0]}},
+        moe_layers_error="RuntimeError: no pickling",
     ),
     "pristine-fix2-fp8-lora-dp2-ep": {
         "name": "pristine-fix2-fp8-lora-dp2-ep",
@@ -201,12 +218,12 @@ Fix 2 in the engine: an FP8 model with static per-tensor activation scales, LoRA
 
 Runs:
 
-| run | GPUs | outcome | start-up (s) | guard plugin |
-|---|---|---|---:|---|
-| pristine-emulation-L2 | 0 | ok | 40.0 | g |
-| overlay-emulation-L2 | 0 | ok | 40.0 | g |
-| pristine-emulation-L12 | 0 | ok | 40.0 | g |
-| pristine-fix2-fp8-lora-dp2-ep | 0,1 | FAILED: operation not permitted when stream is capturing | — | — |
+| run | GPUs | outcome | start-up (s) | guard plugin | MoE layers |
+|---|---|---|---:|---|---|
+| pristine-emulation-L2 | 0 | ok | 40.0 | g | 2 Nvfp4QuantizationEmulationTritonExperts |
+| overlay-emulation-L2 | 0 | ok | 40.0 | g | 2 Nvfp4QuantizationEmulationTritonExperts, 2 tiled, 1 fast scales |
+| pristine-emulation-L12 | 0 | ok | 40.0 | g | not recorded: RuntimeError: no pickling |
+| pristine-fix2-fp8-lora-dp2-ep | 0,1 | FAILED: operation not permitted when stream is capturing | — | — | — |
 """
 
 
@@ -217,6 +234,42 @@ def test_summary_and_markdown() -> None:
     }
     assert [r["ok"] for r in summary["runs"].values()] == [True, True, True, False]
     assert e2e.markdown(summary, "T", ["n"]) == MARKDOWN
+
+
+def test_moe_layers_reads_each_layers_record() -> None:
+    """What the worker records of a model's MoE layers: patch 0002's experts with their
+    records (a layer whose weights took the tiles, one whose did not), other experts with
+    none, and modules without forward_modular skipped."""
+    import torch
+
+    class Tiled:
+        tiled_weights = ("w13", "w2")
+        fast_scales = True
+
+    class Rows:
+        tiled_weights = None
+        fast_scales = False
+
+    class Other:
+        pass
+
+    class Layer(torch.nn.Module):
+        def __init__(self, experts: object) -> None:
+            super().__init__()
+            kernel = types.SimpleNamespace(fused_experts=experts)
+            self.quant_method = types.SimpleNamespace(moe_kernel=kernel)
+
+        def forward_modular(self) -> None:
+            pass
+
+    model = torch.nn.ModuleDict(
+        {"a": Layer(Tiled()), "b": Layer(Rows()), "c": Layer(Other()), "d": torch.nn.Linear(1, 1)}
+    )
+    assert e2e.moe_layers(model) == {
+        "a": {"experts": "Tiled", "tiled": True, "fast_scales": True},
+        "b": {"experts": "Rows", "tiled": False, "fast_scales": False},
+        "c": {"experts": "Other", "tiled": None, "fast_scales": None},
+    }
 
 
 def test_load_results_skips_ranks_and_deploy_reports(tmp_path: Path) -> None:
