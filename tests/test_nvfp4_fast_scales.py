@@ -96,14 +96,19 @@ def test_check_reads_each_blocks_own_codes(fused: kernels.FusedModule) -> None:
     assert fused.module.fast_nvfp4_scales(*blocks([0x40, 0x00, 0x40], codes)) is False
 
 
+def experts_over(fused: kernels.FusedModule, moe: Any) -> Any:
+    """The fused experts with moe's scales in their quant config, before any loading."""
+    config = kernels.quant_config(
+        moe.w13_scale, moe.w2_scale, moe.w13_gscale, moe.w2_gscale, moe.a13_gscale, moe.a2_gscale
+    )
+    return fused.experts(None, config)
+
+
 def experts_after_loading(fused: kernels.FusedModule, moe: Any) -> tuple[Any, Any, Any]:
     """The fused experts over copies of moe's weights and scales (the hook lays them out in
     place), after the hook: (experts, w13, w2 as apply takes them)."""
     moe = moe_setup.weight_copies(moe)
-    config = kernels.quant_config(
-        moe.w13_scale, moe.w2_scale, moe.w13_gscale, moe.w2_gscale, moe.a13_gscale, moe.a2_gscale
-    )
-    experts = fused.experts(None, config)
+    experts = experts_over(fused, moe)
     w13, w2 = kernels.laid_out(experts, moe.w13, moe.w2)
     return experts, w13, w2
 
@@ -133,9 +138,5 @@ def test_hook_checks_both_gemms(fused: kernels.FusedModule) -> None:
 def test_untiled_weights_are_not_fast(fused: kernels.FusedModule) -> None:
     """Without the hook (weights in the checkpoint's rows) the record stays False: nothing
     checked the scales."""
-    moe = moe_setup.make_moe(SHAPE, device="cpu")
-    config = kernels.quant_config(
-        moe.w13_scale, moe.w2_scale, moe.w13_gscale, moe.w2_gscale, moe.a13_gscale, moe.a2_gscale
-    )
-    experts = fused.experts(None, config)
+    experts = experts_over(fused, moe_setup.make_moe(SHAPE, device="cpu"))
     assert (experts.fast_scales, experts.tiled_weights) == (False, None)

@@ -160,19 +160,38 @@ def check_batch_invariant(moe: Nvfp4Moe, path: str, entry: str, graph: bool) -> 
     assert not differ, f"{path} path, {entry}.apply, {mode} vs alone eager: " + "; ".join(differ)
 
 
-def check_matches_reference(moe: Nvfp4Moe, tokens: int) -> None:
-    kernel = _experts(moe)
+def _call(
+    moe: Nvfp4Moe, tokens: int, loaded: bool = True
+) -> tuple[moe_setup.Kernel, moe_setup.MoeLayer, torch.Tensor]:
+    """Experts built now (they pick their decode when built) and one FusedMoEKernel.apply on
+    a layer of ``tokens`` tokens: (the kernel, the layer, a copy of its output)."""
+    kernel = _experts(moe, loaded)
     layer = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
-    got = moe_setup.KernelCall(kernel, layer).run()
-    # Each path's own arithmetic: exact weights where patch 0002's fused kernel runs, vLLM
-    # 0.24.0's BF16-rounded ones elsewhere (test_fused_nvfp4_emulation.py's docstring).
+    return kernel, layer, moe_setup.KernelCall(kernel, layer).run().clone()
+
+
+def _portable_switch(monkeypatch: pytest.MonkeyPatch, forced: bool) -> None:
+    if forced:
+        monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+
+
+def _reference(moe: Nvfp4Moe, layer: moe_setup.MoeLayer) -> torch.Tensor:
+    """The reference for the layer's tokens in each path's own arithmetic: exact weights where
+    patch 0002's fused kernel runs, vLLM 0.24.0's BF16-rounded ones elsewhere
+    (test_fused_nvfp4_emulation.py's docstring)."""
     fused = hasattr(
         nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts, "_apply_dequantized"
     )
-    want = nvfp4_moe_reference(
+    return nvfp4_moe_reference(
         moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=fused
     )
-    assert_agree(got, want)
+
+
+def check_matches_reference(moe: Nvfp4Moe, tokens: int) -> None:
+    _, layer, got = _call(moe, tokens)
+    assert_agree(got, _reference(moe, layer))
 
 
 @pytest.mark.parametrize(("entry", "graph"), MODES)
@@ -210,13 +229,8 @@ def test_default_and_portable_paths_same_bits(
         ("portable", True, True),
         ("rows", False, False),
     ):
-        if forced:
-            monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
-        else:
-            monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
-        kernel = _experts(moe, loaded)  # the experts pick their decode when built
-        layer = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
-        outputs[name] = moe_setup.KernelCall(kernel, layer).run().clone()
+        _portable_switch(monkeypatch, forced)
+        outputs[name] = _call(moe, tokens, loaded)[2]
     for name in ("portable", "rows"):
         differ = int((outputs["default"] != outputs[name]).sum())
         total = outputs[name].numel()
@@ -237,21 +251,10 @@ def test_block_scale_kinds_same_bits(
     tokens = 32
     outputs = {}
     for name, forced in (("default", False), ("portable", True)):
-        if forced:
-            monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
-        else:
-            monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
-        kernel = _experts(edged)
+        _portable_switch(monkeypatch, forced)
+        kernel, layer, outputs[name] = _call(edged, tokens)
         record = getattr(kernel.experts.experts, "fast_scales", None)
         assert record in (None, kinds == "fast"), f"{name}: fast_scales {record}"
-        layer = moe_setup.MoeLayer(edged, SHAPE, tokens, kernel.experts, seed=tokens)
-        outputs[name] = moe_setup.KernelCall(kernel, layer).run().clone()
     differ = int((outputs["default"] != outputs["portable"]).sum())
     assert differ == 0, f"{differ} of {outputs['default'].numel()} elements differ"
-    fused = hasattr(
-        nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts, "_apply_dequantized"
-    )
-    want = nvfp4_moe_reference(
-        edged, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=fused
-    )
-    assert_agree(outputs["default"], want)
+    assert_agree(outputs["default"], _reference(edged, layer))
