@@ -311,7 +311,7 @@ class MoeDump:
             if forward is None or method is None:
                 continue
             module.forward_modular = self._recorded(name, forward)
-            experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+            experts = _fused_experts(module)
             self.layers[name] = {
                 "quant_method": type(method).__name__,
                 "experts": type(experts).__name__,
@@ -365,8 +365,7 @@ def moe_layers(model: Any) -> dict[str, dict[str, Any]]:
     for the PTX decode's one-operation conversion (``fast_scales``); None where not recorded."""
     layers = {}
     for name, module in _moe_modules(model):
-        method = getattr(module, "quant_method", None)
-        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        experts = _fused_experts(module)
         if experts is None:
             continue
         layers[name] = {
@@ -397,6 +396,12 @@ def layers_line(result: dict[str, Any]) -> str:
         f"{n} {name}" + (f", {tiled} tiled, {fast} fast scales" if tiled or fast else "")
         for name, (n, tiled, fast) in counts.items()
     )
+
+
+def _fused_experts(module: Any) -> Any:
+    """The experts object a MoE module's quant method runs (None where there is none)."""
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    return getattr(kernel, "fused_experts", None)
 
 
 def _moe_modules(model: Any) -> list[tuple[str, Any]]:
