@@ -10,7 +10,12 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   MoE backend on Hopper); greedy tokens where the model is shallow enough for them to agree;
 - generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
   repeats) on a 12-layer model, where the MoE dominates the step: pristine emulation, the
-  overlay's emulation, Marlin and the BF16 model;
+  overlay's emulation, Marlin and the BF16 model; then one more generation per batch under
+  torch's profiler, for the GPU's busy time per step (kernels, copies and memsets, their
+  union): what the step costs the GPU, apart from the host's share, which drifts between
+  runs on a shared host; `rounds` interleaves overlay and Marlin runs, so that the drift
+  falls on both alike, and the `nopdl` phase runs the overlay without programmatic
+  dependent launch (VLLM_PATCHSET_NVFP4_NO_PDL=1);
 - fix 2 at engine level: an FP8 (static per-tensor scales) model with LoRA enabled, data
   parallel 2 and expert parallel: the configuration in which TritonExperts defers the input
   quantization to apply() with a tensor a1_scale; CUDA graph capture fails at start-up on the
@@ -37,10 +42,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import gzip
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -106,6 +114,10 @@ class Run:
     compile: bool = True
     graphs: bool = True
     dump: bool = False
+    # One more generation per batch under torch's profiler (gpu_busy), and the environment
+    # the engine gets beside ENGINE_ENV ((name, value) pairs).
+    profile: bool = False
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -119,7 +131,9 @@ MODELS = {  # folder -> (format, layers)
     "fp8-L2": ("fp8", 2),
 }
 NUMERICS: dict[str, Any] = {"logprobs": True, "greedy": True}
-SPEED: dict[str, Any] = {"batches": (1, 8, 32)}
+SPEED: dict[str, Any] = {"batches": (1, 8, 32), "profile": True}
+# The overlay's speed run without programmatic dependent launch (patch 0002's switch).
+NO_PDL_ENV = "VLLM_PATCHSET_NVFP4_NO_PDL"
 # A phase: runs one after the other on GPUs of their own, and the state the vLLM install must
 # be in ("pristine", "overlay" or "any"). Phases given together run side by side when there
 # are GPUs enough.
@@ -151,7 +165,16 @@ PHASES: dict[str, tuple[str, tuple[Run, ...]]] = {
             Run("emulation-L12-ep2", "nvfp4-L12", tp=2, ep=True, **SPEED),
         ),
     ),
+    "nopdl": (
+        "overlay",
+        (Run("emulation-L12-nopdl", "nvfp4-L12", env=((NO_PDL_ENV, "1"),), **SPEED),),
+    ),
 }
+# `rounds`: one round is the overlay's speed run (the overlay applied), then Marlin's (reverted).
+ROUND_RUNS = (
+    ("overlay", Run("emulation-L12", "nvfp4-L12", **SPEED)),
+    ("pristine", Run("marlin-L12", "nvfp4-L12", backend="marlin", **SPEED)),
+)
 
 
 def prompts(count: int, length: int, seed: int) -> list[list[int]]:
@@ -181,7 +204,59 @@ def engine_kwargs(run: Run, model: Path) -> dict[str, Any]:
         kwargs["moe_backend"] = run.backend
     if run.lora:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=8)
+    if run.profile:  # traces next to the run's result (profiler_dir); no stacks: smaller
+        kwargs["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profiler_dir(model)),
+            "torch_profiler_with_stack": False,
+            "torch_profiler_dump_cuda_time_total": False,
+        }
     return control_kwargs(run, kwargs)
+
+
+def profiler_dir(model: Path) -> Path:
+    """Where a profiled run's traces go: a folder of the work area, emptied by the worker."""
+    return model.parent.parent / "profiles" / model.name
+
+
+# GPU activity in a torch profiler trace (Kineto's categories).
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def gpu_busy(events: Sequence[dict[str, Any]], steps: int) -> dict[str, float]:
+    """The GPU's busy time per step from a trace's events: the union of its kernels', copies'
+    and memsets' intervals (overlapping ones, as programmatic dependent launch makes them,
+    counted once), and its kernels per step."""
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("cat") in GPU_EVENTS and "dur" in e
+    )
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    kernels = sum(e.get("cat") == "kernel" for e in events)
+    return {"busy_us_per_step": busy / steps, "kernels_per_step": kernels / steps}
+
+
+def profiled(llm: Any, generate: Any, traces: Path, steps: int) -> dict[str, float]:
+    """gpu_busy of one call of ``generate`` under torch's profiler, from the trace it leaves
+    in ``traces``."""
+    before = set(traces.glob("*.pt.trace.json*"))
+    llm.start_profile()
+    generate()
+    llm.stop_profile()
+    new = sorted(set(traces.glob("*.pt.trace.json*")) - before)
+    if not new:
+        raise RuntimeError(f"the profiler left no trace in {traces}")
+    found = []
+    for path in new:  # the engine core's (GPU) trace, where a front end left one beside it
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            found.append(gpu_busy(json.load(f)["traceEvents"], steps))
+    return max(found, key=lambda g: g["busy_us_per_step"])
 
 
 # -- the worker: one engine, in a process of its own -------------------------------------------
@@ -191,6 +266,10 @@ def worker(run: Run, model: Path, out: Path) -> None:
     started = time.monotonic()
     if run.dump:  # the engine core in this process: the dump's hooks run where the model is
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    traces = profiler_dir(model)
+    if run.profile:
+        shutil.rmtree(traces, ignore_errors=True)
+        traces.mkdir(parents=True)
     # apply_model sends moe_layers to the engine core's process (pickled: vLLM asks for this)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
@@ -233,7 +312,7 @@ def worker(run: Run, model: Path, out: Path) -> None:
         result["generated"] = [
             list(o.outputs[0].token_ids) for o in generate(prompts(4, 32, 3), params)
         ]
-    throughput = {}
+    throughput, profiles = {}, {}
     for batch in run.batches:
         texts = prompts(batch, THROUGHPUT_PROMPT, seed=100 + batch)
         params = SamplingParams(
@@ -247,8 +326,16 @@ def worker(run: Run, model: Path, out: Path) -> None:
             seconds = time.perf_counter() - begin
             rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / seconds)
         throughput[str(batch)] = {"median": statistics.median(rates), "repeats": rates}
+        if run.profile:
+            try:
+                run_once = functools.partial(generate, texts, params)
+                profiles[str(batch)] = profiled(llm, run_once, traces, THROUGHPUT_TOKENS)
+            except Exception as exc:  # recorded: the throughput stands without it
+                result["profile_error"] = f"{type(exc).__name__}: {exc}"
     if throughput:
         result["throughput"] = throughput
+    if profiles:
+        result["gpu_profile"] = profiles
     result["finished"] = True
     out.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -549,7 +636,7 @@ def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[st
         out = host.results / f"{name}.rank{rank}.json"
         out.unlink(missing_ok=True)
         log = (host.results / f"{name}.rank{rank}.log").open("w")
-        env = host.env(gpus)
+        env = {**host.env(gpus), **dict(run.env)}
         if run.dp > 1:  # vLLM's offline data parallel: one engine per rank, told by env
             env.update(
                 VLLM_DP_RANK=str(rank),
@@ -777,7 +864,9 @@ THROUGHPUT_ROWS = (
     ("BF16 model", "pristine-bf16-L12"),
     ("emulation, pristine, EP2 (2 GPUs)", "pristine-emulation-L12-ep2"),
     ("emulation + overlay, EP2 (2 GPUs)", "overlay-emulation-L12-ep2"),
+    ("0.24.0 emulation + overlay, PDL off", "overlay-emulation-L12-nopdl"),
 )
+ROUND_NAME = re.compile(r"(?P<run>.+)-r(?P<round>\d+)$")
 
 
 def compare_logprobs(a: list[list[float]], b: list[list[float]]) -> dict[str, float | int]:
@@ -833,6 +922,17 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for label, name in THROUGHPUT_ROWS
         if name in ok and "throughput" in ok[name]
     }
+    gpu = {
+        name: {
+            b: {
+                **p,
+                "wall_us_per_step": 1e6 * int(b) / r["throughput"][b]["median"],
+            }
+            for b, p in r["gpu_profile"].items()
+        }
+        for name, r in ok.items()
+        if "gpu_profile" in r
+    }
     runs = {
         name: {
             "ok": name in ok,
@@ -847,7 +947,33 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
         for name, r in results.items()
     }
-    return {"logprobs": logprobs, "greedy": greedy, "throughput": throughput, "runs": runs}
+    return {
+        "logprobs": logprobs,
+        "greedy": greedy,
+        "throughput": throughput,
+        "rounds": rounds(ok),
+        "gpu": gpu,
+        "runs": runs,
+    }
+
+
+def rounds(ok: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `rounds` command's pairs, round by round: each batch's median tokens/s of the
+    overlay's run and of Marlin's run after it."""
+    (overlay_state, overlay), (marlin_state, marlin) = ROUND_RUNS
+    found: dict[int, dict[str, Any]] = {}
+    for name, result in ok.items():
+        m = ROUND_NAME.fullmatch(name)
+        if m is None or "throughput" not in result:
+            continue
+        for key, state, run in (
+            ("overlay", overlay_state, overlay),
+            ("marlin", marlin_state, marlin),
+        ):
+            if m["run"] == f"{state}-{run.name}":
+                medians = {b: t["median"] for b, t in result["throughput"].items()}
+                found.setdefault(int(m["round"]), {})[key] = medians
+    return [{"round": i, **pair} for i, pair in sorted(found.items()) if len(pair) == 2]
 
 
 def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
@@ -893,6 +1019,45 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
         for label, row in summary["throughput"].items():
             cells = [_cell(row[str(b)]) if str(b) in row else "—" for b in batches]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if summary["rounds"]:
+        batches = sorted({int(b) for r in summary["rounds"] for b in r["overlay"]})
+        lines += [
+            "Interleaved rounds (`rounds`): in each, the overlay's 12-layer run, then Marlin's"
+            " on the reverted install, minutes apart; tokens/s, overlay / Marlin (ratio):",
+            "",
+            "| round | " + " | ".join(f"batch {b}" for b in batches) + " |",
+            "|---|" + "---:|" * len(batches),
+        ]
+        for r in summary["rounds"]:
+            cells = [
+                f"{r['overlay'][str(b)]:.0f} / {r['marlin'][str(b)]:.0f}"
+                f" ({r['overlay'][str(b)] / r['marlin'][str(b)]:.2f}x)"
+                if str(b) in r["overlay"] and str(b) in r["marlin"]
+                else "—"
+                for b in batches
+            ]
+            lines.append(f"| {r['round']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if summary["gpu"]:
+        batches = sorted({int(b) for row in summary["gpu"].values() for b in row})
+        lines += [
+            f"GPU time per step: one more generation per batch under torch's profiler, the"
+            f" union of its kernels, copies and memsets on the GPU over {THROUGHPUT_TOKENS}"
+            " steps; beside it the step's wall time from the median tokens/s above"
+            " (µs per step, GPU busy / wall):",
+            "",
+            "| run | " + " | ".join(f"batch {b}" for b in batches) + " |",
+            "|---|" + "---:|" * len(batches),
+        ]
+        for name, row in summary["gpu"].items():
+            cells = [
+                f"{row[str(b)]['busy_us_per_step']:.0f} / {row[str(b)]['wall_us_per_step']:.0f}"
+                if str(b) in row
+                else "—"
+                for b in batches
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     fix2 = {n: r for n, r in summary["runs"].items() if "fix2" in n}
     if fix2:
@@ -1136,6 +1301,34 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     return result.returncode
 
 
+def cmd_rounds(args: argparse.Namespace) -> int:
+    """The overlay's and Marlin's 12-layer speed runs, interleaved ``args.rounds`` times:
+    the overlay applied and its run, then reverted and Marlin's, so that a host whose speed
+    drifts between runs minutes apart slows both alike. Results named ``...-rN``; the install
+    is left pristine."""
+    host = _host(args.work)
+    if host.state() != "pristine":
+        raise SystemExit("the vLLM install holds the overlay: revert it first (overlay revert)")
+    host.results.mkdir(parents=True, exist_ok=True)
+    for i in range(1, args.rounds + 1):
+        for state, run in ROUND_RUNS:
+            if state == "overlay" and cmd_overlay(
+                argparse.Namespace(work=args.work, action="apply")
+            ):
+                raise SystemExit("overlay apply failed (above): no more rounds")
+            try:
+                result = run_engine(
+                    host, dataclasses.replace(run, name=f"{run.name}-r{i}"), state, [0]
+                )
+            finally:
+                if state == "overlay":
+                    cmd_overlay(argparse.Namespace(work=args.work, action="revert"))
+            print(_summary(result), flush=True)
+            if not _ok(result):
+                return 1
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     summary = summarize(load_results(args.work / "results"))
     summary["notes"] = list(args.note)
@@ -1208,6 +1401,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="+", choices=list(PHASES))
     p.add_argument("--gpus", type=int)
     p.set_defaults(func=cmd_phases)
+    p = sub.add_parser("rounds", help="overlay and Marlin speed runs, interleaved")
+    work(p)
+    p.add_argument("--rounds", type=int, default=2)
+    p.set_defaults(func=cmd_rounds)
     p = sub.add_parser(
         "overlay", help="vllm-patchset overlay apply|revert|status on the engine's vLLM"
     )
@@ -1238,6 +1435,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_from_json(spec: str) -> Run:
     data = json.loads(spec)
     data["batches"] = tuple(data["batches"])
+    data["env"] = tuple(tuple(pair) for pair in data.get("env", ()))
     return Run(**data)
 
 

@@ -3,6 +3,7 @@ report (comparisons, Markdown, where a failed capture broke) from results shaped
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -35,6 +36,20 @@ KWARGS_CASES = [
     (
         e2e.Run("bf16-L12", "bf16-L12", backend="auto", batches=(1, 8, 32)),
         {"tensor_parallel_size": 1, "enable_expert_parallel": False},
+    ),
+    (
+        e2e.Run("marlin-L12", "nvfp4-L12", backend="marlin", batches=(1,), profile=True),
+        {
+            "tensor_parallel_size": 1,
+            "enable_expert_parallel": False,
+            "moe_backend": "marlin",
+            "profiler_config": {
+                "profiler": "torch",
+                "torch_profiler_dir": "/profiles/nvfp4-L12",
+                "torch_profiler_with_stack": False,
+                "torch_profiler_dump_cuda_time_total": False,
+            },
+        },
     ),
     (
         e2e.Run("emulation-L2-ep2", "nvfp4-L2", tp=2, ep=True),
@@ -71,7 +86,20 @@ def test_phases() -> None:
         "baselines": ("pristine", ["marlin-L2", "marlin-L12", "bf16-L12"]),
         "fix2": ("any", ["fix2-fp8-lora-dp2-ep"]),
         "parallel": ("any", ["emulation-L2-ep2", "emulation-L2-tp2", "emulation-L12-ep2"]),
+        "nopdl": ("overlay", ["emulation-L12-nopdl"]),
     }
+    # Every speed run is profiled; the control run turns patch 0002's PDL off.
+    assert all(r.profile for _, rs in e2e.PHASES.values() for r in rs if r.batches)
+    (nopdl,) = e2e.PHASES["nopdl"][1]
+    assert (nopdl.model, nopdl.backend, nopdl.env) == (
+        "nvfp4-L12",
+        "emulation",
+        (("VLLM_PATCHSET_NVFP4_NO_PDL", "1"),),
+    )
+    assert [(state, r.name, r.backend) for state, r in e2e.ROUND_RUNS] == [
+        ("overlay", "emulation-L12", "emulation"),
+        ("pristine", "marlin-L12", "marlin"),
+    ]
     runs = [r for _, runs in e2e.PHASES.values() for r in runs]
     assert {r.model for r in runs} <= set(e2e.MODELS)
     # Fix 2's path in vLLM 0.24.0: TritonExperts.expects_unquantized_inputs needs a LoRA
@@ -344,3 +372,97 @@ def test_all_stops_after_a_failed_apply(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with pytest.raises(SystemExit, match=r"^overlay apply failed \(above\): no overlay runs$"):
         e2e.main(["all", "--work", str(tmp_path), "--gpus", "1"])
     assert calls == [("emulation", "baselines"), "apply", "revert"]
+
+
+def test_a_run_through_json_is_the_same_run() -> None:
+    """What the parent hands the worker process: a run, with its environment, as JSON."""
+    (run,) = e2e.PHASES["nopdl"][1]
+    assert e2e._run_from_json(json.dumps(dataclasses.asdict(run))) == run
+
+
+def test_gpu_busy_counts_overlapping_spans_once() -> None:
+    """The union of the GPU's kernels, copies and memsets (two kernels overlapping, as
+    programmatic dependent launch overlaps them), per step; CPU events and instant events
+    are not the GPU's."""
+    events = [
+        {"cat": "kernel", "ts": 100.0, "dur": 10.0},
+        {"cat": "kernel", "ts": 105.0, "dur": 10.0},  # overlaps the first: 100-115
+        {"cat": "gpu_memcpy", "ts": 120.0, "dur": 4.0},
+        {"cat": "gpu_memset", "ts": 121.0, "dur": 1.0},  # inside the copy
+        {"cat": "kernel", "ts": 130.0, "dur": 2.0},
+        {"cat": "cpu_op", "ts": 0.0, "dur": 500.0},
+        {"cat": "kernel", "ts": 200.0},  # no duration: not a span
+    ]
+    assert e2e.gpu_busy(events, steps=2) == {"busy_us_per_step": 10.5, "kernels_per_step": 2.0}
+
+
+def _speed(name: str, medians: dict[str, float], busy: dict[str, float]) -> dict[str, Any]:
+    return _run(
+        name,
+        throughput={b: {"median": m, "repeats": [m]} for b, m in medians.items()},
+        gpu_profile={
+            b: {"busy_us_per_step": u, "kernels_per_step": 100.0} for b, u in busy.items()
+        },
+    )
+
+
+ROUND_RESULTS = {
+    "overlay-emulation-L12-r1": _speed("overlay-emulation-L12-r1", {"1": 500.0}, {"1": 800.0}),
+    "pristine-marlin-L12-r1": _speed("pristine-marlin-L12-r1", {"1": 400.0}, {"1": 1000.0}),
+    "overlay-emulation-L12-r2": _speed("overlay-emulation-L12-r2", {"1": 450.0}, {"1": 790.0}),
+}
+
+
+def test_rounds_and_gpu_time_in_the_report() -> None:
+    """Round 1 has both runs and is reported; round 2 lacks Marlin's and is not. Each
+    profiled run's GPU busy time per step stands beside its wall time per step."""
+    summary = e2e.summarize(ROUND_RESULTS)
+    assert summary["rounds"] == [{"round": 1, "overlay": {"1": 500.0}, "marlin": {"1": 400.0}}]
+    assert summary["gpu"]["pristine-marlin-L12-r1"] == {
+        "1": {"busy_us_per_step": 1000.0, "kernels_per_step": 100.0, "wall_us_per_step": 2500.0}
+    }
+    text = e2e.markdown(summary, "T")
+    assert "| round | batch 1 |\n|---|---:|\n| 1 | 500 / 400 (1.25x) |\n" in text
+    assert (
+        "| run | batch 1 |\n|---|---:|\n| overlay-emulation-L12-r1 | 800 / 2000 |\n"
+        "| pristine-marlin-L12-r1 | 1000 / 2500 |\n| overlay-emulation-L12-r2 | 790 / 2222 |\n"
+    ) in text
+
+
+def test_rounds_interleave_the_overlay_and_marlin(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`rounds`: apply, the overlay's run, revert, Marlin's run, round after round, each run
+    named for its round; a failed apply stops before its run."""
+    calls: list[object] = []
+    applies: list[int] = []
+
+    def overlay(args: Any) -> int:
+        calls.append(args.action)
+        if args.action == "apply":
+            applies.append(1)
+            return int(len(applies) == 3)  # the third apply fails
+        return 0
+
+    def engine(host: Any, run: Any, state: str, gpus: list[int]) -> dict[str, Any]:
+        calls.append(f"{state}-{run.name}")
+        return _run(f"{state}-{run.name}")
+
+    monkeypatch.setattr(e2e.Host, "state", lambda self: "pristine")
+    monkeypatch.setattr(e2e, "cmd_overlay", overlay)
+    monkeypatch.setattr(e2e, "run_engine", engine)
+    assert e2e.main(["rounds", "--work", str(tmp_path), "--rounds", "2"]) == 0
+    assert calls == [
+        "apply",
+        "overlay-emulation-L12-r1",
+        "revert",
+        "pristine-marlin-L12-r1",
+        "apply",
+        "overlay-emulation-L12-r2",
+        "revert",
+        "pristine-marlin-L12-r2",
+    ]
+    calls.clear()
+    with pytest.raises(SystemExit, match=r"^overlay apply failed \(above\): no more rounds$"):
+        e2e.main(["rounds", "--work", str(tmp_path), "--rounds", "1"])
+    assert calls == ["apply"]

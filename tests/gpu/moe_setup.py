@@ -526,6 +526,8 @@ def marlin_kernel(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Kernel
 # Set to 1, the overlay's NVFP4 emulation takes its portable Triton path where it also has a
 # CUDA-only one (chosen by platform otherwise).
 PORTABLE_ENV = "VLLM_PATCHSET_NVFP4_PORTABLE"
+# Set to 1, the overlay's kernels launch without programmatic dependent launch (sm_90+).
+NO_PDL_ENV = "VLLM_PATCHSET_NVFP4_NO_PDL"
 _FUSED_MOE_DIR = Path("model_executor", "layers", "fused_moe")
 
 

@@ -258,3 +258,32 @@ def test_block_scale_kinds_same_bits(
     differ = int((outputs["default"] != outputs["portable"]).sum())
     assert differ == 0, f"{differ} of {outputs['default'].numel()} elements differ"
     assert_agree(outputs["default"], _reference(edged, layer))
+
+
+@pytest.mark.parametrize("tokens", NUMERICS_TOKENS)
+def test_pdl_on_and_off_same_bits(
+    moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, tokens: int
+) -> None:
+    """Programmatic dependent launch changes when a kernel starts, not what it computes: with
+    it (patch 0002's default on sm_90) and without (VLLM_PATCHSET_NVFP4_NO_PDL=1), the same
+    bits, eagerly and replayed from a CUDA graph (where vLLM's decode steps run it). A kernel
+    that read its input before the kernel writing it had ended would differ here. Where the
+    experts record the choice (``pdl``), the switch turns it off."""
+    _portable_switch(monkeypatch, False)
+    outputs = {}
+    for name, off in (("pdl", False), ("no pdl", True)):
+        if off:
+            monkeypatch.setenv(moe_setup.NO_PDL_ENV, "1")
+        else:
+            monkeypatch.delenv(moe_setup.NO_PDL_ENV, raising=False)
+        kernel, layer, outputs[name] = _call(moe, tokens)
+        if off:
+            assert getattr(kernel.experts.experts, "pdl", None) in (None, False)
+        captured, out = cuda_graphs.capture(moe_setup.KernelCall(kernel, layer).run)
+        captured.replay()
+        torch.cuda.synchronize()
+        outputs[f"{name}, graph"] = out.clone()
+    for name in ("pdl, graph", "no pdl", "no pdl, graph"):
+        differ = int((outputs["pdl"] != outputs[name]).sum())
+        total = outputs[name].numel()
+        assert differ == 0, f"{tokens} tokens, {name}: {differ} of {total} elements differ"
