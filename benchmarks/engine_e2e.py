@@ -14,7 +14,8 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   torch's profiler, for the GPU's busy time per step (kernels, copies and memsets, their
   union): what the step costs the GPU, apart from the host's share, which drifts between
   runs on a shared host; `rounds` interleaves overlay and Marlin runs, so that the drift
-  falls on both alike, and the `nopdl` phase runs the overlay without programmatic
+  falls on both alike (`--model nvfp4-L48`: Qwen3-30B-A3B's 48 layers, where the GPU's share
+  of a step is four times the 12-layer model's, the host's about the same), and the `nopdl` phase runs the overlay without programmatic
   dependent launch (VLLM_PATCHSET_NVFP4_NO_PDL=1);
 - fix 2 at engine level: an FP8 (static per-tensor scales) model with LoRA enabled, data
   parallel 2 and expert parallel: the configuration in which TritonExperts defers the input
@@ -129,7 +130,11 @@ MODELS = {  # folder -> (format, layers)
     "nvfp4-L12": ("nvfp4", 12),
     "bf16-L12": ("bf16", 12),
     "fp8-L2": ("fp8", 2),
+    # Qwen3-30B-A3B's depth (about 16 GB): there the GPU's share of a step outweighs the
+    # host's. Written only when named (`checkpoints nvfp4-L48`), for `rounds --model`.
+    "nvfp4-L48": ("nvfp4", 48),
 }
+DEFAULT_MODELS = tuple(name for name in MODELS if name != "nvfp4-L48")
 NUMERICS: dict[str, Any] = {"logprobs": True, "greedy": True}
 SPEED: dict[str, Any] = {"batches": (1, 8, 32), "profile": True}
 # The overlay's speed run without programmatic dependent launch (patch 0002's switch).
@@ -170,11 +175,16 @@ PHASES: dict[str, tuple[str, tuple[Run, ...]]] = {
         (Run("emulation-L12-nopdl", "nvfp4-L12", env=((NO_PDL_ENV, "1"),), **SPEED),),
     ),
 }
-# `rounds`: one round is the overlay's speed run (the overlay applied), then Marlin's (reverted).
-ROUND_RUNS = (
-    ("overlay", Run("emulation-L12", "nvfp4-L12", **SPEED)),
-    ("pristine", Run("marlin-L12", "nvfp4-L12", backend="marlin", **SPEED)),
-)
+
+
+def round_runs(model: str) -> tuple[tuple[str, Run], tuple[str, Run]]:
+    """`rounds`: one round is the overlay's speed run on ``model`` (the overlay applied), then
+    Marlin's (reverted)."""
+    layers = MODELS[model][1]
+    return (
+        ("overlay", Run(f"emulation-L{layers}", model, **SPEED)),
+        ("pristine", Run(f"marlin-L{layers}", model, backend="marlin", **SPEED)),
+    )
 
 
 def prompts(count: int, length: int, seed: int) -> list[list[int]]:
@@ -866,7 +876,9 @@ THROUGHPUT_ROWS = (
     ("emulation + overlay, EP2 (2 GPUs)", "overlay-emulation-L12-ep2"),
     ("0.24.0 emulation + overlay, PDL off", "overlay-emulation-L12-nopdl"),
 )
-ROUND_NAME = re.compile(r"(?P<run>.+)-r(?P<round>\d+)$")
+ROUND_NAME = re.compile(
+    r"(?P<engine>overlay-emulation|pristine-marlin)-L(?P<layers>\d+)-r(?P<round>\d+)"
+)
 
 
 def compare_logprobs(a: list[list[float]], b: list[list[float]]) -> dict[str, float | int]:
@@ -958,22 +970,21 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def rounds(ok: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `rounds` command's pairs, round by round: each batch's median tokens/s of the
-    overlay's run and of Marlin's run after it."""
-    (overlay_state, overlay), (marlin_state, marlin) = ROUND_RUNS
-    found: dict[int, dict[str, Any]] = {}
+    """The `rounds` command's pairs, per model depth and round: each batch's median tokens/s
+    of the overlay's run and of Marlin's run after it."""
+    found: dict[tuple[int, int], dict[str, Any]] = {}
     for name, result in ok.items():
         m = ROUND_NAME.fullmatch(name)
         if m is None or "throughput" not in result:
             continue
-        for key, state, run in (
-            ("overlay", overlay_state, overlay),
-            ("marlin", marlin_state, marlin),
-        ):
-            if m["run"] == f"{state}-{run.name}":
-                medians = {b: t["median"] for b, t in result["throughput"].items()}
-                found.setdefault(int(m["round"]), {})[key] = medians
-    return [{"round": i, **pair} for i, pair in sorted(found.items()) if len(pair) == 2]
+        key = "overlay" if m["engine"] == "overlay-emulation" else "marlin"
+        medians = {b: t["median"] for b, t in result["throughput"].items()}
+        found.setdefault((int(m["layers"]), int(m["round"])), {})[key] = medians
+    return [
+        {"layers": layers, "round": i, **pair}
+        for (layers, i), pair in sorted(found.items())
+        if len(pair) == 2
+    ]
 
 
 def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
@@ -1023,11 +1034,11 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
     if summary["rounds"]:
         batches = sorted({int(b) for r in summary["rounds"] for b in r["overlay"]})
         lines += [
-            "Interleaved rounds (`rounds`): in each, the overlay's 12-layer run, then Marlin's"
-            " on the reverted install, minutes apart; tokens/s, overlay / Marlin (ratio):",
+            "Interleaved rounds (`rounds`): in each, the overlay's run, then Marlin's on the"
+            " reverted install, minutes apart; tokens/s, overlay / Marlin (ratio):",
             "",
-            "| round | " + " | ".join(f"batch {b}" for b in batches) + " |",
-            "|---|" + "---:|" * len(batches),
+            "| layers | round | " + " | ".join(f"batch {b}" for b in batches) + " |",
+            "|---:|---:|" + "---:|" * len(batches),
         ]
         for r in summary["rounds"]:
             cells = [
@@ -1037,7 +1048,7 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
                 else "—"
                 for b in batches
             ]
-            lines.append(f"| {r['round']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['layers']} | {r['round']} | " + " | ".join(cells) + " |")
         lines.append("")
     if summary["gpu"]:
         batches = sorted({int(b) for row in summary["gpu"].values() for b in row})
@@ -1262,7 +1273,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     models = args.work / "models"
     # Deepest first: a shallower model of the same format links the deeper one's files.
-    for name in sorted(args.models or MODELS, key=lambda n: -MODELS[n][1]):
+    for name in sorted(args.models or DEFAULT_MODELS, key=lambda n: -MODELS[n][1]):
         fmt, layers = MODELS[name]
         dest = models / name
         if dest.is_dir():
@@ -1302,16 +1313,20 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
 
 def cmd_rounds(args: argparse.Namespace) -> int:
-    """The overlay's and Marlin's 12-layer speed runs, interleaved ``args.rounds`` times:
-    the overlay applied and its run, then reverted and Marlin's, so that a host whose speed
-    drifts between runs minutes apart slows both alike. Results named ``...-rN``; the install
-    is left pristine."""
+    """The overlay's and Marlin's speed runs on ``args.model``, interleaved ``args.rounds``
+    times: the overlay applied and its run, then reverted and Marlin's, so that a host whose
+    speed drifts between runs minutes apart slows both alike. Results named ``...-rN`` from
+    N = ``args.first`` (a later call adds rounds); the install is left pristine."""
     host = _host(args.work)
+    if not (host.models / args.model).is_dir():
+        raise SystemExit(
+            f"no checkpoint {host.models / args.model}: run `checkpoints {args.model}`"
+        )
     if host.state() != "pristine":
         raise SystemExit("the vLLM install holds the overlay: revert it first (overlay revert)")
     host.results.mkdir(parents=True, exist_ok=True)
-    for i in range(1, args.rounds + 1):
-        for state, run in ROUND_RUNS:
+    for i in range(args.first, args.first + args.rounds):
+        for state, run in round_runs(args.model):
             if state == "overlay" and cmd_overlay(
                 argparse.Namespace(work=args.work, action="apply")
             ):
@@ -1404,6 +1419,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("rounds", help="overlay and Marlin speed runs, interleaved")
     work(p)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--first", type=int, default=1, help="the first round's number")
+    nvfp4 = [name for name, (fmt, _) in MODELS.items() if fmt == "nvfp4"]
+    p.add_argument("--model", choices=nvfp4, default="nvfp4-L12")
     p.set_defaults(func=cmd_rounds)
     p = sub.add_parser(
         "overlay", help="vllm-patchset overlay apply|revert|status on the engine's vLLM"

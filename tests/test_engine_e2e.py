@@ -96,10 +96,12 @@ def test_phases() -> None:
         "emulation",
         (("VLLM_PATCHSET_NVFP4_NO_PDL", "1"),),
     )
-    assert [(state, r.name, r.backend) for state, r in e2e.ROUND_RUNS] == [
-        ("overlay", "emulation-L12", "emulation"),
-        ("pristine", "marlin-L12", "marlin"),
+    assert [(state, r.name, r.model, r.backend) for state, r in e2e.round_runs("nvfp4-L48")] == [
+        ("overlay", "emulation-L48", "nvfp4-L48", "emulation"),
+        ("pristine", "marlin-L48", "nvfp4-L48", "marlin"),
     ]
+    # The 48-layer checkpoint (16 GB) is written only when named.
+    assert "nvfp4-L48" in e2e.MODELS and "nvfp4-L48" not in e2e.DEFAULT_MODELS
     runs = [r for _, runs in e2e.PHASES.values() for r in runs]
     assert {r.model for r in runs} <= set(e2e.MODELS)
     # Fix 2's path in vLLM 0.24.0: TritonExperts.expects_unquantized_inputs needs a LoRA
@@ -417,12 +419,16 @@ def test_rounds_and_gpu_time_in_the_report() -> None:
     """Round 1 has both runs and is reported; round 2 lacks Marlin's and is not. Each
     profiled run's GPU busy time per step stands beside its wall time per step."""
     summary = e2e.summarize(ROUND_RESULTS)
-    assert summary["rounds"] == [{"round": 1, "overlay": {"1": 500.0}, "marlin": {"1": 400.0}}]
+    assert summary["rounds"] == [
+        {"layers": 12, "round": 1, "overlay": {"1": 500.0}, "marlin": {"1": 400.0}}
+    ]
     assert summary["gpu"]["pristine-marlin-L12-r1"] == {
         "1": {"busy_us_per_step": 1000.0, "kernels_per_step": 100.0, "wall_us_per_step": 2500.0}
     }
     text = e2e.markdown(summary, "T")
-    assert "| round | batch 1 |\n|---|---:|\n| 1 | 500 / 400 (1.25x) |\n" in text
+    assert (
+        "| layers | round | batch 1 |\n|---:|---:|---:|\n| 12 | 1 | 500 / 400 (1.25x) |\n" in text
+    )
     assert (
         "| run | batch 1 |\n|---|---:|\n| overlay-emulation-L12-r1 | 800 / 2000 |\n"
         "| pristine-marlin-L12-r1 | 1000 / 2500 |\n| overlay-emulation-L12-r2 | 790 / 2222 |\n"
@@ -451,6 +457,11 @@ def test_rounds_interleave_the_overlay_and_marlin(
     monkeypatch.setattr(e2e.Host, "state", lambda self: "pristine")
     monkeypatch.setattr(e2e, "cmd_overlay", overlay)
     monkeypatch.setattr(e2e, "run_engine", engine)
+    with pytest.raises(SystemExit, match=r"^no checkpoint .*/models/nvfp4-L12: run `checkpoints"):
+        e2e.main(["rounds", "--work", str(tmp_path)])
+    assert calls == []
+    (tmp_path / "models" / "nvfp4-L12").mkdir(parents=True)
+    (tmp_path / "models" / "nvfp4-L48").mkdir()
     assert e2e.main(["rounds", "--work", str(tmp_path), "--rounds", "2"]) == 0
     assert calls == [
         "apply",
@@ -466,3 +477,7 @@ def test_rounds_interleave_the_overlay_and_marlin(
     with pytest.raises(SystemExit, match=r"^overlay apply failed \(above\): no more rounds$"):
         e2e.main(["rounds", "--work", str(tmp_path), "--rounds", "1"])
     assert calls == ["apply"]
+    calls.clear()  # a later call adds round 3 on the 48-layer model
+    args = ["rounds", "--work", str(tmp_path), "--model", "nvfp4-L48", "--rounds", "1"]
+    assert e2e.main([*args, "--first", "3"]) == 0
+    assert calls == ["apply", "overlay-emulation-L48-r3", "revert", "pristine-marlin-L48-r3"]
