@@ -15,8 +15,8 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   union): what the step costs the GPU, apart from the host's share, which drifts between
   runs on a shared host; `rounds` interleaves overlay and Marlin runs, so that the drift
   falls on both alike (`--model nvfp4-L48`: Qwen3-30B-A3B's 48 layers, where the GPU's share
-  of a step is four times the 12-layer model's, the host's about the same), and the `nopdl` phase runs the overlay without programmatic
-  dependent launch (VLLM_PATCHSET_NVFP4_NO_PDL=1);
+  of a step is four times the 12-layer model's, the host's about the same), and the `nopdl`
+  phase runs the overlay without programmatic dependent launch (VLLM_PATCHSET_NVFP4_NO_PDL=1);
 - fix 2 at engine level: an FP8 (static per-tensor scales) model with LoRA enabled, data
   parallel 2 and expert parallel: the configuration in which TritonExperts defers the input
   quantization to apply() with a tensor a1_scale; CUDA graph capture fails at start-up on the
