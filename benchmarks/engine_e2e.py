@@ -1018,58 +1018,51 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
         ]
         lines.append("")
     if summary["throughput"]:
-        batches = sorted({int(b) for row in summary["throughput"].values() for b in row})
-        lines += [
+        intro = (
             f"Generation throughput, 12-layer model, {THROUGHPUT_TOKENS} greedy tokens after a"
             f" {THROUGHPUT_PROMPT}-token prompt, CUDA graphs, tokens/s: median of {REPEATS}"
-            " (slowest to fastest):",
-            "",
-            "| engine | " + " | ".join(f"batch {b}" for b in batches) + " |",
-            "|---|" + "---:|" * len(batches),
+            " (slowest to fastest):"
+        )
+        rows = [
+            ([label], {b: _cell(t) for b, t in row.items()})
+            for label, row in summary["throughput"].items()
         ]
-        for label, row in summary["throughput"].items():
-            cells = [_cell(row[str(b)]) if str(b) in row else "—" for b in batches]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _batch_table(intro, ["engine"], rows)
     if summary["rounds"]:
-        batches = sorted({int(b) for r in summary["rounds"] for b in r["overlay"]})
-        lines += [
+        intro = (
             "Interleaved rounds (`rounds`): in each, the overlay's run, then Marlin's on the"
-            " reverted install, minutes apart; tokens/s, overlay / Marlin (ratio):",
-            "",
-            "| layers | round | " + " | ".join(f"batch {b}" for b in batches) + " |",
-            "|---:|---:|" + "---:|" * len(batches),
+            " reverted install, minutes apart; tokens/s, overlay / Marlin (ratio):"
+        )
+        rows = [
+            (
+                [str(r["layers"]), str(r["round"])],
+                {
+                    b: f"{o:.0f} / {r['marlin'][b]:.0f} ({o / r['marlin'][b]:.2f}x)"
+                    for b, o in r["overlay"].items()
+                    if b in r["marlin"]
+                },
+            )
+            for r in summary["rounds"]
         ]
-        for r in summary["rounds"]:
-            cells = [
-                f"{r['overlay'][str(b)]:.0f} / {r['marlin'][str(b)]:.0f}"
-                f" ({r['overlay'][str(b)] / r['marlin'][str(b)]:.2f}x)"
-                if str(b) in r["overlay"] and str(b) in r["marlin"]
-                else "—"
-                for b in batches
-            ]
-            lines.append(f"| {r['layers']} | {r['round']} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _batch_table(intro, ["layers:", "round:"], rows)
     if summary["gpu"]:
-        batches = sorted({int(b) for row in summary["gpu"].values() for b in row})
-        lines += [
+        intro = (
             f"GPU time per step: one more generation per batch under torch's profiler, the"
             f" union of its kernels, copies and memsets on the GPU over {THROUGHPUT_TOKENS}"
             " steps; beside it the step's wall time from the median tokens/s above"
-            " (µs per step, GPU busy / wall):",
-            "",
-            "| run | " + " | ".join(f"batch {b}" for b in batches) + " |",
-            "|---|" + "---:|" * len(batches),
+            " (µs per step, GPU busy / wall):"
+        )
+        rows = [
+            (
+                [name],
+                {
+                    b: f"{p['busy_us_per_step']:.0f} / {p['wall_us_per_step']:.0f}"
+                    for b, p in row.items()
+                },
+            )
+            for name, row in summary["gpu"].items()
         ]
-        for name, row in summary["gpu"].items():
-            cells = [
-                f"{row[str(b)]['busy_us_per_step']:.0f} / {row[str(b)]['wall_us_per_step']:.0f}"
-                if str(b) in row
-                else "—"
-                for b in batches
-            ]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _batch_table(intro, ["run"], rows)
     fix2 = {n: r for n, r in summary["runs"].items() if "fix2" in n}
     if fix2:
         lines += [
@@ -1103,6 +1096,20 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             f"| {name} | {gpus} | {outcome} | {r['startup_s'] or '—'} | {guard} | {layers} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _batch_table(
+    intro: str, head: list[str], rows: list[tuple[list[str], dict[str, str]]]
+) -> list[str]:
+    """A Markdown table of a column per batch size: ``head`` names the leading columns (a
+    trailing ``:`` right-aligns one), each row its leading cells and its cells by batch."""
+    batches = sorted({int(b) for _, cells in rows for b in cells}, key=int)
+    names = [h.rstrip(":") for h in head] + [f"batch {b}" for b in batches]
+    aligns = ["---:" if h.endswith(":") else "---" for h in head] + ["---:"] * len(batches)
+    lines = [intro, "", "| " + " | ".join(names) + " |", "|" + "|".join(aligns) + "|"]
+    for lead, cells in rows:
+        lines.append("| " + " | ".join(lead + [cells.get(str(b), "—") for b in batches]) + " |")
+    return [*lines, ""]
 
 
 def _cell(t: dict[str, float]) -> str:
