@@ -137,7 +137,8 @@ MODELS = {  # folder -> (format, layers)
 DEFAULT_MODELS = tuple(name for name in MODELS if name != "nvfp4-L48")
 NUMERICS: dict[str, Any] = {"logprobs": True, "greedy": True}
 SPEED: dict[str, Any] = {"batches": (1, 8, 32), "profile": True}
-# The overlay's speed run without programmatic dependent launch (patch 0002's switch).
+# The overlay's speed run without programmatic dependent launch (patch 0002's switch;
+# tests/gpu/moe_setup.py names it too).
 NO_PDL_ENV = "VLLM_PATCHSET_NVFP4_NO_PDL"
 # A phase: runs one after the other on GPUs of their own, and the state the vLLM install must
 # be in ("pristine", "overlay" or "any"). Phases given together run side by side when there
@@ -1103,7 +1104,7 @@ def _batch_table(
 ) -> list[str]:
     """A Markdown table of a column per batch size: ``head`` names the leading columns (a
     trailing ``:`` right-aligns one), each row its leading cells and its cells by batch."""
-    batches = sorted({int(b) for _, cells in rows for b in cells}, key=int)
+    batches = sorted({int(b) for _, cells in rows for b in cells})
     names = [h.rstrip(":") for h in head] + [f"batch {b}" for b in batches]
     aligns = ["---:" if h.endswith(":") else "---" for h in head] + ["---:"] * len(batches)
     lines = [intro, "", "| " + " | ".join(names) + " |", "|" + "|".join(aligns) + "|"]
@@ -1425,8 +1426,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_phases)
     p = sub.add_parser("rounds", help="overlay and Marlin speed runs, interleaved")
     work(p)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--first", type=int, default=1, help="the first round's number")
+    p.add_argument("--rounds", type=_count, default=2)
+    p.add_argument("--first", type=_count, default=1, help="the first round's number")
     nvfp4 = [name for name, (fmt, _) in MODELS.items() if fmt == "nvfp4"]
     p.add_argument("--model", choices=nvfp4, default="nvfp4-L12")
     p.set_defaults(func=cmd_rounds)
@@ -1455,6 +1456,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_worker)
     args = parser.parse_args(argv)
     return int(args.func(args))
+
+
+def _count(text: str) -> int:
+    """An argument that counts or numbers rounds: 1 or more."""
+    value = int(text) if text.isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of 1 or more: {text!r}")
+    return value
 
 
 def _run_from_json(spec: str) -> Run:

@@ -457,6 +457,10 @@ def test_rounds_interleave_the_overlay_and_marlin(
     monkeypatch.setattr(e2e.Host, "state", lambda self: "pristine")
     monkeypatch.setattr(e2e, "cmd_overlay", overlay)
     monkeypatch.setattr(e2e, "run_engine", engine)
+    for bad in (["--rounds", "0"], ["--first", "-1"], ["--rounds", "two"]):
+        with pytest.raises(SystemExit) as exit_info:  # argparse: one line on stderr, exit 2
+            e2e.main(["rounds", "--work", str(tmp_path), *bad])
+        assert exit_info.value.code == 2
     with pytest.raises(SystemExit, match=r"^no checkpoint .*/models/nvfp4-L12: run `checkpoints"):
         e2e.main(["rounds", "--work", str(tmp_path)])
     assert calls == []
