@@ -988,6 +988,23 @@ def rounds(ok: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def round_spread(pairs: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, dict[str, float]]]:
+    """The rounds taken together, per model depth and engine ("overlay", "marlin"): each
+    batch's median tokens/s over the rounds, the slowest and the fastest."""
+    values: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for pair in pairs:
+        for engine in ("overlay", "marlin"):
+            for b, v in pair[engine].items():
+                values.setdefault((pair["layers"], engine), {}).setdefault(b, []).append(v)
+    return {
+        key: {
+            b: {"median": statistics.median(v), "worst": min(v), "best": max(v)}
+            for b, v in row.items()
+        }
+        for key, row in values.items()
+    }
+
+
 def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
     lines = [f"# {title}", ""]
     lines += [f"Note: {note}\n" for note in notes]
@@ -1045,6 +1062,28 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             )
             for r in summary["rounds"]
         ]
+        spread = round_spread(summary["rounds"])
+        for layers in sorted({r["layers"] for r in summary["rounds"]}):
+            count = sum(r["layers"] == layers for r in summary["rounds"])
+            if count < 2:
+                continue
+            overlay, marlin = spread[(layers, "overlay")], spread[(layers, "marlin")]
+            ratios = {
+                b: [r["overlay"][b] / r["marlin"][b] for r in summary["rounds"]
+                    if r["layers"] == layers and b in r["overlay"] and b in r["marlin"]]
+                for b in overlay
+            }  # fmt: skip
+            rows.append(
+                (
+                    [str(layers), f"median of {count}"],
+                    {
+                        b: f"{t['median']:.0f} / {marlin[b]['median']:.0f}"
+                        f" ({min(ratios[b]):.2f}x to {max(ratios[b]):.2f}x)"
+                        for b, t in overlay.items()
+                        if b in marlin
+                    },
+                )
+            )
         lines += _batch_table(intro, ["layers:", "round:"], rows)
     if summary["gpu"]:
         intro = (
@@ -1117,13 +1156,26 @@ def _cell(t: dict[str, float]) -> str:
     return f"{t['median']:.0f} ({t['worst']:.0f} to {t['best']:.0f})"
 
 
-def plot(summary: dict[str, Any], path: Path, title: str) -> None:
+def plot_rows(summary: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """The bars of the report's figure: the phases' engines on one GPU, then the rounds',
+    per model depth (the median over the rounds, the slowest to the fastest)."""
+    rows = {k: v for k, v in summary["throughput"].items() if "2 GPUs" not in k}
+    counts: dict[int, int] = {}
+    for r in summary["rounds"]:
+        counts[r["layers"]] = counts.get(r["layers"], 0) + 1
+    spread = round_spread(summary["rounds"])
+    for layers in sorted(counts):
+        for engine, name in (("overlay", "overlay"), ("marlin", "Marlin")):
+            rows[f"{name}, {layers} layers ({counts[layers]} rounds)"] = spread[(layers, engine)]
+    return rows
+
+
+def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = {k: v for k, v in summary["throughput"].items() if "2 GPUs" not in k}
     batches = sorted({int(b) for row in rows.values() for b in row})
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / max(1, len(rows))
@@ -1361,8 +1413,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     prefix.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     text = markdown(summary, title, args.note)
     prefix.with_suffix(".md").write_text(text)
-    if summary["throughput"]:
-        plot(summary, prefix.with_suffix(".png"), title)
+    if rows := plot_rows(summary):
+        plot(rows, prefix.with_suffix(".png"), title)
     print(text)
     return 0
 
