@@ -41,6 +41,7 @@ benchmarks/results/engine_e2e_h200.{json,md,png}. Every engine runs in a process
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -1005,6 +1006,31 @@ def round_spread(pairs: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str,
     }
 
 
+def _round_medians(pairs: list[dict[str, Any]]) -> list[tuple[list[str], dict[str, str]]]:
+    """The rounds table's closing rows: per model depth with two rounds or more, each batch's
+    medians over its rounds, and the range of the overlay / Marlin ratio over them."""
+    rows = []
+    spread = round_spread(pairs)
+    for layers, count in sorted(collections.Counter(p["layers"] for p in pairs).items()):
+        if count < 2:
+            continue
+        mine = [p for p in pairs if p["layers"] == layers]
+        overlay, marlin = spread[(layers, "overlay")], spread[(layers, "marlin")]
+        cells = {}
+        for b in overlay.keys() & marlin.keys():
+            ratios = [
+                p["overlay"][b] / p["marlin"][b]
+                for p in mine
+                if b in p["overlay"].keys() & p["marlin"].keys()
+            ]
+            cells[b] = (
+                f"{overlay[b]['median']:.0f} / {marlin[b]['median']:.0f}"
+                f" ({min(ratios):.2f}x to {max(ratios):.2f}x)"
+            )
+        rows.append(([str(layers), f"median of {count}"], cells))
+    return rows
+
+
 def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> str:
     lines = [f"# {title}", ""]
     lines += [f"Note: {note}\n" for note in notes]
@@ -1062,28 +1088,7 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             )
             for r in summary["rounds"]
         ]
-        spread = round_spread(summary["rounds"])
-        for layers in sorted({r["layers"] for r in summary["rounds"]}):
-            count = sum(r["layers"] == layers for r in summary["rounds"])
-            if count < 2:
-                continue
-            overlay, marlin = spread[(layers, "overlay")], spread[(layers, "marlin")]
-            ratios = {
-                b: [r["overlay"][b] / r["marlin"][b] for r in summary["rounds"]
-                    if r["layers"] == layers and b in r["overlay"] and b in r["marlin"]]
-                for b in overlay
-            }  # fmt: skip
-            rows.append(
-                (
-                    [str(layers), f"median of {count}"],
-                    {
-                        b: f"{t['median']:.0f} / {marlin[b]['median']:.0f}"
-                        f" ({min(ratios[b]):.2f}x to {max(ratios[b]):.2f}x)"
-                        for b, t in overlay.items()
-                        if b in marlin
-                    },
-                )
-            )
+        rows += _round_medians(summary["rounds"])
         lines += _batch_table(intro, ["layers:", "round:"], rows)
     if summary["gpu"]:
         intro = (
@@ -1160,9 +1165,7 @@ def plot_rows(summary: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]
     """The bars of the report's figure: the phases' engines on one GPU, then the rounds',
     per model depth (the median over the rounds, the slowest to the fastest)."""
     rows = {k: v for k, v in summary["throughput"].items() if "2 GPUs" not in k}
-    counts: dict[int, int] = {}
-    for r in summary["rounds"]:
-        counts[r["layers"]] = counts.get(r["layers"], 0) + 1
+    counts = collections.Counter(r["layers"] for r in summary["rounds"])
     spread = round_spread(summary["rounds"])
     for layers in sorted(counts):
         for engine, name in (("overlay", "overlay"), ("marlin", "Marlin")):
