@@ -1408,7 +1408,10 @@ def cmd_rounds(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    summary = summarize(load_results(args.work / "results"))
+    results = load_results(args.work / "results")
+    if not results:  # a mistyped --work must not overwrite a report with an empty one
+        raise SystemExit(f"no run results in {args.work / 'results'}: nothing to report")
+    summary = summarize(results)
     summary["notes"] = list(args.note)
     title = args.title
     prefix = args.out

@@ -302,6 +302,21 @@ def test_moe_layers_reads_each_layers_record() -> None:
     }
 
 
+def test_report_without_results_writes_nothing(tmp_path: Path) -> None:
+    """`report` on a work folder with no run results (a mistyped --work): one line, and no
+    report written over the one at --out."""
+    out = tmp_path / "out" / "report"
+    out.parent.mkdir()
+    out.with_suffix(".md").write_text("kept\n")
+    (tmp_path / "work" / "results").mkdir(parents=True)
+    (tmp_path / "work" / "results" / "deploy-apply.json").write_text("{}")
+    for work in (tmp_path / "work", tmp_path / "missing"):
+        with pytest.raises(SystemExit, match=r"^no run results in .*: nothing to report$"):
+            e2e.main(["report", "--work", str(work), "--out", str(out)])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["report.md"]
+    assert out.with_suffix(".md").read_text() == "kept\n"
+
+
 def test_load_results_skips_ranks_and_deploy_reports(tmp_path: Path) -> None:
     for name in ("pristine-x.json", "pristine-x.rank0.json", "deploy-apply.json", "overlay-y.json"):
         (tmp_path / name).write_text(json.dumps({"name": name}))
