@@ -56,6 +56,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -1169,7 +1170,8 @@ def plot_rows(summary: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]
     spread = round_spread(summary["rounds"])
     for layers in sorted(counts):
         for engine, name in (("overlay", "overlay"), ("marlin", "Marlin")):
-            rows[f"{name}, {layers} layers ({counts[layers]} rounds)"] = spread[(layers, engine)]
+            n = counts[layers]
+            rows[f"{name}, {layers} layers ({n} round{'s' * (n > 1)})"] = spread[(layers, engine)]
     return rows
 
 
@@ -1193,7 +1195,7 @@ def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -
     ax.set_xticklabels([f"batch {b}" for b in batches])
     ax.set_ylabel("tokens/s")
     ax.set_yscale("log")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 88), fontsize=10)  # a long title would run off the figure
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -478,6 +478,31 @@ def test_rounds_taken_together_in_the_table_and_the_figure() -> None:
     }
 
 
+def test_one_round_in_the_figure_and_a_long_title_wrapped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One round of a depth is "1 round" in the figure's legend, and a title longer than the
+    figure is wide goes on two lines instead of off the figure's edges."""
+    results = {
+        f"{engine}-L48-r1": _speed(f"{engine}-L48-r1", {"1": value}, {"1": 1.0})
+        for engine, value in (("overlay-emulation", 296.0), ("pristine-marlin", 239.0))
+    }
+    rows = e2e.plot_rows(e2e.summarize(results))
+    assert list(rows) == ["overlay, 48 layers (1 round)", "Marlin, 48 layers (1 round)"]
+    import matplotlib.axes
+
+    titles: list[str] = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, **kw: titles.append(t))
+    title = "vLLM 0.24.0 engine, NVFP4 Qwen3-MoE at Qwen3-30B-A3B's 48 layers (E=128, H=2048,"
+    title += " I=768, top-8), H200, the final kernel"
+    e2e.plot(rows, tmp_path / "f.png", title)
+    assert titles == [
+        "vLLM 0.24.0 engine, NVFP4 Qwen3-MoE at Qwen3-30B-A3B's 48 layers (E=128, H=2048, I=768,"
+        "\ntop-8), H200, the final kernel"
+    ]
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
 def test_rounds_interleave_the_overlay_and_marlin(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
