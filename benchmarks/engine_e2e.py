@@ -1175,6 +1175,11 @@ def plot_rows(summary: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]
     return rows
 
 
+def figure_title(title: str) -> str:
+    """The title on lines that fit the figure's width (one long line runs off its edges)."""
+    return textwrap.fill(title, 88)
+
+
 def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -1195,7 +1200,7 @@ def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -
     ax.set_xticklabels([f"batch {b}" for b in batches])
     ax.set_ylabel("tokens/s")
     ax.set_yscale("log")
-    ax.set_title(textwrap.fill(title, 88), fontsize=10)  # a long title would run off the figure
+    ax.set_title(figure_title(title), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
