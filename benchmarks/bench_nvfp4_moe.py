@@ -325,6 +325,7 @@ class WorkerPlan:
     timings: tuple[str, ...] = TIMINGS
     reference_max_tokens: int = 1 << 30
     breakdown_tokens: tuple[int, ...] = ()
+    deadline: float = 0.0  # time.time() after which no shape starts (0: none)
 
 
 def plan_to_json(plan: WorkerPlan) -> str:
@@ -342,6 +343,7 @@ def plan_from_json(text: str) -> WorkerPlan:
         timings=tuple(f["timings"]),
         reference_max_tokens=int(f["reference_max_tokens"]),
         breakdown_tokens=tuple(f["breakdown_tokens"]),
+        deadline=float(f.get("deadline", 0.0)),
     )
 
 
@@ -396,6 +398,10 @@ def worker(
     if measure_bandwidth:
         result["bandwidth"] = _copy_bandwidth()
     for name, tokens in plan.cells.items():
+        if plan.deadline and time.time() > plan.deadline:
+            for label in kinds:
+                skip_cells(label, name, tokens, "this tree's share of --budget-s was spent")
+            continue
         shape = moe_setup.shape_named(name)
         moe = moe_setup.make_moe(shape)
         references: dict[int, Any] = {}
@@ -594,6 +600,7 @@ def _nvfp4_layer_bytes(hidden: int, intermediate: int) -> int:
 class Options:
     plan: WorkerPlan
     columns: tuple[str, ...]
+    budget_s: float = 0.0  # the whole run's, shared equally by the trees left (0: none)
 
 
 def run_trees(
@@ -604,22 +611,26 @@ def run_trees(
 ) -> dict[str, Any]:
     """Every tree's worker, one after the other; the merged results (rows, bounds, ``meta``
     with the trees'), given to ``after_each`` after every tree (a run cut short keeps them)."""
+    started = time.monotonic()
     rows: list[dict[str, Any]] = []
     meta.update(trees={}, skipped={}, skipped_cells=[], failed=[], bandwidth_bytes_per_s=None)
     parts: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, tree in enumerate(trees):
-            version = _tree_version(tree.path)
+        todo = [(tree, _tree_version(tree.path)) for tree in trees]
+        todo = [(tree, version) for tree, version in todo if tree.impls(version, opts.columns)]
+        for i, (tree, version) in enumerate(todo):
             kinds = tree.impls(version, opts.columns)
-            if not kinds:
-                continue
+            plan = opts.plan
+            if opts.budget_s:  # each tree an equal share of what is left
+                left = opts.budget_s - (time.monotonic() - started)
+                plan = dataclasses.replace(plan, deadline=time.time() + left / (len(todo) - i))
             out = Path(tmp) / f"{i}.json"
             cmd = [sys.executable, __file__, "--worker", str(tree.path)]
             cmd += [
                 "--kinds",
                 json.dumps(kinds),
                 "--plan",
-                json.dumps(dataclasses.asdict(opts.plan)),
+                plan_to_json(plan),
             ]
             cmd += ["--worker-out", str(out)]
             if meta["bandwidth_bytes_per_s"] is None:
@@ -1185,6 +1196,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1 << 30,
         help="the W4A4 reference (numerics) only up to this many tokens (default: all)",
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="the run's time: each tree's worker gets an equal share of what is left and"
+        " starts no shape after it (those cells are listed as skipped, with the reason)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--name",
@@ -1270,7 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_from_json(args.plan)
         worker(args.worker.resolve(), json.loads(args.kinds), plan, args.worker_out, args.bandwidth)
         return 0
-    opts = Options(plan_of(args), tuple(args.columns))
+    opts = Options(plan_of(args), tuple(args.columns), args.budget_s)
     doc = __doc__ or ""
     meta: dict[str, Any] = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

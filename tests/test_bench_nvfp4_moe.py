@@ -325,6 +325,7 @@ def test_the_plan_reaches_the_worker_whole() -> None:
         timings=("graph",),
         reference_max_tokens=512,
         breakdown_tokens=(8,),
+        deadline=1.8e9,
     )
     assert bench.plan_from_json(bench.plan_to_json(plan)) == plan
 
