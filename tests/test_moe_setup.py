@@ -4,6 +4,7 @@ their weights, scales and routing are what the GPU tests and the benchmark rely 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -340,3 +341,23 @@ def test_local_routing() -> None:
     assert moe_setup.active_experts(SMALL, ids) == 6
     same = moe_setup.local_routing(SMALL, weights, ids)
     assert same[0] is weights and same[1] is ids
+
+
+def test_expert_parallel_reference_is_the_whole_layers_share() -> None:
+    """What the benchmark checks an EP rank against: the reference over the rank's experts
+    (make_moe's) with local_routing equals the whole layer's reference with the other ranks'
+    experts weighted zero (what tests/gpu/test_fused_nvfp4_emulation.py checks EP by)."""
+    whole_shape = dataclasses.replace(EP, local_experts=0)
+    whole = moe_setup.make_moe(whole_shape, seed=3, device="cpu")
+    rank = dataclasses.replace(
+        whole,
+        **{k: getattr(whole, k)[:2] for k in ("w13", "w13_scale", "w13_gscale")},
+        **{k: getattr(whole, k)[:2] for k in ("w2", "w2_scale", "w2_gscale")},
+    )
+    hidden, weights, ids = moe_setup.random_inputs(6, EP, seed=4, device="cpu")
+    local_w, local_ids = moe_setup.local_routing(EP, weights, ids)
+    got = nvfp4.nvfp4_moe_reference(rank, hidden, local_w, local_ids, exact_weights=True)
+    masked = weights * torch.isin(ids, torch.tensor([0, 1], dtype=ids.dtype))
+    want = nvfp4.nvfp4_moe_reference(whole, hidden, masked, ids, exact_weights=True)
+    assert bool(masked.any()) and bool((masked == 0).any())  # both kinds of tokens
+    assert torch.equal(got, want)
