@@ -198,11 +198,13 @@ def bytes_needed(kind: str, shape: Any, max_tokens: int, fused: bool) -> int:
     """What one column of ``shape`` takes on the GPU beyond the checkpoint's NVFP4 tensors
     (already there), an upper estimate: the emulation's laid-out copy of them, plus, where it
     dequantizes every expert per call (0.24.0's path, or the overlay's unfused fallback), their
-    BF16 copies; BF16 TritonExperts' weights; Marlin's repacked copy; and the activations and
+    BF16 copies twice (an eager call's, and the CUDA graph's own pool); BF16 TritonExperts'
+    weights; Marlin's repacked copy; and the activations and
     workspaces of ``max_tokens`` tokens (BF16 and FP32, a few of each)."""
     weights = shape.held_experts * 3 * shape.hidden * shape.intermediate
     nvfp4 = nvfp4_bytes(shape.held_experts, shape.hidden, shape.intermediate)
-    extra = {"bf16": 2 * weights, "marlin": nvfp4}.get(kind, nvfp4 + (0 if fused else 2 * weights))
+    unfused = nvfp4 + (0 if fused else 4 * weights)
+    extra = {"bf16": 2 * weights, "marlin": nvfp4}.get(kind, unfused)
     width = max(2 * shape.intermediate, shape.hidden)
     return extra + 24 * max_tokens * shape.top_k * width
 
@@ -600,7 +602,7 @@ def _nvfp4_layer_bytes(hidden: int, intermediate: int) -> int:
 class Options:
     plan: WorkerPlan
     columns: tuple[str, ...]
-    budget_s: float = 0.0  # the whole run's, shared equally by the trees left (0: none)
+    budget_s: float = 0.0  # the whole run's, shared by the trees left by columns (0: none)
 
 
 def run_trees(
@@ -621,9 +623,10 @@ def run_trees(
         for i, (tree, version) in enumerate(todo):
             kinds = tree.impls(version, opts.columns)
             plan = opts.plan
-            if opts.budget_s:  # each tree an equal share of what is left
+            if opts.budget_s:  # a share of what is left, by the columns this tree runs
                 left = opts.budget_s - (time.monotonic() - started)
-                plan = dataclasses.replace(plan, deadline=time.time() + left / (len(todo) - i))
+                share = budget_share(left, [len(t.impls(v, opts.columns)) for t, v in todo[i:]])
+                plan = dataclasses.replace(plan, deadline=time.time() + share)
             out = Path(tmp) / f"{i}.json"
             cmd = [sys.executable, __file__, "--worker", str(tree.path)]
             cmd += [
@@ -667,6 +670,12 @@ def run_trees(
             parts += result["breakdown"]
             after_each({"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts})
     return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts}
+
+
+def budget_share(left_s: float, columns: list[int]) -> float:
+    """The next tree's time out of ``left_s``: its share by columns (``columns``: the number
+    each tree left to run has, the next first)."""
+    return max(left_s, 0.0) * columns[0] / sum(columns)
 
 
 def bound_rows(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1200,8 +1209,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--budget-s",
         type=float,
         default=0.0,
-        help="the run's time: each tree's worker gets an equal share of what is left and"
-        " starts no shape after it (those cells are listed as skipped, with the reason)",
+        help="the run's time: each tree's worker gets a share of what is left (by its columns)"
+        " and starts no shape after it (those cells are listed as skipped, with the reason)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(

@@ -330,6 +330,19 @@ def test_the_plan_reaches_the_worker_whole() -> None:
     assert bench.plan_from_json(bench.plan_to_json(plan)) == plan
 
 
+BUDGET_CASES = [
+    (400.0, [2, 1, 1], 200.0),  # the pristine tree runs Marlin too
+    (400.0, [1, 1], 200.0),
+    (90.0, [1], 90.0),
+    (-5.0, [1, 1], 0.0),  # spent: the next tree starts no shape
+]
+
+
+@pytest.mark.parametrize(("left", "columns", "share"), BUDGET_CASES)
+def test_budget_share(left: float, columns: list[int], share: float) -> None:
+    assert bench.budget_share(left, columns) == share
+
+
 REPS_CASES = [(10.0, 25), (7500.0, 20), (50_000.0, 5), (1e9, 5)]
 
 
@@ -342,8 +355,9 @@ def test_reps_fit_the_call(call_us: float, reps: int) -> None:
 @needs_torch
 def test_bytes_needed() -> None:
     """Kimi-K2's whole layer: 384 experts of 3 * 7168 * 2048 weights, 9/16 byte each in NVFP4
-    (a copy for the emulation's layout, Marlin's repacked copy), 2 bytes in BF16 (TritonExperts,
-    or 0.24.0's per-call dequantization); plus 24 bytes per token, expert and row width."""
+    (a copy for the emulation's layout, Marlin's repacked copy), 2 bytes in BF16 (TritonExperts;
+    0.24.0's per-call dequantization twice: eager and the graph's pool); plus 24 bytes per
+    token, expert and row width."""
     import moe_setup
 
     shape = moe_setup.shape_named("kimi-k2")
@@ -355,7 +369,7 @@ def test_bytes_needed() -> None:
     }
     assert got == {
         ("emulation", True): weights * 9 // 16 + act,
-        ("emulation", False): weights * 9 // 16 + 2 * weights + act,
+        ("emulation", False): weights * 9 // 16 + 4 * weights + act,
         ("marlin", True): weights * 9 // 16 + act,
     }
     assert bench.bytes_needed("bf16", shape, 512, True) == 2 * weights + act
