@@ -163,7 +163,11 @@ def resolve_shapes(names: list[str]) -> list[str]:
 
 
 def required_tokens(shape: str) -> tuple[int, ...]:
-    """The token counts of ``shape``'s required cells."""
+    """The token counts of ``shape``'s required cells (an alias's: its shape's)."""
+    try:
+        shape = shape_table().ALIASES.get(shape, shape)
+    except ImportError:  # no torch where a report is redrawn: names as they are
+        pass
     return DETAILED_TOKENS if shape in DETAILED_SHAPES else REQUIRED_TOKENS
 
 
@@ -728,7 +732,7 @@ def summary(data: dict[str, Any]) -> list[dict[str, Any]]:
     rows = data["rows"]
     us: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
-        column = BOUND if r["impl"] == BOUND else r.get("column")
+        column = BOUND if r["impl"] == BOUND else r.get("column") or column_of_label(r["impl"])
         if column is not None:
             us.setdefault((r["shape"], r["tokens"]), {})[column] = r["graph_us"]
     out = []
@@ -771,6 +775,26 @@ def summary(data: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(row)
     order = {name: i for i, name in enumerate(_shapes(rows))}
     return sorted(out, key=lambda r: (order[r["shape"]], r["tokens"]))
+
+
+# Results written before rows carried their column: the column by the label's ending.
+_LABEL_ENDINGS = {
+    "(pristine)": "pristine",
+    "(overlay)": "overlay",
+    "(overlay before)": "before",
+    "(rocm)": "rocm",
+    "portable path forced": "portable",
+    "(upstream)": "upstream",
+}
+
+
+def column_of_label(impl: str) -> str | None:
+    """The column of an implementation label (Tree.by_column's), for rows without one."""
+    if impl.startswith("Marlin W4A16"):
+        return "marlin"
+    if impl.startswith(BF16):
+        return "bf16"
+    return next((c for end, c in _LABEL_ENDINGS.items() if impl.endswith(end)), None)
 
 
 def _x(value: float | None, digits: int = 2) -> str:

@@ -498,3 +498,22 @@ def test_rows_without_eager_or_reference() -> None:
     assert f"| {OVERLAY} | native | 50.0 / — (0.09) | 150.0 / — (0.25) |" in lines
     assert f"| {OVERLAY} | native | no reference | no reference |" in lines
     assert "The experts' own `apply` alone, CUDA graph replay µs:" not in lines
+
+
+def test_column_of_every_label() -> None:
+    """Rows of results written before rows carried their column get it from their label."""
+    labels = {
+        label: column
+        for role in ("pristine", "overlay", "portable", "rocm", "before", "upstream")
+        for column, (label, _) in bench.Tree(role, Path("/t")).by_column("0.24.0").items()
+    }
+    assert len(labels) == len(bench.COLUMNS)
+    assert {label: bench.column_of_label(label) for label in labels} == labels
+    assert bench.column_of_label(bench.BOUND) is None
+
+
+def test_summary_of_rows_without_columns() -> None:
+    data = summary_run()
+    for r in data["rows"]:
+        r.pop("column", None)
+    assert bench.summary(data) == bench.summary(summary_run())
