@@ -43,6 +43,7 @@ Markdown) from the JSON where matplotlib is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -164,10 +165,8 @@ def resolve_shapes(names: list[str]) -> list[str]:
 
 def required_tokens(shape: str) -> tuple[int, ...]:
     """The token counts of ``shape``'s required cells (an alias's: its shape's)."""
-    try:
+    with contextlib.suppress(ImportError):  # no torch where a report is redrawn: names as given
         shape = shape_table().ALIASES.get(shape, shape)
-    except ImportError:  # no torch where a report is redrawn: names as they are
-        pass
     return DETAILED_TOKENS if shape in DETAILED_SHAPES else REQUIRED_TOKENS
 
 
