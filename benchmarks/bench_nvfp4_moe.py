@@ -1,10 +1,22 @@
 """NVFP4 MoE, side by side: the pinned vLLM's emulation (pristine), the overlay's (patched pin),
-the overlay's portable path forced, Marlin (W4A16, the pin's default NVFP4 MoE backend on
-Hopper), BF16 TritonExperts, an upstream release's emulation, and the NVFP4 weight-read bound.
+the overlay before a kernel change, the overlay's portable path forced, the configuration ROCm
+runs forced (rocm), Marlin (W4A16, the pin's default NVFP4 MoE backend on Hopper), BF16
+TritonExperts, an upstream release's emulation, and the NVFP4 weight-read bound.
 
-    python benchmarks/bench_nvfp4_moe.py --pristine DIR --overlay DIR [--upstream DIR ...]
+    python benchmarks/bench_nvfp4_moe.py --pristine DIR --overlay DIR [--before DIR]
+        [--upstream DIR ...] [--shapes NAME|all|required|test ...] [--cells required]
     python benchmarks/bench_nvfp4_moe.py --replot benchmarks/results/nvfp4_moe_h200.json
     python benchmarks/bench_nvfp4_moe.py --merge A.json B.json   (runs of other --columns)
+
+The shapes are tests/gpu/moe_setup.SHAPES: released MoE checkpoints' routed-expert layers,
+each whole, at each tensor-parallel degree that leaves a multiple of 16, and at expert
+parallelism where the table asks (an EP rank: E / N local experts and vLLM's expert map).
+``--cells required`` runs each shape at its required token counts (1, 32 and 512; the detailed
+shapes from 1 to 8192), not a cross product. The run ends with a summary per cell: the
+overlay against Marlin and the pristine emulation, its share of the weight-read bound, the
+1-token latency where the floor is small, rocm / overlay, before / overlay, and each goal's
+verdict. A cell a column cannot run (too little GPU memory, no switch in the tree, the time of
+``--budget-s`` spent) is listed as skipped with the reason, never left out silently.
 
 Each DIR holds a pure-Python (or installed-layout) ``vllm/`` package, with vLLM's compiled
 extensions beside its Python files where the real ops are to run (a native-ops kit's ``.so``
@@ -13,7 +25,8 @@ files: ops ``native``), else the capture-safe stand-ins of tests/gpu/standins.py
 Two vLLM trees cannot be one ``vllm`` package in one process, so every tree runs in its own
 subprocess (this file with ``--worker``) and the parent merges their rows. The overlay's
 portable path is a second subprocess on the overlay tree with VLLM_PATCHSET_NVFP4_PORTABLE=1
-in its environment (a tree that does not read that switch has one path: the column says so).
+in its environment, the rocm column a third with that and VLLM_PATCHSET_NVFP4_PLATFORM=rocm (a
+tree that does not read a switch has one path: the column says so).
 The layer, its weights and the capture come from tests/gpu (moe_setup.py, cuda_graphs.py), the
 reference from tests/gpu/nvfp4_reference.py: what the GPU tests check is what is timed here.
 
@@ -22,7 +35,10 @@ its experts, as a single-GPU FusedMoE layer calls it) for one MoE layer (E exper
 input), same random NVFP4 weights and routing (seeded) in every tree; Marlin's weights are
 repacked from the same NVFP4 tensors by 0.24.0's own oracle. Before each timed call the L2
 cache is flushed (the weights of one layer would otherwise stay in the 60 MB L2 from the
-previous call, which a real model's other layers prevent); median over --reps calls.
+previous call, which a real model's other layers prevent); median over the reps (--reps at
+most, fewer where a call is slow: about --rep-budget-ms of calls, --min-reps at least). An
+expert-parallel shape's call is its rank's: the local experts' weights, vLLM's expert map and
+the router's global ids, as an EP rank's FusedMoE layer calls it.
 ``graph_us``: replay of a captured CUDA graph, the GPU time alone. ``eager_us``: a plain call
 after a device sync, so the host's launch overhead counts. ``experts_graph_us``: the experts'
 own ``apply`` alone, replayed likewise. The bound is the bytes of the routed experts' packed
