@@ -127,7 +127,8 @@ def _scaled_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.T
     gs = global_scale.to(dtype).reshape(())
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = (gs * (amax * (1.0 / E2M1_MAX))).clamp(-E4M3_MAX, E4M3_MAX)
-    scale = scale.to(torch.float8_e4m3fn).to(dtype)
+    # E4M3 from FP32 (torch converts FLOAT64 through FP32 too; on every device alike).
+    scale = scale.float().to(torch.float8_e4m3fn).to(dtype)
     to_e2m1 = torch.where(scale == 0, torch.zeros_like(scale), gs / scale)
     return blocks * to_e2m1, scale, gs
 
