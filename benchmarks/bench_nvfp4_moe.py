@@ -981,6 +981,15 @@ def markdown(data: dict[str, Any], title: str) -> str:
     for failure in meta.get("failed", []):
         lines.append(f"- FAILED: {failure}")
     lines.append("")
+    if plan := meta.get("plan"):
+        reference = plan["reference_max_tokens"]
+        lines += [
+            f"Timings: {', '.join(plan['timings'])}; reps per timing at most {plan['reps']},"
+            f" at least {plan['min_reps']}, about {plan['rep_budget_ms']:g} ms of calls;"
+            " the W4A4 reference "
+            + (f"up to {reference} tokens." if reference < 1 << 30 else "at every token count."),
+            "",
+        ]
     cells = summary(data)
     if cells:
         lines += ["## Summary", ""]

@@ -3,6 +3,7 @@ output name, and the reports (table, Markdown, --replot) from results shaped lik
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -517,3 +518,13 @@ def test_summary_of_rows_without_columns() -> None:
     for r in data["rows"]:
         r.pop("column", None)
     assert bench.summary(data) == bench.summary(summary_run())
+
+
+def test_the_plan_in_the_markdown() -> None:
+    data = fake_run()
+    plan = bench.WorkerPlan(cells={}, reps=10, rep_budget_ms=60.0, timings=("graph",))
+    data["meta"]["plan"] = dataclasses.asdict(plan) | {"reference_max_tokens": 32}
+    assert (
+        "Timings: graph; reps per timing at most 10, at least 5, about 60 ms of calls; the W4A4"
+        " reference up to 32 tokens."
+    ) in bench.markdown(data, "T").splitlines()
