@@ -1168,12 +1168,13 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     rows, breakdowns, trees, skipped and failed columns together, the first run's meta
     otherwise (its copy bandwidth), the bound recomputed."""
     meta = dict(parts[0]["meta"])
-    meta["trees"], meta["skipped"], meta["failed"] = {}, {}, []
+    meta["trees"], meta["skipped"], meta["skipped_cells"], meta["failed"] = {}, {}, [], []
     rows, breakdowns = [], []
     for part in parts:
         for role, tree in part["meta"]["trees"].items():
             meta["trees"][role if role not in meta["trees"] else f"{role}+"] = tree
         meta["skipped"].update(part["meta"].get("skipped", {}))
+        meta["skipped_cells"] += part["meta"].get("skipped_cells", [])
         meta["failed"] += part["meta"].get("failed", [])
         rows += [r for r in part["rows"] if r["impl"] != BOUND]
         breakdowns += part.get("breakdown", [])

@@ -1665,7 +1665,12 @@ def main(argv: list[str] | None = None) -> int:
         "numerics", help="the logprob check's engines, repeated, for the float64 comparison"
     )
     work(p)
-    p.add_argument("--runs", type=_count, default=2)
+    p.add_argument(
+        "--runs",
+        type=_count,
+        default=2,
+        help="runs of each engine (the emulation and baselines phases' count as one more)",
+    )
     p.add_argument("--first", type=_count, default=1, help="the first run's number")
     p.add_argument("--model", choices=nvfp4, default=REFERENCE_MODEL)
     p.set_defaults(func=cmd_numerics)

@@ -216,6 +216,7 @@ def test_merge() -> None:
         (bench.BOUND, 8): pytest.approx(64 * 2654208 / 4.5e12 * 1e6),
     }
     assert len(data["breakdown"]) == 2
+    assert data["meta"]["skipped_cells"] == []
 
 
 def test_rocm_and_before_columns(monkeypatch: pytest.MonkeyPatch) -> None:
