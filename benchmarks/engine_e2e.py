@@ -8,6 +8,12 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   compared pristine vs overlay, with the scale to judge them by: the pristine batch of 32 vs
   the same prompts one by one, and the pristine emulation vs Marlin (0.24.0's default NVFP4
   MoE backend on Hopper); greedy tokens where the model is shallow enough for them to agree;
+- the same logprobs against the model's exact forward: `reference` computes the 2-layer
+  checkpoint's teacher-forced logprobs in float64 (engine_reference.py: W4A4 as vLLM's
+  reference quantization defines it, and W4A16), `numerics --runs N` repeats the overlay's,
+  the pristine emulation's and Marlin's logprob runs (interleaved, as `rounds` does), and the
+  report gives each engine's mean |Δ| in nats against the reference, with the spread over its
+  runs (the `emulation`/`baselines` phases' runs count as one each);
 - generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
   repeats) on a 12-layer model, where the MoE dominates the step: pristine emulation, the
   overlay's emulation, Marlin and the BF16 model; then one more generation per batch under
@@ -187,6 +193,17 @@ def round_runs(model: str) -> tuple[tuple[str, Run], tuple[str, Run]]:
     return (
         ("overlay", Run(f"emulation-L{layers}", model, **SPEED)),
         ("pristine", Run(f"marlin-L{layers}", model, backend="marlin", **SPEED)),
+    )
+
+
+def numerics_runs(model: str, i: int) -> tuple[tuple[str, Run], ...]:
+    """`numerics`: one run is the overlay's emulation (the overlay applied), then the pristine
+    emulation's and Marlin's (reverted), teacher-forced logprobs only, named ``...-nI``."""
+    layers = MODELS[model][1]
+    return (
+        ("overlay", Run(f"emulation-L{layers}-n{i}", model, logprobs=True)),
+        ("pristine", Run(f"emulation-L{layers}-n{i}", model, logprobs=True)),
+        ("pristine", Run(f"marlin-L{layers}-n{i}", model, backend="marlin", logprobs=True)),
     )
 
 
@@ -909,15 +926,95 @@ def compare_greedy(a: list[list[int]], b: list[list[int]]) -> dict[str, float | 
 
 
 def load_results(folder: Path) -> dict[str, dict[str, Any]]:
-    """Each run's result (not the per-rank files, not the deploy reports)."""
+    """Each run's result (not the per-rank files, the deploy reports, the float64 reference)."""
     return {
         p.stem: json.loads(p.read_text())
         for p in sorted(folder.glob("*.json"))
-        if ".rank" not in p.stem and not p.stem.startswith("deploy-")
+        if ".rank" not in p.stem and not p.stem.startswith(("deploy-", REFERENCE_PREFIX))
     }
 
 
-def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+# The float64 reference's file in WORK/results: REFERENCE_PREFIX + the checkpoint's folder name.
+REFERENCE_PREFIX = "reference-fp64-"
+REFERENCE_MODEL = "nvfp4-L2"
+# The engines judged against it: (label, the run's name; its repeats add "-nI").
+REFERENCE_ENGINES = (
+    ("0.24.0 emulation, pristine", "pristine-emulation-L2"),
+    ("0.24.0 emulation + overlay", "overlay-emulation-L2"),
+    ("Marlin W4A16 (0.24.0's default on Hopper)", "pristine-marlin-L2"),
+)
+
+
+def reference_logprobs(model: Path, texts: list[list[int]], device: str) -> dict[str, Any]:
+    """The float64 forward's teacher-forced logprobs of ``texts`` (engine_reference.py): W4A4
+    and W4A16 (no activation quantization), one batch."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import engine_reference
+
+    ckpt = engine_reference.Checkpoint(model, device)
+    result: dict[str, Any] = {"model": model.name, "device": device, "prompts": len(texts)}
+    for kind in ("w4a4", "w4a16"):
+        begin = time.monotonic()
+        result[kind] = engine_reference.prompt_logprobs(ckpt, texts, kind, batch=len(texts))
+        result[f"{kind}_seconds"] = round(time.monotonic() - begin, 1)
+    return result
+
+
+def load_reference(folder: Path, model: str = REFERENCE_MODEL) -> dict[str, Any] | None:
+    path = folder / f"{REFERENCE_PREFIX}{model}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "lowest": min(values),
+        "highest": max(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def against_reference(
+    ok: dict[str, dict[str, Any]], reference: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Per engine of REFERENCE_ENGINES, each run's batch logprobs against the float64
+    reference's (W4A4 and W4A16): mean and max |Δ| per run, the runs' spread."""
+    out = []
+    for label, name in REFERENCE_ENGINES:
+        repeat = re.compile(re.escape(name) + r"(-n\d+)?")
+        runs = sorted(n for n in ok if repeat.fullmatch(n) and ok[n].get("logprobs_batch"))
+        if not runs:
+            continue
+        row: dict[str, Any] = {"engine": label, "name": name, "runs": runs}
+        for kind in ("w4a4", "w4a16"):
+            compared = [compare_logprobs(ok[n]["logprobs_batch"], reference[kind]) for n in runs]
+            row[kind] = {
+                **_spread([float(c["mean_abs"]) for c in compared]),
+                "max_abs": max(float(c["max_abs"]) for c in compared),
+                "positions": int(compared[0]["positions"]),
+            }
+        out.append(row)
+    return out
+
+
+def closer_verdict(rows: list[dict[str, Any]]) -> str | None:
+    """Whether the overlay is at least as close to the W4A4 reference as the pristine
+    emulation, in one line with the figures (None without both)."""
+    by = {r["name"]: r for r in rows}
+    pristine, overlay = by.get("pristine-emulation-L2"), by.get("overlay-emulation-L2")
+    if pristine is None or overlay is None:
+        return None
+    p, o = pristine["w4a4"]["mean"], overlay["w4a4"]["mean"]
+    answer = "yes" if o <= p else "NO"
+    return (
+        f"The overlay at least as close to the W4A4 reference as the pristine emulation:"
+        f" {answer} ({o:.4f} vs {p:.4f} nats, mean over runs)."
+    )
+
+
+def summarize(
+    results: dict[str, dict[str, Any]], reference: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ok = {n: r for n, r in results.items() if _ok(r)}
     logprobs = []
     for what, ra, sa, rb, sb in LOGPROB_PAIRS:
@@ -964,6 +1061,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
     return {
         "logprobs": logprobs,
+        "reference": against_reference(ok, reference) if reference else [],
         "greedy": greedy,
         "throughput": throughput,
         "rounds": rounds(ok),
@@ -1049,6 +1147,8 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             for c in summary["logprobs"]
         ]
         lines.append("")
+    if summary.get("reference"):
+        lines += reference_lines(summary["reference"])
     if summary["greedy"]:
         lines += [
             f"Greedy tokens, 2-layer model ({GREEDY_TOKENS} tokens after each prompt):",
@@ -1142,6 +1242,30 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
             f"| {name} | {gpus} | {outcome} | {r['startup_s'] or '—'} | {guard} | {layers} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def reference_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's section on the float64 reference."""
+    positions = rows[0]["w4a4"]["positions"]
+    lines = [
+        "Against the float64 reference (benchmarks/engine_reference.py: the 2-layer"
+        " checkpoint's exact forward in float64, W4A4 as vLLM's reference quantization defines"
+        " it, W4A16 without activation quantization): each engine's teacher-forced logprobs"
+        f" of the batch of {LOGPROB_PROMPTS}, mean |Δ| in nats over {positions} positions;"
+        " over the runs: their mean (lowest to highest), and the largest |Δ| of any run:",
+        "",
+        "| engine | runs | vs W4A4: mean |Δ| | max |Δ| | vs W4A16: mean |Δ| | max |Δ| |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        a4, a16 = r["w4a4"], r["w4a16"]
+        lines.append(
+            f"| {r['engine']} | {len(r['runs'])} | {a4['mean']:.4f} ({a4['lowest']:.4f} to"
+            f" {a4['highest']:.4f}) | {a4['max_abs']:.3f} | {a16['mean']:.4f}"
+            f" ({a16['lowest']:.4f} to {a16['highest']:.4f}) | {a16['max_abs']:.3f} |"
+        )
+    verdict = closer_verdict(rows)
+    return [*lines, "", *([verdict, ""] if verdict else [])]
 
 
 def _batch_table(
@@ -1387,6 +1511,19 @@ def cmd_rounds(args: argparse.Namespace) -> int:
     times: the overlay applied and its run, then reverted and Marlin's, so that a host whose
     speed drifts between runs minutes apart slows both alike. Results named ``...-rN`` from
     N = ``args.first`` (a later call adds rounds); the install is left pristine."""
+
+    def runs(i: int) -> tuple[tuple[str, Run], ...]:
+        return tuple(
+            (state, dataclasses.replace(run, name=f"{run.name}-r{i}"))
+            for state, run in round_runs(args.model)
+        )
+
+    return _interleaved(args, runs, args.rounds)
+
+
+def _interleaved(args: argparse.Namespace, runs_of: Any, count: int) -> int:
+    """``count`` rounds from ``args.first`` of ``runs_of(i)``'s (state, run) pairs: the
+    overlay applied for each overlay run and reverted after it."""
     host = _host(args.work)
     if not (host.models / args.model).is_dir():
         raise SystemExit(
@@ -1395,16 +1532,14 @@ def cmd_rounds(args: argparse.Namespace) -> int:
     if host.state() != "pristine":
         raise SystemExit("the vLLM install holds the overlay: revert it first (overlay revert)")
     host.results.mkdir(parents=True, exist_ok=True)
-    for i in range(args.first, args.first + args.rounds):
-        for state, run in round_runs(args.model):
+    for i in range(args.first, args.first + count):
+        for state, run in runs_of(i):
             if state == "overlay" and cmd_overlay(
                 argparse.Namespace(work=args.work, action="apply")
             ):
                 raise SystemExit("overlay apply failed (above): no more rounds")
             try:
-                result = run_engine(
-                    host, dataclasses.replace(run, name=f"{run.name}-r{i}"), state, [0]
-                )
+                result = run_engine(host, run, state, [0])
             finally:
                 if state == "overlay":
                     cmd_overlay(argparse.Namespace(work=args.work, action="revert"))
@@ -1414,11 +1549,36 @@ def cmd_rounds(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reference(args: argparse.Namespace) -> int:
+    """The float64 reference's logprobs of the logprob check's prompts, into WORK/results."""
+    host = _host(args.work)
+    model = host.models / args.model
+    if not model.is_dir():
+        raise SystemExit(f"no checkpoint {model}: run `checkpoints {args.model}`")
+    begin = time.monotonic()
+    texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
+    result = reference_logprobs(model, texts, args.device)
+    result["seconds"] = round(time.monotonic() - begin, 1)
+    host.results.mkdir(parents=True, exist_ok=True)
+    out = host.results / f"{REFERENCE_PREFIX}{args.model}.json"
+    out.write_text(json.dumps(result) + "\n")
+    print(f"{out}: W4A4 and W4A16 in {result['seconds']} s")
+    return 0
+
+
+def cmd_numerics(args: argparse.Namespace) -> int:
+    """The logprob check's engines (overlay, pristine emulation, Marlin) on ``args.model``,
+    ``args.runs`` times, interleaved as `rounds` interleaves its runs; named ``...-nI`` from I =
+    ``args.first``; the install is left pristine. `report` compares each run with the float64
+    reference (`reference`)."""
+    return _interleaved(args, lambda i: numerics_runs(args.model, i), args.runs)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     results = load_results(args.work / "results")
     if not results:  # a mistyped --work must not overwrite a report with an empty one
         raise SystemExit(f"no run results in {args.work / 'results'}: nothing to report")
-    summary = summarize(results)
+    summary = summarize(results, load_reference(args.work / "results"))
     summary["notes"] = list(args.note)
     title = args.title
     prefix = args.out
@@ -1496,6 +1656,24 @@ def main(argv: list[str] | None = None) -> int:
     nvfp4 = [name for name, (fmt, _) in MODELS.items() if fmt == "nvfp4"]
     p.add_argument("--model", choices=nvfp4, default="nvfp4-L12")
     p.set_defaults(func=cmd_rounds)
+    p = sub.add_parser("reference", help="the float64 reference's logprobs into WORK/results")
+    work(p)
+    p.add_argument("--model", choices=nvfp4, default=REFERENCE_MODEL)
+    p.add_argument("--device", default="cuda")
+    p.set_defaults(func=cmd_reference)
+    p = sub.add_parser(
+        "numerics", help="the logprob check's engines, repeated, for the float64 comparison"
+    )
+    work(p)
+    p.add_argument(
+        "--runs",
+        type=_count,
+        default=2,
+        help="runs of each engine (the emulation and baselines phases' count as one more)",
+    )
+    p.add_argument("--first", type=_count, default=1, help="the first run's number")
+    p.add_argument("--model", choices=nvfp4, default=REFERENCE_MODEL)
+    p.set_defaults(func=cmd_numerics)
     p = sub.add_parser(
         "overlay", help="vllm-patchset overlay apply|revert|status on the engine's vLLM"
     )

@@ -3,6 +3,7 @@ output name, and the reports (table, Markdown, --replot) from results shaped lik
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -52,7 +53,13 @@ def test_only_the_portable_worker_gets_the_switch(monkeypatch: pytest.MonkeyPatc
 ARGS_CASES = [
     (["--overlay", "o", "--columns", "overlay", "portable"], ["overlay", "portable"], [1, 8]),
     (["--overlay", "o", "--columns", "overlay", "--breakdown-tokens"], ["overlay"], []),
-    (["--pristine", "p", "--overlay", "o", "--breakdown-tokens", "8"], list(bench.COLUMNS), [8]),
+    (
+        ["--pristine", "p", "--overlay", "o", "--breakdown-tokens", "8"],
+        [c for c in bench.COLUMNS if c != "before"],  # no --before: no before column
+        [8],
+    ),
+    (["--pristine", "p", "--overlay", "o", "--before", "b"], list(bench.COLUMNS), [1, 8]),
+    (["--overlay", "o", "--columns", "overlay", "--cells", "required"], ["overlay"], []),
 ]
 
 
@@ -81,9 +88,13 @@ OVERLAY = "0.24.0 emulation + patches (overlay)"
 MARLIN = "Marlin W4A16 (0.24.0)"
 
 
+COLUMN_OF = {OVERLAY: "overlay", MARLIN: "marlin"}
+
+
 def _row(impl: str, tokens: int, graph_us: float, kind: str = "emulation") -> dict[str, Any]:
     return {
         **SHAPE,
+        "column": COLUMN_OF.get(impl, impl),
         "top_k": 8,
         "tokens": tokens,
         "impl": impl,
@@ -205,3 +216,316 @@ def test_merge() -> None:
         (bench.BOUND, 8): pytest.approx(64 * 2654208 / 4.5e12 * 1e6),
     }
     assert len(data["breakdown"]) == 2
+    assert data["meta"]["skipped_cells"] == []
+
+
+def test_rocm_and_before_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(bench.PLATFORM_ENV, "rocm")  # set in the parent: only rocm's worker has it
+    assert bench.Tree("rocm", Path("/t")).impls("0.24.0", bench.COLUMNS) == {
+        "0.24.0 + patches, ROCm configuration forced (rocm)": "rocm"
+    }
+    assert bench.Tree("before", Path("/t")).impls("0.24.0", bench.COLUMNS) == {
+        "0.24.0 emulation + patches (overlay before)": "emulation"
+    }
+    switches = {
+        role: {k: v for k, v in bench.Tree(role, Path("/t")).env().items() if k in bench.SWITCHES}
+        for role in ("pristine", "overlay", "portable", "rocm", "before")
+    }
+    assert switches == {
+        "pristine": {},
+        "overlay": {},
+        "portable": {bench.PORTABLE_ENV: "1"},
+        "rocm": {bench.PORTABLE_ENV: "1", bench.PLATFORM_ENV: "rocm"},
+        "before": {},
+    }
+
+
+def test_trees_of_the_arguments() -> None:
+    args = bench.parse_args(["--pristine", "/p", "--overlay", "/o", "--before", "/b"])
+    trees = [(t.role, str(t.path)) for t in bench.trees_of(args)]
+    assert trees == [
+        ("pristine", "/p"),
+        ("overlay", "/o"),
+        ("portable", "/o"),
+        ("rocm", "/o"),
+        ("before", "/b"),
+    ]
+
+
+def test_before_needs_its_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--overlay", "o", "--columns", "overlay", "before"])
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("error: the before column needs --before DIR")
+    )
+
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="the shape table imports torch"
+)
+
+DETAILED = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+@needs_torch
+def test_required_cells() -> None:
+    """Every shape and shard at 1, 32 and 512 tokens; Qwen3-30B-A3B and Qwen3-235B-A22B whole
+    and DeepSeek-R1 at TP8 at every count from 1 to 8192: per-shape lists, 159 cells."""
+    args = bench.parse_args(["--overlay", "o", "--columns", "overlay", "--cells", "required"])
+    cells = bench.plan_of(args).cells
+    import moe_setup
+
+    assert list(cells) == [s.name for s in moe_setup.SHAPES]
+    detailed = {k: v for k, v in cells.items() if v != [1, 32, 512]}
+    assert detailed == {
+        "qwen3-30b-a3b": list(DETAILED),
+        "qwen3-235b-a22b": list(DETAILED),
+        "deepseek-r1-tp8": list(DETAILED),
+    }
+    assert (len(cells), sum(map(len, cells.values()))) == (49, 159)
+
+
+SHAPE_ARGS = [
+    (["qwen3-30b-a3b", "e128-h4096-i1536"], ["qwen3-30b-a3b", "qwen3-235b-a22b"]),
+    (
+        ["e128-h4096-i1536", "qwen3-30b-a3b", "qwen3-235b-a22b"],
+        ["qwen3-30b-a3b", "qwen3-235b-a22b"],
+    ),
+    (["test"], ["qwen3-30b-a3b", "qwen3-235b-a22b"]),
+    (["kimi-k2-ep8", "gemma-4-26b-a4b-tp4"], ["kimi-k2-ep8", "gemma-4-26b-a4b-tp4"]),
+]
+
+
+@needs_torch
+@pytest.mark.parametrize(("names", "resolved"), SHAPE_ARGS)
+def test_shapes_argument(names: list[str], resolved: list[str]) -> None:
+    args = bench.parse_args(["--overlay", "o", "--columns", "overlay", "--shapes", *names])
+    assert args.shapes == resolved
+    assert bench.plan_of(args).cells == {name: [1, 8, 32, 128, 512] for name in resolved}
+
+
+@needs_torch
+def test_all_shapes_and_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench.parse_args(["--overlay", "o", "--columns", "overlay", "--shapes", "all"])
+    assert len(args.shapes) == 49
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--overlay", "o", "--columns", "overlay", "--shapes", "nope"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.split(": error: ", 1)[1].startswith(
+        "unknown shape 'nope' (known: all, required, test, qwen3-30b-a3b, qwen3-30b-a3b-tp2, "
+    )
+
+
+def test_the_plan_reaches_the_worker_whole() -> None:
+    plan = bench.WorkerPlan(
+        cells={"qwen3-30b-a3b": [1, 8], "kimi-k2-ep8": [512]},
+        reps=10,
+        min_reps=3,
+        rep_budget_ms=80.0,
+        timings=("graph",),
+        reference_max_tokens=512,
+        breakdown_tokens=(8,),
+        deadline=1.8e9,
+    )
+    assert bench.plan_from_json(bench.plan_to_json(plan)) == plan
+
+
+BUDGET_CASES = [
+    (400.0, [2, 1, 1], 200.0),  # the pristine tree runs Marlin too
+    (400.0, [1, 1], 200.0),
+    (90.0, [1], 90.0),
+    (-5.0, [1, 1], 0.0),  # spent: the next tree starts no shape
+]
+
+
+@pytest.mark.parametrize(("left", "columns", "share"), BUDGET_CASES)
+def test_budget_share(left: float, columns: list[int], share: float) -> None:
+    assert bench.budget_share(left, columns) == share
+
+
+REPS_CASES = [(10.0, 25), (7500.0, 20), (50_000.0, 5), (1e9, 5)]
+
+
+@pytest.mark.parametrize(("call_us", "reps"), REPS_CASES)
+def test_reps_fit_the_call(call_us: float, reps: int) -> None:
+    plan = bench.WorkerPlan(cells={}, reps=25, min_reps=5, rep_budget_ms=150.0)
+    assert bench.reps_for(plan, call_us) == reps
+
+
+@needs_torch
+def test_bytes_needed() -> None:
+    """Kimi-K2's whole layer: 384 experts of 3 * 7168 * 2048 weights, 9/16 byte each in NVFP4
+    (a copy for the emulation's layout, Marlin's repacked copy), 2 bytes in BF16 (TritonExperts;
+    0.24.0's per-call dequantization twice: eager and the graph's pool); plus 24 bytes per
+    token, expert and row width."""
+    import moe_setup
+
+    shape = moe_setup.shape_named("kimi-k2")
+    weights = 384 * 3 * 7168 * 2048
+    act = 24 * 512 * 8 * 7168
+    got = {
+        (kind, fused): bench.bytes_needed(kind, shape, 512, fused)
+        for kind, fused in [("emulation", True), ("emulation", False), ("marlin", True)]
+    }
+    assert got == {
+        ("emulation", True): weights * 9 // 16 + act,
+        ("emulation", False): weights * 9 // 16 + 4 * weights + act,
+        ("marlin", True): weights * 9 // 16 + act,
+    }
+    assert bench.bytes_needed("bf16", shape, 512, True) == 2 * weights + act
+
+
+PRISTINE, ROCM, BEFORE = (
+    "0.24.0 emulation (pristine)",
+    "0.24.0 + patches, ROCm configuration forced (rocm)",
+    "0.24.0 emulation + patches (overlay before)",
+)
+
+
+def summary_run() -> dict[str, Any]:
+    """A run with every column of the summary: at 1 token (bound 4.72 µs) every goal met; at
+    32 tokens (bound 151 µs) overlay above Marlin, under half the bound, rocm 1.3x."""
+    meta = fake_run()["meta"]
+    cols = {OVERLAY: "overlay", MARLIN: "marlin", PRISTINE: "pristine", ROCM: "rocm"}
+    cols[BEFORE] = "before"
+    times = {
+        1: {OVERLAY: 14.0, MARLIN: 40.0, PRISTINE: 700.0, ROCM: 17.0, BEFORE: 28.0},
+        32: {OVERLAY: 400.0, MARLIN: 300.0, PRISTINE: 900.0, ROCM: 520.0},
+    }
+    rows = [
+        {**_row(impl, tokens, us), "column": cols[impl]}
+        for tokens, by_impl in times.items()
+        for impl, us in by_impl.items()
+    ]
+    return {"meta": meta, "rows": rows + bench.bound_rows(rows, meta), "breakdown": []}
+
+
+def test_summary_verdicts() -> None:
+    cells = bench.summary(summary_run())
+    bound = {1: 8 * 2654208 / 4.5e12 * 1e6, 32: 256 * 2654208 / 4.5e12 * 1e6}
+    assert [(c["shape"], c["tokens"], c["required"]) for c in cells] == [
+        ("qwen3-30b-a3b", 1, True),
+        ("qwen3-30b-a3b", 32, True),
+    ]
+    one, many = cells
+    assert one["us"] == {
+        "pristine": 700.0,
+        "marlin": 40.0,
+        "overlay": 14.0,
+        "rocm": 17.0,
+        "before": 28.0,
+        bench.BOUND: pytest.approx(bound[1]),
+    }
+    assert (one["overlay_vs_marlin"], one["rocm_vs_overlay"], one["before_vs_overlay"]) == (
+        pytest.approx(0.35),
+        pytest.approx(17 / 14),
+        2.0,
+    )
+    assert one["bound_fraction"] == pytest.approx(bound[1] / 14)
+    assert one["goals"] == {
+        "marlin": True,
+        "pristine": True,
+        "decode": True,  # floor 4.7 µs < 6: 14 µs <= 15
+        "bound": None,  # judged at 32 and 128 tokens
+        "rocm": True,
+    }
+    assert one["passed"] is True
+    assert many["goals"] == {
+        "marlin": False,
+        "pristine": True,
+        "decode": None,
+        "bound": False,  # 151 / 400 = 38% < 50%
+        "rocm": False,  # 1.3x > 1.25x
+    }
+    assert (many["passed"], many["before_vs_overlay"]) == (False, None)
+
+
+DECODE_CASES = [(15.0, True), (15.1, False)]
+
+
+@pytest.mark.parametrize(("overlay_us", "met"), DECODE_CASES)
+def test_decode_goal(overlay_us: float, met: bool) -> None:
+    data = summary_run()
+    for r in data["rows"]:
+        if r["impl"] == OVERLAY and r["tokens"] == 1:
+            r["graph_us"] = overlay_us
+    assert bench.summary(data)[0]["goals"]["decode"] is met
+
+
+def test_decode_goal_needs_a_small_floor() -> None:
+    """Where the weight-read floor is 6 µs or more, the 15 µs goal does not apply."""
+    data = summary_run()
+    data["meta"]["bandwidth_bytes_per_s"] = 3.0e12  # the floor becomes 7.08 µs
+    data["rows"] = [r for r in data["rows"] if r["impl"] != bench.BOUND]
+    data["rows"] += bench.bound_rows(data["rows"], data["meta"])
+    assert bench.summary(data)[0]["goals"]["decode"] is None
+
+
+def test_summary_markdown() -> None:
+    lines = bench.summary_lines(bench.summary(summary_run()))
+    assert lines == [
+        "| shape | tokens | overlay µs | Marlin µs | overlay/Marlin | pristine µs |"
+        " overlay/pristine | bound µs | % of bound | rocm/overlay | before/overlay | missed |"
+        " verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| qwen3-30b-a3b | 1 | 14.0 | 40.0 | 0.35 | 700.0 | 0.02 | 4.7 | 34 | 1.21 | 2.00 | — |"
+        " pass |",
+        "| qwen3-30b-a3b | 32 | 400.0 | 300.0 | 1.33 | 900.0 | 0.44 | 151.0 | 38 | 1.30 | — |"
+        " marlin, bound, rocm | FAIL |",
+        "",
+        "1 of 2 required cells judged pass every applicable goal (2 required cells measured).",
+    ]
+    md = bench.markdown(summary_run(), "T").splitlines()
+    assert md.index("## Summary") < md.index("### qwen3-30b-a3b")
+
+
+def test_skipped_cells_are_shown() -> None:
+    data = fake_run()
+    data["meta"]["skipped_cells"] = [
+        {"impl": MARLIN, "shape": "qwen3-30b-a3b", "tokens": [1, 8], "reason": "needs 9 GiB"}
+    ]
+    line = f"- {MARLIN}, qwen3-30b-a3b, tokens 1, 8: skipped: needs 9 GiB"
+    assert line in bench.markdown(data, "T").splitlines()
+
+
+def test_rows_without_eager_or_reference() -> None:
+    """A sweep's rows (--timings graph, --reference-max-tokens): '—' and 'no reference'."""
+    data = fake_run()
+    for r in data["rows"]:
+        for key in ("eager_us", "experts_graph_us", "max_abs_err", "mean_abs_err"):
+            r.pop(key, None)
+    lines = bench.markdown(data, "T").splitlines()
+    assert f"| {OVERLAY} | native | 50.0 / — (0.09) | 150.0 / — (0.25) |" in lines
+    assert f"| {OVERLAY} | native | no reference | no reference |" in lines
+    assert "The experts' own `apply` alone, CUDA graph replay µs:" not in lines
+
+
+def test_column_of_every_label() -> None:
+    """Rows of results written before rows carried their column get it from their label."""
+    labels = {
+        label: column
+        for role in ("pristine", "overlay", "portable", "rocm", "before", "upstream")
+        for column, (label, _) in bench.Tree(role, Path("/t")).by_column("0.24.0").items()
+    }
+    assert len(labels) == len(bench.COLUMNS)
+    assert {label: bench.column_of_label(label) for label in labels} == labels
+    assert bench.column_of_label(bench.BOUND) is None
+
+
+def test_summary_of_rows_without_columns() -> None:
+    data = summary_run()
+    for r in data["rows"]:
+        r.pop("column", None)
+    assert bench.summary(data) == bench.summary(summary_run())
+
+
+def test_the_plan_in_the_markdown() -> None:
+    data = fake_run()
+    plan = bench.WorkerPlan(cells={}, reps=10, rep_budget_ms=60.0, timings=("graph",))
+    data["meta"]["plan"] = dataclasses.asdict(plan) | {"reference_max_tokens": 32}
+    assert (
+        "Timings: graph; reps per timing at most 10, at least 5, about 60 ms of calls; the W4A4"
+        " reference up to 32 tokens."
+    ) in bench.markdown(data, "T").splitlines()

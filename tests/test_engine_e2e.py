@@ -546,3 +546,138 @@ def test_rounds_interleave_the_overlay_and_marlin(
     args = ["rounds", "--work", str(tmp_path), "--model", "nvfp4-L48", "--rounds", "1"]
     assert e2e.main([*args, "--first", "3"]) == 0
     assert calls == ["apply", "overlay-emulation-L48-r3", "revert", "pristine-marlin-L48-r3"]
+
+
+# -- the float64 reference -----------------------------------------------------------------------
+REFERENCE = {"w4a4": [[-1.0, -2.0], [-3.0, -0.5]], "w4a16": [[-1.25, -2.0], [-3.0, -0.5]]}
+
+
+def _logprob_runs() -> dict[str, dict[str, Any]]:
+    """Two runs of the pristine emulation (the phase's and numerics' first), one of the overlay
+    and of Marlin, a failed one (left out), and one of another check (not an engine judged)."""
+    series = {
+        "pristine-emulation-L2": [[-1.5, -2.0], [-3.0, -0.5]],  # |Δ| 0.5, 0, 0, 0
+        "pristine-emulation-L2-n1": [[-1.0, -2.0], [-3.0, -0.1]],  # 0, 0, 0, 0.4
+        "overlay-emulation-L2-n1": [[-1.0, -2.25], [-3.0, -0.5]],  # 0, 0.25, 0, 0
+        "pristine-marlin-L2-n1": [[-1.25, -2.0], [-3.0, -0.5]],  # 0.25, 0, 0, 0
+        "overlay-emulation-L2-ep2": [[-9.0, -9.0], [-9.0, -9.0]],
+    }
+    runs = {name: _run(name, logprobs_batch=s) for name, s in series.items()}
+    runs["overlay-emulation-L2-n2"] = {"name": "overlay-emulation-L2-n2", "startup_error": "x"}
+    return runs
+
+
+def test_engines_against_the_float64_reference() -> None:
+    ok = {n: r for n, r in _logprob_runs().items() if e2e._ok(r)}
+    rows = e2e.against_reference(ok, REFERENCE)
+    assert [(r["engine"], r["runs"]) for r in rows] == [
+        ("0.24.0 emulation, pristine", ["pristine-emulation-L2", "pristine-emulation-L2-n1"]),
+        ("0.24.0 emulation + overlay", ["overlay-emulation-L2-n1"]),
+        ("Marlin W4A16 (0.24.0's default on Hopper)", ["pristine-marlin-L2-n1"]),
+    ]
+    pristine, overlay, marlin = rows
+    assert pristine["w4a4"] == {
+        "mean": pytest.approx(0.1125),  # runs of 0.125 and 0.1
+        "lowest": pytest.approx(0.1),
+        "highest": pytest.approx(0.125),
+        "stdev": pytest.approx(0.025 / 2**0.5),
+        "max_abs": pytest.approx(0.5),
+        "positions": 4,
+    }
+    assert (overlay["w4a4"]["mean"], overlay["w4a4"]["stdev"]) == (0.0625, 0.0)
+    assert (marlin["w4a4"]["mean"], marlin["w4a16"]["mean"]) == (0.0625, 0.0)
+    assert e2e.closer_verdict(rows) == (
+        "The overlay at least as close to the W4A4 reference as the pristine emulation: yes"
+        " (0.0625 vs 0.1125 nats, mean over runs)."
+    )
+    assert e2e.closer_verdict(rows[:1]) is None
+
+
+def test_the_reference_in_the_report() -> None:
+    summary = e2e.summarize(_logprob_runs(), REFERENCE)
+    lines = e2e.markdown(summary, "T").splitlines()
+    head = "| engine | runs | vs W4A4: mean |Δ| | max |Δ| | vs W4A16: mean |Δ| | max |Δ| |"
+    table = lines.index(head)
+    assert lines[table : table + 7] == [
+        head,
+        "|---|---:|---:|---:|---:|---:|",
+        "| 0.24.0 emulation, pristine | 2 | 0.1125 (0.1000 to 0.1250) | 0.500 | 0.1125 (0.0625"
+        " to 0.1625) | 0.400 |",
+        "| 0.24.0 emulation + overlay | 1 | 0.0625 (0.0625 to 0.0625) | 0.250 | 0.1250 (0.1250"
+        " to 0.1250) | 0.250 |",
+        "| Marlin W4A16 (0.24.0's default on Hopper) | 1 | 0.0625 (0.0625 to 0.0625) | 0.250 |"
+        " 0.0000 (0.0000 to 0.0000) | 0.000 |",
+        "",
+        "The overlay at least as close to the W4A4 reference as the pristine emulation: yes"
+        " (0.0625 vs 0.1125 nats, mean over runs).",
+    ]
+    assert "over 4 positions" in lines[table - 2]
+    assert e2e.summarize(_logprob_runs())["reference"] == []  # no reference: no section
+    assert head not in e2e.markdown(e2e.summarize(_logprob_runs()), "T").splitlines()
+
+
+def test_load_results_skips_the_reference(tmp_path: Path) -> None:
+    (tmp_path / "pristine-x.json").write_text("{}")
+    (tmp_path / "reference-fp64-nvfp4-L2.json").write_text(json.dumps(REFERENCE))
+    assert sorted(e2e.load_results(tmp_path)) == ["pristine-x"]
+    assert e2e.load_reference(tmp_path) == REFERENCE
+    assert e2e.load_reference(tmp_path, "nvfp4-L12") is None
+
+
+def test_reference_logprobs_of_a_checkpoint(tmp_path: Path) -> None:
+    """`reference`'s computation on a small NVFP4 checkpoint: W4A4 and W4A16 logprobs, one per
+    prompt token after the first."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    import engine_checkpoint
+
+    model = engine_checkpoint.MoeModel(
+        layers=1, experts=4, hidden=64, intermediate=32, top_k=2, vocab=64, heads=2, kv_heads=1,
+        head_dim=16,
+    )  # fmt: skip
+    folder = engine_checkpoint.write_model(model, "nvfp4", tmp_path / "nvfp4-L2")
+    texts = [[3, 9, 27, 50], [4, 8, 15, 16]]
+    got = e2e.reference_logprobs(folder, texts, "cpu")
+    assert (got["model"], got["device"], got["prompts"]) == ("nvfp4-L2", "cpu", 2)
+    assert [len(p) for p in got["w4a4"]] == [3, 3]
+    assert [len(p) for p in got["w4a16"]] == [3, 3]
+    assert all(x < 0 for p in got["w4a4"] for x in p)
+
+
+def test_reference_needs_the_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"^no checkpoint .*/models/nvfp4-L2: run `checkpoints"):
+        e2e.main(["reference", "--work", str(tmp_path)])
+
+
+def test_numerics_repeats_the_three_engines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`numerics`: per run the overlay's engine (applied, then reverted), the pristine
+    emulation's and Marlin's, teacher-forced logprobs only, each named for its run."""
+    calls: list[object] = []
+
+    def overlay(args: Any) -> int:
+        calls.append(args.action)
+        return 0
+
+    def engine(host: Any, run: Any, state: str, gpus: list[int]) -> dict[str, Any]:
+        calls.append((f"{state}-{run.name}", run.backend, run.logprobs, run.batches))
+        return _run(f"{state}-{run.name}")
+
+    monkeypatch.setattr(e2e.Host, "state", lambda self: "pristine")
+    monkeypatch.setattr(e2e, "cmd_overlay", overlay)
+    monkeypatch.setattr(e2e, "run_engine", engine)
+    (tmp_path / "models" / "nvfp4-L2").mkdir(parents=True)
+    assert e2e.main(["numerics", "--work", str(tmp_path), "--runs", "2", "--first", "2"]) == 0
+    assert calls == [
+        "apply",
+        ("overlay-emulation-L2-n2", "emulation", True, ()),
+        "revert",
+        ("pristine-emulation-L2-n2", "emulation", True, ()),
+        ("pristine-marlin-L2-n2", "marlin", True, ()),
+        "apply",
+        ("overlay-emulation-L2-n3", "emulation", True, ()),
+        "revert",
+        ("pristine-emulation-L2-n3", "emulation", True, ()),
+        ("pristine-marlin-L2-n3", "marlin", True, ()),
+    ]

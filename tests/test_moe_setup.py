@@ -4,6 +4,7 @@ their weights, scales and routing are what the GPU tests and the benchmark rely 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -186,3 +187,177 @@ def test_kernel_breakdown_needs_cuda() -> None:
     with pytest.raises(cuda_graphs.BreakdownUnavailable) as exc:
         cuda_graphs.kernel_breakdown(lambda: None, 1)
     assert str(exc.value) == "needs CUDA (the driver API lists the graph's nodes)"
+
+
+# Every layer the benchmark knows, exactly: (name, E, H, I, top-k, local experts, shard).
+EXPECTED_SHAPES = [
+    ("qwen3-30b-a3b", 128, 2048, 768, 8, 0, "whole"),
+    ("qwen3-30b-a3b-tp2", 128, 2048, 384, 8, 0, "tp2"),
+    ("qwen3-30b-a3b-tp4", 128, 2048, 192, 8, 0, "tp4"),
+    ("qwen3-30b-a3b-tp8", 128, 2048, 96, 8, 0, "tp8"),
+    ("qwen3-235b-a22b", 128, 4096, 1536, 8, 0, "whole"),
+    ("qwen3-235b-a22b-tp2", 128, 4096, 768, 8, 0, "tp2"),
+    ("qwen3-235b-a22b-tp4", 128, 4096, 384, 8, 0, "tp4"),
+    ("qwen3-235b-a22b-tp8", 128, 4096, 192, 8, 0, "tp8"),
+    ("qwen3.5-397b-a17b", 512, 4096, 1024, 10, 0, "whole"),
+    ("qwen3.5-397b-a17b-tp2", 512, 4096, 512, 10, 0, "tp2"),
+    ("qwen3.5-397b-a17b-tp4", 512, 4096, 256, 10, 0, "tp4"),
+    ("qwen3.5-397b-a17b-tp8", 512, 4096, 128, 10, 0, "tp8"),
+    ("qwen3.5-397b-a17b-ep8", 512, 4096, 1024, 10, 64, "ep8"),
+    ("qwen3.6-35b-a3b", 256, 2048, 512, 8, 0, "whole"),
+    ("qwen3.6-35b-a3b-tp2", 256, 2048, 256, 8, 0, "tp2"),
+    ("qwen3.6-35b-a3b-tp4", 256, 2048, 128, 8, 0, "tp4"),
+    ("qwen3.6-35b-a3b-tp8", 256, 2048, 64, 8, 0, "tp8"),
+    ("deepseek-r1", 256, 7168, 2048, 8, 0, "whole"),
+    ("deepseek-r1-tp2", 256, 7168, 1024, 8, 0, "tp2"),
+    ("deepseek-r1-tp4", 256, 7168, 512, 8, 0, "tp4"),
+    ("deepseek-r1-tp8", 256, 7168, 256, 8, 0, "tp8"),
+    ("deepseek-r1-ep8", 256, 7168, 2048, 8, 32, "ep8"),
+    ("kimi-k2", 384, 7168, 2048, 8, 0, "whole"),
+    ("kimi-k2-tp2", 384, 7168, 1024, 8, 0, "tp2"),
+    ("kimi-k2-tp4", 384, 7168, 512, 8, 0, "tp4"),
+    ("kimi-k2-tp8", 384, 7168, 256, 8, 0, "tp8"),
+    ("kimi-k2-ep8", 384, 7168, 2048, 8, 48, "ep8"),
+    ("glm-5", 256, 6144, 2048, 8, 0, "whole"),
+    ("glm-5-tp2", 256, 6144, 1024, 8, 0, "tp2"),
+    ("glm-5-tp4", 256, 6144, 512, 8, 0, "tp4"),
+    ("glm-5-tp8", 256, 6144, 256, 8, 0, "tp8"),
+    ("minimax-m2.5", 256, 3072, 1536, 8, 0, "whole"),
+    ("minimax-m2.5-tp2", 256, 3072, 768, 8, 0, "tp2"),
+    ("minimax-m2.5-tp4", 256, 3072, 384, 8, 0, "tp4"),
+    ("minimax-m2.5-tp8", 256, 3072, 192, 8, 0, "tp8"),
+    # 704 / 8 = 88 and 1856 / 8 = 232 are not multiples of 16: no TP8 shard.
+    ("gemma-4-26b-a4b", 128, 2816, 704, 8, 0, "whole"),
+    ("gemma-4-26b-a4b-tp2", 128, 2816, 352, 8, 0, "tp2"),
+    ("gemma-4-26b-a4b-tp4", 128, 2816, 176, 8, 0, "tp4"),
+    ("nemotron-3-nano-30b-a3b", 128, 2688, 1856, 6, 0, "whole"),
+    ("nemotron-3-nano-30b-a3b-tp2", 128, 2688, 928, 6, 0, "tp2"),
+    ("nemotron-3-nano-30b-a3b-tp4", 128, 2688, 464, 6, 0, "tp4"),
+    ("llama-4-maverick", 128, 5120, 8192, 1, 0, "whole"),
+    ("llama-4-maverick-tp2", 128, 5120, 4096, 1, 0, "tp2"),
+    ("llama-4-maverick-tp4", 128, 5120, 2048, 1, 0, "tp4"),
+    ("llama-4-maverick-tp8", 128, 5120, 1024, 1, 0, "tp8"),
+    ("llama-4-scout", 16, 5120, 8192, 1, 0, "whole"),
+    ("llama-4-scout-tp2", 16, 5120, 4096, 1, 0, "tp2"),
+    ("llama-4-scout-tp4", 16, 5120, 2048, 1, 0, "tp4"),
+    ("llama-4-scout-tp8", 16, 5120, 1024, 1, 0, "tp8"),
+]
+
+
+def test_shapes_from_the_checkpoints() -> None:
+    got = [
+        (s.name, s.experts, s.hidden, s.intermediate, s.top_k, s.local_experts, s.shard)
+        for s in moe_setup.SHAPES
+    ]
+    assert got == EXPECTED_SHAPES
+    assert moe_setup.SHAPES[0].name == "qwen3-30b-a3b"  # test_batch_invariance.py's shape
+
+
+def test_shapes_carry_their_checkpoint() -> None:
+    shared = {s.checkpoint: s.shared_experts for s in moe_setup.SHAPES}
+    assert shared == {
+        "qwen3-30b-a3b": 0,
+        "qwen3-235b-a22b": 0,
+        "qwen3.5-397b-a17b": 1,
+        "qwen3.6-35b-a3b": 1,
+        "deepseek-r1": 1,
+        "kimi-k2": 1,
+        "glm-5": 1,
+        "minimax-m2.5": 0,
+        "gemma-4-26b-a4b": 0,
+        "nemotron-3-nano-30b-a3b": 1,
+        "llama-4-maverick": 1,
+        "llama-4-scout": 1,
+    }
+    assert all(s.name.startswith(s.checkpoint) for s in moe_setup.SHAPES)
+
+
+def test_a_new_checkpoint_is_one_row() -> None:
+    row = moe_setup.Checkpoint("new-moe", 64, 1024, 480, 4, 2, ep_degrees=(4, 8))
+    got = [
+        (s.name, s.experts, s.intermediate, s.local_experts, s.held_experts, s.shared_experts)
+        for s in moe_setup.checkpoint_shapes(row)
+    ]
+    # 480 / 4 = 120 and 480 / 8 = 60 are not multiples of 16.
+    assert got == [
+        ("new-moe", 64, 480, 0, 64, 2),
+        ("new-moe-tp2", 64, 240, 0, 64, 2),
+        ("new-moe-ep4", 64, 480, 16, 16, 2),
+        ("new-moe-ep8", 64, 480, 8, 8, 2),
+    ]
+    with pytest.raises(ValueError) as exc:
+        moe_setup.checkpoint_shapes(moe_setup.Checkpoint("odd", 6, 64, 64, 2, ep_degrees=(4,)))
+    assert str(exc.value) == "odd: 6 experts do not split over EP4"
+
+
+ALIAS_CASES = [
+    ("e128-h4096-i1536", "qwen3-235b-a22b"),
+    ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+    ("qwen3-30b-a3b", "qwen3-30b-a3b"),
+    ("kimi-k2-ep8", "kimi-k2-ep8"),
+]
+
+
+@pytest.mark.parametrize(("name", "canonical"), ALIAS_CASES)
+def test_shape_named(name: str, canonical: str) -> None:
+    assert moe_setup.shape_named(name).name == canonical
+
+
+def test_shape_named_unknown() -> None:
+    with pytest.raises(KeyError) as exc:
+        moe_setup.shape_named("nope")
+    assert str(exc.value).startswith("\"unknown MoE shape 'nope'; known: qwen3-30b-a3b, ")
+
+
+def test_test_shapes_are_the_first_two() -> None:
+    """The GPU tests keep the two shapes they always ran (their runtime stays bounded)."""
+    assert [(s.name, s.intermediate) for s in moe_setup.TEST_SHAPES] == [
+        ("qwen3-30b-a3b", 768),
+        ("qwen3-235b-a22b", 1536),
+    ]
+
+
+EP = moe_setup.MoeShape("ep", experts=8, hidden=64, intermediate=32, top_k=3, local_experts=2)
+
+
+def test_expert_parallel_weights_and_map() -> None:
+    """An expert-parallel rank holds E / N experts' weights, and maps global ids 0 .. E/N - 1
+    to them (vLLM's linear placement, rank 0)."""
+    moe = moe_setup.make_moe(EP, seed=0, device="cpu")
+    assert (moe.w13.shape[0], moe.w2.shape[0], moe.w13_gscale.shape) == (2, 2, (2,))
+    emap = moe_setup.expert_map(EP, "cpu")
+    assert emap is not None and emap.tolist() == [0, 1, -1, -1, -1, -1, -1, -1]
+    assert moe_setup.expert_map(SMALL, "cpu") is None
+
+
+def test_local_routing() -> None:
+    weights = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]])
+    ids = torch.tensor([[1, 5, 0], [7, 6, 2]], dtype=torch.int32)
+    local_w, local_ids = moe_setup.local_routing(EP, weights, ids)
+    assert local_w.tolist() == [[0.5, 0.0, pytest.approx(0.2)], [0.0, 0.0, 0.0]]
+    assert (local_ids.tolist(), local_ids.dtype) == ([[1, 0, 0], [0, 0, 0]], torch.int32)
+    assert moe_setup.active_experts(EP, ids) == 2
+    assert moe_setup.active_experts(EP, ids[1:]) == 0
+    assert moe_setup.active_experts(SMALL, ids) == 6
+    same = moe_setup.local_routing(SMALL, weights, ids)
+    assert same[0] is weights and same[1] is ids
+
+
+def test_expert_parallel_reference_is_the_whole_layers_share() -> None:
+    """What the benchmark checks an EP rank against: the reference over the rank's experts
+    (make_moe's) with local_routing equals the whole layer's reference with the other ranks'
+    experts weighted zero (what tests/gpu/test_fused_nvfp4_emulation.py checks EP by)."""
+    whole_shape = dataclasses.replace(EP, local_experts=0)
+    whole = moe_setup.make_moe(whole_shape, seed=3, device="cpu")
+    rank = dataclasses.replace(
+        whole,
+        **{k: getattr(whole, k)[:2] for k in ("w13", "w13_scale", "w13_gscale")},
+        **{k: getattr(whole, k)[:2] for k in ("w2", "w2_scale", "w2_gscale")},
+    )
+    hidden, weights, ids = moe_setup.random_inputs(6, EP, seed=4, device="cpu")
+    local_w, local_ids = moe_setup.local_routing(EP, weights, ids)
+    got = nvfp4.nvfp4_moe_reference(rank, hidden, local_w, local_ids, exact_weights=True)
+    masked = weights * torch.isin(ids, torch.tensor([0, 1], dtype=ids.dtype))
+    want = nvfp4.nvfp4_moe_reference(whole, hidden, masked, ids, exact_weights=True)
+    assert bool(masked.any()) and bool((masked == 0).any())  # both kinds of tokens
+    assert torch.equal(got, want)

@@ -46,18 +46,112 @@ VLLM_MODULES = (
 
 @dataclasses.dataclass(frozen=True)
 class MoeShape:
+    """One MoE layer as one GPU holds it: E experts in all (the router's), hidden size, the
+    intermediate size of this GPU's shard, top-k; ``local_experts`` where expert parallelism
+    leaves this GPU only some of the E experts (0: all of them), ``checkpoint`` and ``shard``
+    where the shape comes from a released checkpoint (``checkpoint_shapes``)."""
+
     name: str
     experts: int
     hidden: int
     intermediate: int
     top_k: int
+    local_experts: int = 0
+    checkpoint: str = ""
+    shard: str = "whole"  # "whole", "tp2", "tp4", "tp8", "ep8"
+    shared_experts: int = 0  # the checkpoint's shared experts (not in this layer: dense MLP)
+
+    @property
+    def held_experts(self) -> int:
+        """The experts whose weights this GPU holds."""
+        return self.local_experts or self.experts
 
 
-# The benchmark's and the fused-kernel tests' shapes and token counts (decode to prefill).
-SHAPES = (
-    MoeShape("qwen3-30b-a3b", 128, 2048, 768, 8),
-    MoeShape("e128-h4096-i1536", 128, 4096, 1536, 8),
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A released MoE checkpoint's routed-expert layer, from its published config.json:
+    experts (``num_experts`` / ``n_routed_experts`` / ``num_local_experts``), hidden size,
+    the experts' intermediate size (``moe_intermediate_size``), top-k, shared experts, and
+    the expert-parallel degrees it is benchmarked at (E / degree local experts per GPU)."""
+
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    shared_experts: int = 0
+    ep_degrees: tuple[int, ...] = ()
+
+
+# Released NVFP4-servable MoE checkpoints (E, H, I, top-k, shared experts). A new one is a row.
+CHECKPOINTS = (
+    Checkpoint("qwen3-30b-a3b", 128, 2048, 768, 8),
+    Checkpoint("qwen3-235b-a22b", 128, 4096, 1536, 8),
+    Checkpoint("qwen3.5-397b-a17b", 512, 4096, 1024, 10, 1, ep_degrees=(8,)),
+    Checkpoint("qwen3.6-35b-a3b", 256, 2048, 512, 8, 1),
+    Checkpoint("deepseek-r1", 256, 7168, 2048, 8, 1, ep_degrees=(8,)),  # and DeepSeek-V3
+    Checkpoint("kimi-k2", 384, 7168, 2048, 8, 1, ep_degrees=(8,)),
+    Checkpoint("glm-5", 256, 6144, 2048, 8, 1),
+    Checkpoint("minimax-m2.5", 256, 3072, 1536, 8),
+    Checkpoint("gemma-4-26b-a4b", 128, 2816, 704, 8),
+    Checkpoint("nemotron-3-nano-30b-a3b", 128, 2688, 1856, 6, 1),
+    Checkpoint("llama-4-maverick", 128, 5120, 8192, 1, 1),
+    Checkpoint("llama-4-scout", 16, 5120, 8192, 1, 1),
 )
+# Tensor-parallel degrees: each divides the intermediate size among the GPUs.
+TP_DEGREES = (2, 4, 8)
+
+
+def checkpoint_shapes(checkpoint: Checkpoint) -> tuple[MoeShape, ...]:
+    """The layers one GPU runs of ``checkpoint``: the whole layer (name: the checkpoint's),
+    each tensor-parallel shard ``-tp<N>`` whose intermediate size I / N is a multiple of 16
+    (the NVFP4 block), and each expert-parallel rank ``-ep<N>`` (E / N local experts, the
+    whole intermediate size)."""
+    c = checkpoint
+
+    def shape(suffix: str, intermediate: int, local: int = 0, shard: str = "whole") -> MoeShape:
+        return MoeShape(
+            c.name + suffix,
+            c.experts,
+            c.hidden,
+            intermediate,
+            c.top_k,
+            local_experts=local,
+            checkpoint=c.name,
+            shard=shard,
+            shared_experts=c.shared_experts,
+        )
+
+    shapes = [shape("", c.intermediate)]
+    for tp in TP_DEGREES:
+        if c.intermediate % (tp * BLOCK) == 0:
+            shapes.append(shape(f"-tp{tp}", c.intermediate // tp, shard=f"tp{tp}"))
+    for ep in c.ep_degrees:
+        if c.experts % ep != 0:
+            raise ValueError(f"{c.name}: {c.experts} experts do not split over EP{ep}")
+        shapes.append(shape(f"-ep{ep}", c.intermediate, c.experts // ep, f"ep{ep}"))
+    return tuple(shapes)
+
+
+# Every checkpoint's layers (the benchmark's and the tuner's --shapes), the first Qwen3-30B-A3B
+# whole (tests/gpu/test_batch_invariance.py takes SHAPES[0]).
+SHAPES = tuple(shape for c in CHECKPOINTS for shape in checkpoint_shapes(c))
+# Names results and tools used before the table had checkpoints' names.
+ALIASES = {"e128-h4096-i1536": "qwen3-235b-a22b"}
+_BY_NAME = {s.name: s for s in SHAPES}
+
+
+def shape_named(name: str) -> MoeShape:
+    """The shape of this name (or alias); KeyError naming the known ones otherwise."""
+    try:
+        return _BY_NAME[ALIASES.get(name, name)]
+    except KeyError:
+        raise KeyError(f"unknown MoE shape {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+# The GPU tests' shapes (tests/gpu/test_fused_nvfp4_emulation.py): the two the kernel was first
+# tuned on, so that the suite's runtime stays what it was (the benchmark covers every shape).
+TEST_SHAPES = (shape_named("qwen3-30b-a3b"), shape_named("e128-h4096-i1536"))
 TOKENS = (1, 8, 32, 128, 512)
 # Activation amax the static scales are calibrated for: randn hidden states stay under 6,
 # silu(gate) * up of unit-RMS rows under 8.
@@ -148,11 +242,12 @@ def random_nvfp4_weights(
 
 
 def make_moe(shape: MoeShape, seed: int = 0, device: torch.device | str = "cuda") -> Nvfp4Moe:
-    """Seeded random NVFP4 experts of ``shape``, every row of unit RMS norm (weights of RMS
-    1 / sqrt(K)), and the activation scales the oracle leaves for HIDDEN_AMAX and
-    INTERMEDIATE_AMAX (oracle/nvfp4.py: 1 / input_scale, input_scale = amax / (448 * 6))."""
+    """Seeded random NVFP4 experts of ``shape`` (the ones its GPU holds: ``held_experts``),
+    every row of unit RMS norm (weights of RMS 1 / sqrt(K)), and the activation scales the
+    oracle leaves for HIDDEN_AMAX and INTERMEDIATE_AMAX (oracle/nvfp4.py: 1 / input_scale,
+    input_scale = amax / (448 * 6))."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    e, h, i = shape.held_experts, shape.hidden, shape.intermediate
     w13 = random_nvfp4_weights(e, 2 * i, h, h**-0.5, device=device, generator=gen)
     w2 = random_nvfp4_weights(e, h, i, i**-0.5, device=device, generator=gen)
     return Nvfp4Moe(
@@ -161,6 +256,40 @@ def make_moe(shape: MoeShape, seed: int = 0, device: torch.device | str = "cuda"
         a13_gscale=activation_global_scale(HIDDEN_AMAX, device),
         a2_gscale=activation_global_scale(INTERMEDIATE_AMAX, device),
     )
+
+
+def expert_map(shape: MoeShape, device: torch.device | str = "cuda") -> torch.Tensor | None:
+    """vLLM's expert map of an expert-parallel shape's rank 0 (global expert id -> local index,
+    -1 for the other ranks' experts; the first E / N experts are rank 0's, vLLM's linear
+    placement); None where the GPU holds every expert."""
+    if not shape.local_experts:
+        return None
+    out = torch.full((shape.experts,), -1, dtype=torch.int32, device=device)
+    out[: shape.local_experts] = torch.arange(shape.local_experts, dtype=torch.int32, device=device)
+    return out
+
+
+def local_routing(
+    shape: MoeShape, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing as the experts ``make_moe`` gives ``shape`` see it: global ids mapped to
+    local indices, and the weights of experts other ranks hold zeroed (their id set to local
+    expert 0, contributing nothing). The routing itself where the GPU holds every expert."""
+    emap = expert_map(shape, topk_ids.device)
+    if emap is None:
+        return topk_weights, topk_ids
+    local = emap[topk_ids.long()]
+    held = local >= 0
+    return topk_weights * held, torch.where(held, local, 0).to(topk_ids.dtype)
+
+
+def active_experts(shape: MoeShape, topk_ids: torch.Tensor) -> int:
+    """How many of the experts this GPU holds the routing picks (whose weights a call reads)."""
+    emap = expert_map(shape, topk_ids.device)
+    if emap is None:
+        return int(topk_ids.unique().numel())
+    local = emap[topk_ids.long()]
+    return int(local[local >= 0].unique().numel())
 
 
 def route(
@@ -250,8 +379,10 @@ def kernel_forward(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    expert_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``FusedMoEKernel.apply`` as a SiLU FusedMoE layer calls it (no expert map)."""
+    """``FusedMoEKernel.apply`` as a SiLU FusedMoE layer calls it (``expert_map``: global expert
+    id -> local index, -1 elsewhere, as an expert-parallel rank's layer passes it)."""
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
     return kernel.apply(
@@ -261,8 +392,8 @@ def kernel_forward(
         topk_weights=topk_weights,
         topk_ids=topk_ids,
         activation=MoEActivation.SILU,
-        global_num_experts=w1.shape[0],
-        expert_map=None,
+        global_num_experts=w1.shape[0] if expert_map is None else expert_map.numel(),
+        expert_map=expert_map,
         apply_router_weight_on_input=False,
     )
 
@@ -334,7 +465,9 @@ def nvfp4_emulation_experts(
     loaded: bool = True,
 ) -> Experts:
     """vLLM's NVFP4 emulation experts over ``moe`` (the overlay's fused kernel where patch 0002
-    is applied); with ``local``, only those experts, as one rank of expert parallelism.
+    is applied); with ``local``, only those experts, as one rank of expert parallelism (``moe``
+    holds every expert); an expert-parallel ``shape`` without ``local``: ``moe`` holds the
+    rank's experts (``make_moe``), mapped by ``expert_map``.
     ``loaded``: the weights as vLLM's loading leaves them, i.e. after the experts'
     ``process_weights_after_loading`` (patch 0002 lays copies of the weights and scales out in
     tiles there; ``moe``'s own are never changed), else the checkpoint's rows as they are."""
@@ -343,12 +476,13 @@ def nvfp4_emulation_experts(
     )
 
     pick: torch.Tensor | slice = slice(None) if local is None else local
+    held = (shape.local_experts or None) if local is None else local.numel()
     config = moe_config(
         shape.experts,
         shape.top_k,
         shape.hidden,
         shape.intermediate,
-        local_experts=None if local is None else local.numel(),
+        local_experts=held,
         max_num_tokens=max_num_tokens,
     )
     weights = weight_copies(moe) if loaded else moe  # the hook may lay them out in place
@@ -356,11 +490,11 @@ def nvfp4_emulation_experts(
     layer = types.SimpleNamespace(w13_weight=weights.w13[pick], w2_weight=weights.w2[pick])
     if loaded:
         experts.process_weights_after_loading(layer)
-    expert_map = None
+    emap = expert_map(shape)
     if local is not None:
-        expert_map = torch.full((shape.experts,), -1, dtype=torch.int32, device="cuda")
-        expert_map[local] = torch.arange(local.numel(), dtype=torch.int32, device="cuda")
-    return Experts(experts, layer.w13_weight, layer.w2_weight, expert_map)
+        emap = torch.full((shape.experts,), -1, dtype=torch.int32, device="cuda")
+        emap[local] = torch.arange(local.numel(), dtype=torch.int32, device="cuda")
+    return Experts(experts, layer.w13_weight, layer.w2_weight, emap)
 
 
 def bf16_triton_experts(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Experts:
@@ -373,14 +507,16 @@ def bf16_triton_experts(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> 
         shape.top_k,
         shape.hidden,
         shape.intermediate,
+        local_experts=shape.local_experts or None,
         max_num_tokens=max_num_tokens,
     )
-    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    e, h, i = shape.held_experts, shape.hidden, shape.intermediate
     w1 = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device=moe.w13.device)
     w2 = torch.empty(e, h, i, dtype=torch.bfloat16, device=moe.w2.device)
     for expert in range(e):  # one at a time: all experts' FP32 weights take gigabytes
         w1[expert], w2[expert] = moe.dequantized(expert, torch.bfloat16)
-    return Experts(TritonExperts(config, FUSED_MOE_UNQUANTIZED_CONFIG), w1, w2)
+    experts = TritonExperts(config, FUSED_MOE_UNQUANTIZED_CONFIG)
+    return Experts(experts, w1, w2, expert_map(shape))
 
 
 class MoeLayer:
@@ -464,7 +600,7 @@ class _MarlinLayer(torch.nn.Module):
 
     def __init__(self, shape: MoeShape) -> None:
         super().__init__()
-        self.num_experts = shape.experts
+        self.num_experts = shape.held_experts
         self.hidden_size = shape.hidden
         self.intermediate_size_per_partition = shape.intermediate
         self.params_dtype = torch.bfloat16
@@ -482,6 +618,7 @@ def marlin_kernel(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Kernel
     from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as oracle
 
     layer = _MarlinLayer(shape)
+    held = shape.held_experts
     backend = oracle.NvFp4MoeBackend.MARLIN
     w13, w13_scale, w13_scale_2, a13_scale, w2, w2_scale, w2_scale_2, a2_scale = (
         oracle.convert_to_nvfp4_moe_kernel_format(
@@ -491,11 +628,11 @@ def marlin_kernel(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Kernel
             w13_scale=moe.w13_scale,
             w13_scale_2=moe.w13_gscale,
             # The checkpoint's input_scale (amax / (448 * 6)); Marlin drops it (W4A16).
-            a13_scale=(1.0 / moe.a13_gscale).expand(shape.experts).contiguous(),
+            a13_scale=(1.0 / moe.a13_gscale).expand(held).contiguous(),
             w2=moe.w2,
             w2_scale=moe.w2_scale,
             w2_scale_2=moe.w2_gscale,
-            a2_scale=(1.0 / moe.a2_gscale).expand(shape.experts).contiguous(),
+            a2_scale=(1.0 / moe.a2_gscale).expand(held).contiguous(),
             is_act_and_mul=True,
         )
     )
@@ -513,32 +650,43 @@ def marlin_kernel(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> Kernel
         shape.top_k,
         shape.hidden,
         shape.intermediate,
+        local_experts=shape.local_experts or None,
         max_num_tokens=max_num_tokens,
     )
     kernel = oracle.make_nvfp4_moe_kernel(
         moe_quant_config=quant_config, moe_config=config, experts_cls=MarlinExperts
     )
     kernel.fused_experts.process_weights_after_loading(layer)
-    return Kernel(kernel, Experts(kernel.fused_experts, w13, w2))
+    experts = Experts(kernel.fused_experts, w13, w2, expert_map(shape))
+    return Kernel(kernel, experts)
 
 
 # -- the overlay's portable path ----------------------------------------------------------------
 # Set to 1, the overlay's NVFP4 emulation takes its portable Triton path where it also has a
 # CUDA-only one (chosen by platform otherwise).
 PORTABLE_ENV = "VLLM_PATCHSET_NVFP4_PORTABLE"
+# Set to "rocm", the overlay's NVFP4 emulation takes ROCm's tile table and token block on any
+# GPU (with PORTABLE_ENV: the path ROCm runs, measurable on an NVIDIA GPU).
+PLATFORM_ENV = "VLLM_PATCHSET_NVFP4_PLATFORM"
 # Set to 1, the overlay's kernels launch without programmatic dependent launch (sm_90+).
 NO_PDL_ENV = "VLLM_PATCHSET_NVFP4_NO_PDL"
 _FUSED_MOE_DIR = Path("model_executor", "layers", "fused_moe")
 
 
-def has_portable_switch(package_dir: Path) -> bool:
-    """Whether the vllm package at ``package_dir`` reads PORTABLE_ENV anywhere in its fused MoE
-    code (the overlay's patch 0002 names it where it has a CUDA-only path beside the portable
-    one). Without it, the default path is the only one."""
+def reads_switch(package_dir: Path, name: str) -> bool:
+    """Whether the vllm package at ``package_dir`` reads the environment switch ``name``
+    anywhere in its fused MoE code (the overlay's patch 0002 names PORTABLE_ENV where it has a
+    CUDA-only path beside the portable one, and PLATFORM_ENV where it keeps a tile table per
+    platform). Without it, the default path is the only one."""
     return any(
-        PORTABLE_ENV in p.read_text(encoding="utf-8", errors="replace")
+        name in p.read_text(encoding="utf-8", errors="replace")
         for p in (package_dir / _FUSED_MOE_DIR).rglob("*.py")
     )
+
+
+def has_portable_switch(package_dir: Path) -> bool:
+    """``reads_switch`` of PORTABLE_ENV."""
+    return reads_switch(package_dir, PORTABLE_ENV)
 
 
 class KernelCall:
@@ -557,4 +705,5 @@ class KernelCall:
             e.w2,
             self.layer.topk_weights,
             self.layer.topk_ids,
+            e.expert_map,
         )

@@ -71,14 +71,21 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 # -- whole tensors ------------------------------------------------------------------------------
 def dequantize(
-    packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor | float
+    packed: torch.Tensor,
+    block_scales: torch.Tensor,
+    global_scale: torch.Tensor | float,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Packed NVFP4 [..., N, K / 2] -> FP32 [..., N, K]: e2m1 * (block_scale * global_scale).
+    """Packed NVFP4 [..., N, K / 2] -> [..., N, K] in ``dtype``: e2m1 * (block_scale *
+    global_scale), the product in ``dtype`` (FP32: rounded where the FP32 global scale's 24
+    bits and the E4M3 scale's 4 need more than 24; FLOAT64: exact).
 
     ``global_scale`` is the dequantization factor and broadcasts over the block scales
     [..., N, K / 16] (per expert of [E, N, K / 16]: pass it as [E, 1, 1])."""
-    step = block_scales.float() * global_scale
-    return e2m1_decode(unpack(packed)) * step.repeat_interleave(BLOCK, dim=-1)
+    if isinstance(global_scale, torch.Tensor):
+        global_scale = global_scale.to(dtype)
+    step = block_scales.to(dtype) * global_scale
+    return e2m1_decode(unpack(packed)).to(dtype) * step.repeat_interleave(BLOCK, dim=-1)
 
 
 def weight_global_scale(*weights: torch.Tensor) -> torch.Tensor:
@@ -112,20 +119,24 @@ def activation_global_scale(
 
 
 def _scaled_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """x in blocks of 16 (FP32), each scaled by global_scale / its E4M3 scale, and the scales:
-    vLLM's kernel up to its division (torch's is exact; see move_off_e2m1_ties)."""
-    blocks = x.float().unflatten(-1, (-1, BLOCK))
-    gs = global_scale.float().reshape(())
+    """x in blocks of 16 (FP32; FLOAT64 where x is), each scaled by global_scale / its E4M3
+    scale, and the scales: vLLM's kernel up to its division (torch's is exact; see
+    move_off_e2m1_ties)."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    blocks = x.to(dtype).unflatten(-1, (-1, BLOCK))
+    gs = global_scale.to(dtype).reshape(())
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = (gs * (amax * (1.0 / E2M1_MAX))).clamp(-E4M3_MAX, E4M3_MAX)
-    scale = scale.to(torch.float8_e4m3fn).float()
+    # E4M3 from FP32 (torch converts FLOAT64 through FP32 too; on every device alike).
+    scale = scale.float().to(torch.float8_e4m3fn).to(dtype)
     to_e2m1 = torch.where(scale == 0, torch.zeros_like(scale), gs / scale)
     return blocks * to_e2m1, scale, gs
 
 
 def quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """Fake NVFP4 quantization along the last dim, as vLLM's emulation does it to activations;
-    FP32 out (cast it to x's dtype as the kernel stores it).
+    FP32 out (cast it to x's dtype as the kernel stores it); FLOAT64 in and out for an exact
+    model (the engine check's float64 reference).
 
     Per block of 16: scale = E4M3(global_scale * amax / 6); elements are scaled by
     global_scale / scale, clamped to +-6 and rounded to E2M1; the result is
