@@ -65,13 +65,15 @@ def test_ep8_shapes_are_the_checkpoints() -> None:
 
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rank_matches_reference_eager(rank, tokens: int) -> None:
-    layer = rank_layer(*rank, tokens)
+    shape, moe = rank
+    layer = rank_layer(shape, moe, tokens)
     assert_agree(layer.apply(), rank_reference(layer))
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rank_matches_reference_cuda_graph(rank, tokens: int, capture_graph) -> None:
-    layer = rank_layer(*rank, tokens)
+    shape, moe = rank
+    layer = rank_layer(shape, moe, tokens)
     graph, output = capture_graph(layer.apply)
     layer.refill(seed=2)  # new tokens and routing, same graph
     graph.replay()
