@@ -44,7 +44,7 @@ def test_edit_loop_adds_a_patch(tiny: Project, capsys: pytest.CaptureFixture[str
     target.write_text(target.read_text().replace('"""Utilities."""', '"""Small utilities."""', 1))
     message = (
         "docs: say small\n\nWhy.\n\nUpstream-PR: none (local)\nIntroduced-by: none\n"
-        "Introduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/test_queue.py\n"
+        "Introduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/gpu/test_synthetic.py::test_name\n"
     )
     git(queue, "commit", "-q", "-am", message)
     assert main(["--project", root, "queue", "export"]) == 0
