@@ -48,7 +48,7 @@ def commit(upstream: SyntheticUpstream, files: dict[str, str], message: str) -> 
     return git(upstream.path, "rev-parse", "HEAD").strip()
 
 
-def backport_story(folder: Path, cache: Path, case: str) -> BackportStory:
+def backport_story(folder: Path, cache: Path, case: str, pin: str = "1.1") -> BackportStory:
     upstream = SyntheticUpstream(folder / "upstream")
     version = "vllm/__init__.py"
     upstream.release("0.9", {**BASE, version: '__version__ = "0.9"\n', UTILS: UTILS_WITHOUT})
@@ -72,7 +72,7 @@ def backport_story(folder: Path, cache: Path, case: str) -> BackportStory:
         commit(upstream, {UTILS: UTILS_FIXED}, "[cherry-pick] utils: describe dashed names")
         release(upstream, "1.1.1")
         git(upstream.path, "checkout", "-q", "--detach", "v1.2")
-    project = make_project(folder / "project", cache, upstream, "1.1")
+    project = make_project(folder / "project", cache, upstream, pin)
     gpu = project.root / "tests" / "gpu"
     gpu.mkdir(parents=True)
     (gpu / "test_describe.py").write_text("def test_dashed():\n    pass\n")

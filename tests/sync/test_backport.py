@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from backport_story import FIX_BODY, FIX_SUBJECT, UPSTREAM_TEST, backport_story
+from backport_story import BUG, FIX_BODY, FIX_SUBJECT, UPSTREAM_TEST, backport_story
 from support import cli, git
 
 PR = "https://github.com/vllm-project/vllm/pull/46735"
@@ -99,3 +99,99 @@ def test_backport_computes_the_provenance_from_the_releases_code(
     )
     assert "tests/test_utils.py" not in patch  # only the package's changes are taken
     assert git(queue, "log", "-1", "--format=%an %s") == f"t {FIX_SUBJECT}\n"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+# (what REF names, exit code, the error after "vllm-patchset: ", {upstream} and {tag_commit}
+# filled in)
+REFUSED = [
+    (
+        "46999",
+        2,
+        "no commit of HEAD of {upstream} names pull request #46999 in its subject (as"
+        " `… (#46999)`): name the commit instead, or another --branch",
+    ),
+    ("46735", 1, "the pin 1.2 already has this fix: nothing to backport"),
+    (
+        "v1.1",
+        1,
+        "git am -3 of {commit} onto 1.1 changed nothing: the queue ({root}/.queue) already has"
+        " it; nothing was written",
+    ),
+    ("only-tests", 2, "{commit} changes nothing in vllm/: nothing to backport"),
+]
+
+
+@pytest.mark.parametrize(
+    ("ref", "code", "error"), REFUSED, ids=["no-pr", "on-pin", "taken", "tests"]
+)
+def test_backport_refuses_what_it_cannot_take_and_changes_nothing(
+    tmp_path: Path,
+    cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    ref: str,
+    code: int,
+    error: str,
+) -> None:
+    pin = "1.2" if "1.2" in error else "1.1"
+    story = backport_story(tmp_path, cache, "landed", pin)
+    upstream = story.upstream.path
+    root = story.project.root
+    if ref == "v1.1":
+        ref = git(upstream, "rev-parse", "v1.1").strip()
+    if ref == "only-tests":
+        (upstream / "tests" / "test_more.py").write_text("def test_more():\n    pass\n")
+        git(upstream, "add", "-A")
+        git(upstream, "commit", "-q", "-m", "tests: more (#46990)")
+        ref = git(upstream, "rev-parse", "HEAD").strip()
+    before = outside_queue(root)
+    message = error.format(upstream=upstream, commit=ref[:12], root=root)
+    assert cli(capsys, root, "backport", ref, "--from", str(upstream)) == (
+        code,
+        "",
+        f"vllm-patchset: {message}\n",
+    )
+    assert outside_queue(root) == before
+    queue = root / ".queue"
+    if queue.exists():  # imported to take it: as `queue import` made it
+        base = git(queue, "rev-parse", "refs/vllm-patchset/base")
+        assert git(queue, "rev-parse", "HEAD") == base
+
+
+def outside_queue(root: Path) -> dict[str, bytes]:
+    return {k: v for k, v in snapshot(root).items() if not k.startswith(".queue/")}
+
+
+def test_a_conflict_stops_in_the_queue_with_the_steps_to_finish(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The series changes the line the fix changes: `git am -3` stops in the queue, the
+    message already holds the provenance; nothing is written in patches/."""
+    story = backport_story(tmp_path, cache, "landed")
+    root = story.project.root
+    assert cli(capsys, root, "queue", "import")[0] == 0
+    queue = root / ".queue"
+    utils = queue / "vllm" / "utils.py"
+    utils.write_text(utils.read_text().replace(BUG, '    words = name.split("_", 1)\n'))
+    git(queue, "commit", "-q", "-am", "utils: a local change of the same line")
+    before = snapshot(root / "patches")
+    code, out, err = cli(capsys, root, "backport", "46735", "--from", str(story.upstream.path))
+    assert (code, err) == (1, "")
+    assert out.splitlines()[6:] == [
+        "  stopped: git am -3 onto 1.1 conflicts in vllm/utils.py",
+        "next:",
+        f"  1. resolve them in {queue}, then git -C {queue} add PATH..., git -C {queue} am"
+        " --continue",
+        f"  2. git -C {queue} commit --amend  (fill Introduced-by and Regression-test: the #"
+        " lines say what each needs)",
+        "  3. write the regression test in tests/gpu/ (it fails on the pin, passes with the fix)",
+        "  4. vllm-patchset queue export",
+        "  5. vllm-patchset overlay build --update-lock",
+        "  6. vllm-patchset check",
+    ]
+    assert snapshot(root / "patches") == before
+    message = (queue / ".git" / "rebase-apply" / "final-commit").read_text()
+    assert message.endswith(trailers("1.2"))

@@ -263,11 +263,17 @@ def backport(project: Project, ref: str, source: str, branch: str = "HEAD") -> B
         import_queue(project)
         queue = open_queue(project)
     done = Backport(commit, subject, project.pin, prov, left_out, queue.path, "")
+    before = queue.head()
     with progress(f"taking {commit[:12]} onto {project.pin} (git am -3)"):
         clean = queue.am_3way(taken)
     if not clean:
         return replace(done, conflicts=tuple(queue.unmerged_paths()))
     head = queue.head()
+    if head == before:  # `git am -3` skips a patch whose changes are all there
+        raise Finding(
+            f"git am -3 of {commit[:12]} onto {project.pin} changed nothing: the queue"
+            f" ({queue.path}) already has it; nothing was written"
+        )
     info = export_queue(project, unfinished={head})
     name = info.patches[-1] if info.patches else ""
     return replace(done, taken=head, patch=name, problems=info.problems)
