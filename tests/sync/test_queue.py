@@ -177,20 +177,21 @@ def read_series(project: Project) -> list[str]:
 
 
 def test_patch_new_writes_a_template_commit_and_says_the_next_steps(
-    tiny: Project, capsys: pytest.CaptureFixture[str]
+    tiny: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without a queue, `patch new` imports one first; the template's trailers each follow a
     comment saying what it needs."""
     root = str(tiny.root)
     queue = tiny.root / ".queue"
+    monkeypatch.chdir(tiny.root)  # the commands to copy name the queue from here
     assert main(["--project", root, "patch", "new", "moe: guard the scale"]) == 0
     commit = short(queue, "HEAD")
     assert capsys.readouterr() == (
-        f"queue: 2 patch(es) as commits on 1.0 in {queue}\n"
-        f"patch new: a template commit {commit} 'moe: guard the scale' on top of {queue}\n"
+        "queue: 2 patch(es) as commits on 1.0 in .queue\n"
+        f"patch new: a template commit {commit} 'moe: guard the scale' on top of .queue\n"
         "next:\n"
-        f"  1. make the fix in {queue}/vllm/\n"
-        f"  2. git -C {queue} commit -a --amend\n"
+        "  1. make the fix in .queue/vllm/\n"
+        "  2. git -C .queue commit -a --amend\n"
         "     (fill each trailer: the # line above it says what it needs)\n"
         "  3. write its regression test in tests/gpu/ (the Regression-test: trailer names it)\n"
         "  4. vllm-patchset queue export  (lists every problem left, else writes patches/)\n"

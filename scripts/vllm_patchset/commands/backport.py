@@ -37,7 +37,9 @@ def cmd_backport(args: argparse.Namespace) -> int:
 
 
 def report_lines(done: Backport) -> list[str]:
-    queue = done.queue
+    from vllm_patchset.sync.queue import shown
+
+    queue = shown(done.queue)
     states = ", ".join(f"{v} {words}" for v, words in done.provenance.states)
     said = done.provenance.values()
     head = f"backport: {done.commit[:12]} {done.subject}"

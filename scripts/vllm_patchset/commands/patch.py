@@ -11,12 +11,12 @@ from vllm_patchset.registry import Subcommands, add_command, add_group
 
 
 def cmd_patch_new(args: argparse.Namespace) -> int:
-    from vllm_patchset.sync.queue import new_patch
+    from vllm_patchset.sync.queue import new_patch, queue_path, shown
 
     staged_only()
     project = project_of(args)
     imported, commit = new_patch(project, args.name)
-    queue = project.root / ".queue"
+    queue = shown(queue_path(project))
     lines = []
     if imported is not None:
         lines.append(
@@ -33,7 +33,7 @@ def cmd_patch_new(args: argparse.Namespace) -> int:
         "  5. vllm-patchset overlay build --update-lock",
         "  6. vllm-patchset check",
     ]
-    body = {"commit": commit, "queue": str(queue), "imported": imported is not None}
+    body = {"commit": commit, "queue": str(queue_path(project)), "imported": imported is not None}
     return emit(args, "\n".join(lines), body, verbatim=True)
 
 

@@ -78,6 +78,15 @@ def queue_path(project: Project) -> Path:
     return project.root / QUEUE_DIR
 
 
+def shown(path: Path) -> str:
+    """`path` as a command to copy names it: relative to the current directory where it is
+    inside it (`.queue` from the checkout's root), else as it is."""
+    try:
+        return path.relative_to(Path.cwd()).as_posix()
+    except (ValueError, OSError):
+        return str(path)
+
+
 def _is_queue(path: Path) -> bool:
     """Was `path` made by `queue import`? (its repository has the base ref)"""
     return (path / ".git").is_dir() and Repo(path).resolve(BASE_REF) is not None
@@ -236,10 +245,11 @@ def queue_problems(
         )
         if problems:
             short = commit[:12]
+            where = shown(queue.path)
             fix = (
-                f"git -C {queue.path} commit --amend"
+                f"git -C {where} commit --amend"
                 if commit == head
-                else f"git -C {queue.path} rebase -i {short}^ (mark it `edit`, or `reword`)"
+                else f"git -C {where} rebase -i {short}^ (mark it `edit`, or `reword`)"
             )
             found.append(CommitProblems(short, "".join(subject), name, tuple(problems), fix))
     return tuple(found)
@@ -322,7 +332,7 @@ def problems_text(path: Path, problems: tuple[CommitProblems, ...], commits: int
     count = sum(len(found.problems) for found in problems)
     lines.append(
         f"queue export: {count} problem(s) in {len(problems)} of {commits} commit(s) of"
-        f" {path}; nothing was written"
+        f" {shown(path)}; nothing was written"
     )
     return "\n".join(lines)
 
