@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support import git
-from synthetic import BASE, MOE, UTILS, UTILS_TEXT, SyntheticUpstream, make_project
+from synthetic import BASE, MOE, UTILS, UTILS_TEXT, LocalIndex, SyntheticUpstream, make_project
 from vllm_patchset.infra.config import Project
 
 BUG = '    words = name.split("_")\n'
@@ -48,7 +48,11 @@ def commit(upstream: SyntheticUpstream, files: dict[str, str], message: str) -> 
     return git(upstream.path, "rev-parse", "HEAD").strip()
 
 
-def backport_story(folder: Path, cache: Path, case: str, pin: str = "1.1") -> BackportStory:
+def backport_story(
+    folder: Path, cache: Path, case: str, pin: str = "1.1", index: LocalIndex | None = None
+) -> BackportStory:
+    """The case's upstream, and a project pinned to its release `pin`: from `index` (every
+    release published there), else the upstream's tag."""
     upstream = SyntheticUpstream(folder / "upstream")
     version = "vllm/__init__.py"
     upstream.release("0.9", {**BASE, version: '__version__ = "0.9"\n', UTILS: UTILS_WITHOUT})
@@ -72,7 +76,10 @@ def backport_story(folder: Path, cache: Path, case: str, pin: str = "1.1") -> Ba
         commit(upstream, {UTILS: UTILS_FIXED}, "[cherry-pick] utils: describe dashed names")
         release(upstream, "1.1.1")
         git(upstream.path, "checkout", "-q", "--detach", "v1.2")
-    project = make_project(folder / "project", cache, upstream, pin)
+    for version in upstream.releases if index else ():
+        index.publish_release(upstream, version)
+    url = index.url if index else None
+    project = make_project(folder / "project", cache, upstream, pin, index_url=url)
     gpu = project.root / "tests" / "gpu"
     gpu.mkdir(parents=True)
     (gpu / "test_describe.py").write_text("def test_dashed():\n    pass\n")
@@ -85,3 +92,5 @@ def release(upstream: SyntheticUpstream, version: str) -> None:
     """Tag HEAD `v<version>` (with its version in the package, as a release has)."""
     commit(upstream, {"vllm/__init__.py": f'__version__ = "{version}"\n'}, f"vllm {version}")
     git(upstream.path, "tag", f"v{version}")
+    paths = git(upstream.path, "ls-files", "vllm").split()
+    upstream.releases[version] = {p: (upstream.path / p).read_text() for p in paths}

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from backport_story import BUG, FIX_BODY, FIX_SUBJECT, UPSTREAM_TEST, backport_story
 from support import cli, git
+from synthetic import LocalIndex
+from vllm_patchset.overlay.upstream import Mirror
 
 PR = "https://github.com/vllm-project/vllm/pull/46735"
 NEEDS_BY = "the upstream pull request that brought the bug in (its URL), or `none (why)`"
@@ -195,3 +197,27 @@ def test_a_conflict_stops_in_the_queue_with_the_steps_to_finish(
     assert snapshot(root / "patches") == before
     message = (queue / ".git" / "rebase-apply" / "final-commit").read_text()
     assert message.endswith(trailers("1.2"))
+
+
+def test_the_releases_of_the_mirror_count_where_the_clone_has_no_tags(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A clone without tags (`git clone --no-tags`), a project pinned to a release of a
+    package index: the releases are those the mirror holds (PyPI's sdists, as `fetch` leaves
+    them), classified the same way."""
+    with LocalIndex(tmp_path / "index") as index:
+        story = backport_story(tmp_path, cache, "landed", index=index)
+        for version in ("1.0", "1.2"):  # the pin 1.1 is there already
+            Mirror(cache, index_url=index.url).release(version)
+        clone = tmp_path / "clone"
+        git(tmp_path, "clone", "-q", "--no-tags", str(story.upstream.path), str(clone))
+        assert git(clone, "tag") == ""
+        capsys.readouterr()  # the downloads
+        code, out, err = cli(capsys, story.project.root, "backport", "46735", "--from", str(clone))
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:5] == [
+        "  classified: 1.0 applies, 1.1 applies, 1.2 upstream",
+        f"  Upstream-PR: {PR}",
+        "  Introduced-in: 1.0",
+        "  Applied-upstream: 1.2",
+    ]

@@ -190,8 +190,10 @@ def provenance(
     """`Upstream-PR`, `Introduced-in` and `Applied-upstream` of the change `patch` (the module's
     docstring says how)."""
     number = _PR_SUBJECT.search(subject)
+    pinned = versions.parse(pin_version)
+    if pinned is None:
+        raise BadInput(f"the pin {pin_version!r} is not a release version: no release to compare")
     known = releases(mirror, source)
-    pinned = Version(pin_version)
     states: dict[str, str] = {}
     with progress("classifying the fix on the releases"):
         on_pin = _state(mirror, pin, patch)
