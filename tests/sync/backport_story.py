@@ -76,8 +76,9 @@ def backport_story(
         commit(upstream, {UTILS: UTILS_FIXED}, "[cherry-pick] utils: describe dashed names")
         release(upstream, "1.1.1")
         git(upstream.path, "checkout", "-q", "--detach", "v1.2")
-    for version in upstream.releases if index else ():
-        index.publish_release(upstream, version)
+    if index is not None:
+        for version in upstream.releases:
+            index.publish_release(upstream, version)
     url = index.url if index else None
     project = make_project(folder / "project", cache, upstream, pin, index_url=url)
     gpu = project.root / "tests" / "gpu"
