@@ -116,6 +116,7 @@ REFUSED = [
         "no commit of HEAD of {upstream} names pull request #46999 in its subject (as"
         " `… (#46999)`): name the commit instead, or another --branch",
     ),
+    ("0123abc", 2, "0123abc is not a commit of {upstream} (nor of its HEAD)"),
     ("46735", 1, "the pin 1.2 already has this fix: nothing to backport"),
     (
         "v1.1",
@@ -128,7 +129,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(
-    ("ref", "code", "error"), REFUSED, ids=["no-pr", "on-pin", "taken", "tests"]
+    ("ref", "code", "error"), REFUSED, ids=["no-pr", "unknown", "on-pin", "taken", "tests"]
 )
 def test_backport_refuses_what_it_cannot_take_and_changes_nothing(
     tmp_path: Path,

@@ -90,12 +90,11 @@ def test_add_or_backport_a_fix_end_to_end(
     queue = root / ".queue"
     source = str(upstream.path)
 
-    # 1. Backport by pull request number, then fill what it leaves to the maintainer.
+    # 1. Backport by pull request number, then by (short) commit id: both written to the
+    # series at once, each with the provenance its code tells and the maintainer's part empty.
     code, out, _ = cli(capsys, root, "backport", "#46735", "--from", source)
     assert code == 0 and "Applied-upstream: 1.3" in out, out
-    amend(queue, DESCRIBE_TEST)
-    # 2. Backport by commit: its provenance, from the releases' code.
-    code, out, _ = cli(capsys, root, "backport", moe_fix, "--from", source)
+    code, out, _ = cli(capsys, root, "backport", moe_fix[:10], "--from", source)
     assert code == 0, out
     assert out.splitlines()[1:5] == [
         "  classified: 0.9 applies, 1.0 applies, 1.1 applies, 1.2 applies, 1.3 applies,"
@@ -104,17 +103,24 @@ def test_add_or_backport_a_fix_end_to_end(
         "  Introduced-in: 0.9",
         "  Applied-upstream: 1.4",
     ]
-    # 3. A local fix from the template, its change made, its message half done.
+    assert (root / "patches" / "series").read_text().splitlines() == SERIES[:2]
+    # 2. A local fix from the template, its change made, its message half done.
     assert cli(capsys, root, "patch", "new", "moe: say fused experts")[0] == 0
     (queue / MOE).write_text((queue / MOE).read_text().replace(NAME_OLD, NAME_NEW))
     half = "moe: say fused experts\n\nUpstream-PR: none (local)\nIntroduced-in: 1.1\n"
     git(queue, "commit", "-q", "-a", "--amend", "-m", half)
-    # 4. One export lists every problem of every commit, and writes nothing.
+    # 3. One export lists every problem of every commit, and writes nothing.
     before = {p.name: p.read_bytes() for p in (root / "patches").iterdir() if p.is_file()}
     code, out, _ = cli(capsys, root, "queue", "export")
-    second, third = (git(queue, "rev-parse", r).strip()[:12] for r in ("HEAD^", "HEAD"))
+    first, second, third = (
+        git(queue, "rev-parse", r).strip()[:12] for r in ("HEAD~2", "HEAD^", "HEAD")
+    )
     assert code == 1
     assert [line.split(" (")[0] for line in out.splitlines()] == [
+        f"{first} utils: describe dashed names",
+        "  - Introduced-by: empty",
+        "  - Regression-test: empty",
+        f"  fix: git -C {queue} rebase -i {first}^",
         f"{second} moe: no tensor truthiness",
         "  - Introduced-by: empty",
         "  - Regression-test: empty",
@@ -124,15 +130,18 @@ def test_add_or_backport_a_fix_end_to_end(
         "  - Applied-upstream: missing",
         "  - Regression-test: missing",
         f"  fix: git -C {queue} commit --amend",
-        f"queue export: 5 problem(s) in 2 of 3 commit(s) of {queue}; nothing was written",
+        f"queue export: 7 problem(s) in 3 of 3 commit(s) of {queue}; nothing was written",
     ]
     assert {p.name: p.read_bytes() for p in (root / "patches").iterdir() if p.is_file()} == before
-    # 5. Fixed with the commands it names; the regression tests written.
+    # 4. Fixed with the commands it names (one `git rebase -i` stopping at each), the
+    # regression tests written.
     (root / "tests" / "gpu" / "test_moe.py").write_text(
         "def test_truthiness():\n    pass\n\n\ndef test_name():\n    pass\n"
     )
-    editor = "sed -i '1s/^pick /edit /'"
-    git(queue, "-c", f"sequence.editor={editor}", "rebase", "-q", "-i", f"{second}^")
+    editor = "sed -i 's/^pick /edit /'"
+    git(queue, "-c", f"sequence.editor={editor}", "rebase", "-q", "-i", f"{first}^")
+    amend(queue, DESCRIBE_TEST)
+    git(queue, "rebase", "--continue")
     amend(queue, "tests/gpu/test_moe.py::test_truthiness")
     git(queue, "rebase", "--continue")
     whole = (
@@ -141,6 +150,8 @@ def test_add_or_backport_a_fix_end_to_end(
         "Applied-upstream:\nRegression-test: tests/gpu/test_moe.py::test_name\n"
     )
     git(queue, "commit", "-q", "--amend", "-m", whole)
+    git(queue, "rebase", "--continue")
+    # 5. The series.
     assert cli(capsys, root, "queue", "export")[0] == 0
     assert (root / "patches" / "series").read_text().splitlines() == SERIES
     patch = (root / "patches" / SERIES[1]).read_text()

@@ -33,7 +33,7 @@ from packaging.version import Version
 
 from vllm_patchset import versions
 from vllm_patchset.console import progress
-from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo, check_source
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
@@ -44,6 +44,7 @@ from vllm_patchset.sync.queue import (
     CommitProblems,
     export_queue,
     import_queue,
+    left_for_maintainer,
     open_queue,
     queue_path,
 )
@@ -99,26 +100,42 @@ def find_commit(repo: Repo, source: str, ref: str, branch: str) -> str:
     check_source(source)
     number = _PR_REF.fullmatch(ref)
     if number is None:
-        with progress(f"fetching {ref} from {source}"):
-            return repo.fetch(source, ref)
+        try:
+            with progress(f"fetching {ref} from {source}"):
+                return repo.fetch(source, ref)
+        except GitError:  # a short commit id: git fetches names and full ids only
+            with progress(f"fetching {branch} from {source}"):
+                head = repo.fetch(source, branch)
+        found = repo.resolve(ref)
+        if found is None or not _contains(repo, head, found):
+            raise BadInput(f"{ref} is not a commit of {source} (nor of its {branch})") from None
+        return found
     with progress(f"fetching {branch} from {source}"):
         head = repo.fetch(source, branch)
     pr = number.group(1)
     log = repo.run("log", "--format=%H %s", "--fixed-strings", f"--grep=(#{pr})", head, "--")
-    found = [
+    named = [
         line.split(" ", 1)[0]
         for line in log.splitlines()
         if (match := _PR_SUBJECT.search(line)) and match.group(1) == pr
     ]
-    if not found:
+    if not named:
         raise BadInput(
             f"no commit of {branch} of {source} names pull request #{pr} in its subject (as"
             f" `… (#{pr})`): name the commit instead, or another --branch"
         )
-    if len(found) > 1:
-        ids = ", ".join(c[:12] for c in found)
-        raise BadInput(f"{len(found)} commits of {source} name pull request #{pr} ({ids})")
-    return found[0]
+    if len(named) > 1:
+        ids = ", ".join(c[:12] for c in named)
+        raise BadInput(f"{len(named)} commits of {source} name pull request #{pr} ({ids})")
+    return named[0]
+
+
+def _contains(repo: Repo, head: str, commit: str) -> bool:
+    try:
+        repo.run("merge-base", "--is-ancestor", commit, head)
+    except GitError:
+        return False
+    return True
 
 
 def upstream_patch(repo: Repo, commit: str, package: str) -> tuple[bytes, tuple[str, ...]]:
@@ -276,6 +293,8 @@ def backport(project: Project, ref: str, source: str, branch: str = "HEAD") -> B
             f"git am -3 of {commit[:12]} onto {project.pin} changed nothing: the queue"
             f" ({queue.path}) already has it; nothing was written"
         )
-    info = export_queue(project, unfinished={head})
+    # Its empty trailers, and those of the backports before it not edited since, are the
+    # maintainer's to fill: the export writes them as they are.
+    info = export_queue(project, unfinished=left_for_maintainer(queue) | {head})
     name = info.patches[-1] if info.patches else ""
     return replace(done, taken=head, patch=name, problems=info.problems)

@@ -255,6 +255,14 @@ def queue_problems(
     return tuple(found)
 
 
+def left_for_maintainer(queue: Repo) -> set[str]:
+    """The commits of the queue whose message still has a template's comment line above a
+    trailer (`# Regression-test: …`): taken by `backport` and not edited since."""
+    commits = queue.run("rev-list", f"{BASE_REF}..HEAD").split()
+    marks = tuple(f"\n# {key}: " for key in REQUIRED_TRAILERS)
+    return {c for c in commits if any(m in "\n" + queue.commit_message(c) for m in marks)}
+
+
 def message_trailers(message: str) -> dict[str, list[str]]:
     """The series' trailers in a commit message (as `series.patches` reads them: `Key: value`
     lines; `#` comment lines are no trailers)."""
