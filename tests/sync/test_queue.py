@@ -115,7 +115,9 @@ def short(queue: Path, rev: str) -> str:
 
 
 def test_export_lists_every_problem_of_every_commit_at_once(
-    tiny: Project, capsys: pytest.CaptureFixture[str]
+    tiny: Project,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A commit with a change outside the package, two trailers missing and two wrong, under
     a template commit with no change and every trailer empty: all listed in one run, each
@@ -157,6 +159,20 @@ def test_export_lists_every_problem_of_every_commit_at_once(
         "",
     )
     assert snapshot(tiny.patches_dir) == before
+    # In 60 columns, from the checkout's root: every line fits but the commands to copy,
+    # which stay whole.
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.chdir(tiny.root)
+    assert main(["--project", root, "queue", "export"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if len(line) > 60] == [
+        f"  fix: git -C .queue rebase -i {first}^ (mark it `edit`, or `reword`)"
+    ]
+    assert lines[1:4] == [
+        "  - changes notes.txt, outside the vllm/ package (take it",
+        "    out)",
+        "  - Introduced-by: missing (the upstream pull request that",
+    ]
     # The commands it names fix them: the template commit amended with a change, the first
     # commit reworded and its stray file taken out in a `git rebase -i` stopped on it.
     moe = queue / "vllm" / "layers" / "moe.py"

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from vllm_patchset.commands import project_of, staged_only
-from vllm_patchset.console import emit
+from vllm_patchset.console import emit, fit
 from vllm_patchset.registry import Subcommands, add_command
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def report_lines(done: Backport) -> list[str]:
             f"  taken onto {done.pin} as patches/{done.patch} (in {queue}: {done.taken[:12]});"
             " the overlay lock is stale until step 4"
         )
+    lines = [fit(line) for line in lines]  # the steps, commands to copy, stay whole
     lines.append("next:")
     lines += [f"  {n}. {step}" for n, step in enumerate(steps, 1)]
     return lines

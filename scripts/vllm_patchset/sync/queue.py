@@ -16,6 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from vllm_patchset.console import fit
 from vllm_patchset.errors import BadInput, Finding, GitError, MalformedPatch
 from vllm_patchset.infra import codec, fsio, jsonfile
 from vllm_patchset.infra.config import Project
@@ -331,16 +332,19 @@ def commit_problems(
 
 
 def problems_text(path: Path, problems: tuple[CommitProblems, ...], commits: int) -> str:
-    """The report of an export that found problems: each commit, its problems, its fix."""
+    """The report of an export that found problems: each commit, its problems, its fix (the
+    lines fitted to the terminal, but for the commands to copy)."""
     lines = []
     for found in problems:
-        lines.append(f"{found.commit} {found.subject} ({found.patch}):")
-        lines += [f"  - {problem}" for problem in found.problems]
+        lines.append(fit(f"{found.commit} {found.subject} ({found.patch}):"))
+        lines += [fit(f"  - {problem}") for problem in found.problems]
         lines.append(f"  fix: {found.fix}")
     count = sum(len(found.problems) for found in problems)
     lines.append(
-        f"queue export: {count} problem(s) in {len(problems)} of {commits} commit(s) of"
-        f" {shown(path)}; nothing was written"
+        fit(
+            f"queue export: {count} problem(s) in {len(problems)} of {commits} commit(s) of"
+            f" {shown(path)}; nothing was written"
+        )
     )
     return "\n".join(lines)
 
