@@ -40,13 +40,13 @@ from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_bas
 from vllm_patchset.series.patches import REQUIRED_TRAILERS, Patch, parse_patch_bytes
 from vllm_patchset.series.states import State, Verdict, classify
 from vllm_patchset.sync.queue import (
-    NEEDS,
     CommitProblems,
     export_queue,
     import_queue,
     left_for_maintainer,
     open_queue,
     queue_path,
+    trailer_lines,
 )
 
 PR_URL = "https://github.com/vllm-project/vllm/pull/{}"
@@ -243,7 +243,6 @@ def provenance(
 def message_body(commit: str, body: str, prov: Provenance) -> str:
     """The upstream body, where the commit came from, and the trailers: those computed, the
     others empty after a `#` comment saying what each needs (and why it is left)."""
-    said = prov.values()
     why = {
         "Upstream-PR": "its subject names no pull request (`… (#N)`)",
         "Introduced-in": "the change does not apply to the pin as it is",
@@ -251,13 +250,7 @@ def message_body(commit: str, body: str, prov: Provenance) -> str:
     }
     lines = [body.strip(), ""] if body.strip() else []
     lines += [f"Backport of upstream commit {commit}.", ""]
-    for key in REQUIRED_TRAILERS:
-        value = said.get(key)
-        if not value:
-            left = f" ({why[key]})" if key in why else ""
-            lines.append(f"# {key}: {NEEDS[key]}{left}")
-        lines.append(f"{key}: {value or ''}".rstrip())
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *trailer_lines(prov.values(), why)]) + "\n"
 
 
 # -- the backport --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -354,16 +354,18 @@ def problems_body(problems: tuple[CommitProblems, ...]) -> list[dict[str, object
 
 
 # -- a new patch -----------------------------------------------------------------------------
-def template_message(subject: str, values: dict[str, str] | None = None) -> str:
-    """A commit message whose trailers each come after a `#` comment saying what it needs
-    (`git commit --amend` in an editor drops those lines); `values`: those already known."""
-    values = values or {}
-    lines = [subject, ""]
+def trailer_lines(values: Mapping[str, str], why: Mapping[str, str] | None = None) -> list[str]:
+    """The series' trailers, those of `values` filled, each other one empty after a `#` line
+    saying what it needs (and, from `why`, why it is left; `git commit --amend` in an editor
+    drops the `#` lines)."""
+    lines = []
     for key in REQUIRED_TRAILERS:
-        if key not in values:
-            lines.append(f"# {key}: {NEEDS[key]}")
-        lines.append(f"{key}: {values.get(key, '')}".rstrip())
-    return "\n".join(lines) + "\n"
+        value = values.get(key, "")
+        if not value:
+            left = f" ({why[key]})" if why and key in why else ""
+            lines.append(f"# {key}: {NEEDS[key]}{left}")
+        lines.append(f"{key}: {value}".rstrip())
+    return lines
 
 
 def new_patch(project: Project, subject: str) -> tuple[QueueInfo | None, str]:
@@ -373,12 +375,14 @@ def new_patch(project: Project, subject: str) -> tuple[QueueInfo | None, str]:
         raise BadInput(f"a patch's name is one line of words (its subject), not {subject!r}")
     imported = None if _is_queue(queue_path(project)) else import_queue(project)
     queue = open_queue(project)
-    message = (
-        f"{subject.strip()}\n\n"
+    lines = [
+        subject.strip(),
+        "",
         "# Why: what goes wrong without this fix, and how it shows (the lines below say what"
-        " each trailer needs; an editor drops the # lines)\n"
-    )
-    message += template_message("", {}).lstrip("\n")
+        " each trailer needs; an editor drops the # lines)",
+        *trailer_lines({}),
+    ]
+    message = "\n".join(lines) + "\n"
     queue.run(
         "commit", "--quiet", "--allow-empty", "--cleanup=verbatim", "-F", "-",
         stdin=message.encode(), env=_identity(queue),
