@@ -244,7 +244,7 @@ def message_body(commit: str, body: str, prov: Provenance) -> str:
     """The upstream body, where the commit came from, and the trailers: those computed, the
     others empty after a `#` comment saying what each needs (and why it is left)."""
     why = {
-        "Upstream-PR": "its subject names no pull request (`… (#N)`)",
+        "Upstream-PR": "its subject names no pull request, as `... (#N)`",
         "Introduced-in": "the change does not apply to the pin as it is",
         "Applied-upstream": "no release known has the fix",
     }
@@ -263,7 +263,8 @@ def backport(project: Project, ref: str, source: str, branch: str = "HEAD") -> B
     body = repo.run("log", "-1", "--format=%b", commit)
     # Classified with the trailers as placeholders (the text decides; the version is not given).
     placeholders = "\n".join(f"{k}: -" for k in REQUIRED_TRAILERS if k != "Applied-upstream")
-    patch = parse_patch_bytes(with_body(raw, placeholders + "\nApplied-upstream:\n"), Path("up"))
+    source_name = Path(f"{commit[:12]}.patch")
+    patch = parse_patch_bytes(with_body(raw, placeholders + "\nApplied-upstream:\n"), source_name)
     pin = pin_base(project, mirror)
     prov = provenance(mirror, source, pin, project.pin, patch, subject)
     taken = with_body(raw, message_body(commit, body, prov))
