@@ -11,6 +11,9 @@ case saying what the releases after it did with the fix.
       reverted       1.2 reverted it (contains the commit, not the fix), 1.3 has it again -> 1.3
       patch-release  1.1.1, from the pin, took the fix in a commit of its own; 1.2 has it -> 1.1.1
       unreleased     no release after it                              -> Applied-upstream empty
+      older-code     as landed, but 0.9 has `describe` written otherwise (the code the fix
+                     changes is there, changed: a conflict) -> Introduced-in 1.0, with a
+                     comment that the bug may be older
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ UTILS_WITHOUT = UTILS_TEXT[: UTILS_TEXT.index("\n\ndef describe")] + "\n"
 FIX_SUBJECT = "utils: describe dashed names (#46735)"
 FIX_BODY = "A dashed name was described as one word."
 UPSTREAM_TEST = "tests/test_utils.py"
-CASES = ("landed", "reverted", "patch-release", "unreleased")
+OLDER = '    words = name.split(" ")\n'  # 0.9's `describe`, in the case older-code
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ def backport_story(
     release published there), else the upstream's tag."""
     upstream = SyntheticUpstream(folder / "upstream")
     version = "vllm/__init__.py"
-    upstream.release("0.9", {**BASE, version: '__version__ = "0.9"\n', UTILS: UTILS_WITHOUT})
+    older = UTILS_TEXT.replace(BUG, OLDER) if case == "older-code" else UTILS_WITHOUT
+    upstream.release("0.9", {**BASE, version: '__version__ = "0.9"\n', UTILS: older})
     upstream.release("1.0", {version: '__version__ = "1.0"\n', UTILS: UTILS_TEXT})
     moe = upstream.files("1.0")[MOE]
     upstream.release("1.1", {version: '__version__ = "1.1"\n', MOE: "# 1.1\n" + moe})
@@ -69,7 +73,7 @@ def backport_story(
         release(upstream, "1.2")
         commit(upstream, {UTILS: UTILS_FIXED}, "utils: describe dashed names again (#46900)")
         release(upstream, "1.3")
-    elif case in ("landed", "patch-release"):
+    elif case in ("landed", "patch-release", "older-code"):
         release(upstream, "1.2")
     if case == "patch-release":
         git(upstream.path, "checkout", "-q", "--detach", "v1.1")

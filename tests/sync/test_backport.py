@@ -18,6 +18,10 @@ NEEDS_APPLIED = "the first release with the fix; empty while no release has it"
 NEEDS_TEST = (
     "the test that fails on the pin and passes with the fix (tests/gpu/<file>.py::<test>; write it)"
 )
+OLDER_CODE = (
+    "# Introduced-in: the first release whose code is the one the fix changes; 0.9 has that"
+    " code changed: the bug may be older (check)\n"
+)
 PATCH = "0001-utils-describe-dashed-names-46735.patch"
 # (case, Applied-upstream, the states the report lists: the pin's, back to the first release
 # without the bug, then forward to the first with the fix)
@@ -30,6 +34,7 @@ PROVENANCE = [
     ),
     ("patch-release", "1.1.1", "0.9 absent (not-found), 1.0 applies, 1.1 applies, 1.1.1 upstream"),
     ("unreleased", "", "0.9 absent (not-found), 1.0 applies, 1.1 applies"),
+    ("older-code", "1.2", "0.9 conflict, 1.0 applies, 1.1 applies, 1.2 upstream"),
 ]
 
 
@@ -40,7 +45,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def trailers(applied: str) -> str:
+def trailers(applied: str, case: str = "") -> str:
     """The message's end as backport writes it: computed trailers filled, the others empty
     after a comment saying what each needs."""
     applied_line = (
@@ -52,6 +57,7 @@ def trailers(applied: str) -> str:
     return (
         f"Upstream-PR: {PR}\n"
         f"# Introduced-by: {NEEDS_BY}\nIntroduced-by:\n"
+        f"{OLDER_CODE if case == 'older-code' else ''}"
         "Introduced-in: 1.0\n"
         f"{applied_line}"
         f"# Regression-test: {NEEDS_TEST}\nRegression-test:\n"
@@ -79,7 +85,8 @@ def test_backport_computes_the_provenance_from_the_releases_code(
         f"backport: {story.fix[:12]} {FIX_SUBJECT}",
         f"  classified: {states}",
         f"  Upstream-PR: {PR}",
-        "  Introduced-in: 1.0",
+        "  Introduced-in: 1.0"
+        + (" (0.9 has that code changed: the bug may be older)" if case == "older-code" else ""),
         f"  Applied-upstream: {applied or '(empty: no release has it yet)'}",
         f"  left out (outside the package): {UPSTREAM_TEST}",
         f"  taken onto 1.1 as patches/{PATCH} (in {queue}: {taken[:12]}); the overlay lock is"
@@ -97,7 +104,7 @@ def test_backport_computes_the_provenance_from_the_releases_code(
     patch = (root / "patches" / PATCH).read_text()
     message = patch.split("\n\n", 1)[1].split("\n---\n", 1)[0] + "\n"
     assert message == (
-        f"{FIX_BODY}\n\nBackport of upstream commit {story.fix}.\n\n{trailers(applied)}"
+        f"{FIX_BODY}\n\nBackport of upstream commit {story.fix}.\n\n{trailers(applied, case)}"
     )
     assert "tests/test_utils.py" not in patch  # only the package's changes are taken
     assert git(queue, "log", "-1", "--format=%an %s") == f"t {FIX_SUBJECT}\n"

@@ -45,7 +45,12 @@ def report_lines(done: Backport) -> list[str]:
     head = f"backport: {done.commit[:12]} {done.subject}"
     lines = [head, f"  classified: {states}"]
     empty = "(empty: no release has it yet)"
-    lines += [f"  {key}: {value or empty}" for key, value in said.items()]
+    older = done.provenance.changed_before
+    notes = {"Introduced-in": f" ({older} has that code changed: the bug may be older)"}
+    lines += [
+        f"  {key}: {value or empty}{notes.get(key, '') if older else ''}"
+        for key, value in said.items()
+    ]
     lines += [f"  left out (outside the package): {path}" for path in done.left_out]
     left = " and ".join(done.left)
     steps = [

@@ -62,6 +62,9 @@ class Provenance:
     introduced_in: str  # "" where the pin's code does not have the bug as the change expects
     applied_upstream: str  # "" where no release (of those known) has the fix
     states: tuple[tuple[str, str], ...]  # (release, its state's words), in version order
+    # The release before `introduced_in` where the code the fix changes is there, changed
+    # (a conflict): the bug may be older than the code the fix expects.
+    changed_before: str = ""
 
     def values(self) -> dict[str, str]:
         """The trailers it fills (the others are the maintainer's)."""
@@ -218,11 +221,13 @@ def provenance(
         if on_pin.state == State.UPSTREAM:
             raise Finding(f"the pin {pin_version} already has this fix: nothing to backport")
         introduced = pin_version if on_pin.state == State.APPLIES else ""
+        changed_before = ""
         older = sorted((v for v in known if Version(v) < pinned), key=Version, reverse=True)
         for version in older if introduced else []:
             verdict = _state(mirror, _tree(mirror, source, known[version]), patch)
             states[version] = verdict.words
             if verdict.state != State.APPLIES:
+                changed_before = version if verdict.state == State.CONFLICT else ""
                 break
             introduced = version
         applied = ""
@@ -237,6 +242,7 @@ def provenance(
         introduced_in=introduced,
         applied_upstream=applied,
         states=tuple((v, states[v]) for v in versions.ordered(states)),
+        changed_before=changed_before,
     )
 
 
@@ -250,7 +256,14 @@ def message_body(commit: str, body: str, prov: Provenance) -> str:
     }
     lines = [body.strip(), ""] if body.strip() else []
     lines += [f"Backport of upstream commit {commit}.", ""]
-    return "\n".join([*lines, *trailer_lines(prov.values(), why)]) + "\n"
+    for line in trailer_lines(prov.values(), why):
+        if line.startswith("Introduced-in: ") and prov.changed_before:
+            lines.append(
+                f"# Introduced-in: the first release whose code is the one the fix changes;"
+                f" {prov.changed_before} has that code changed: the bug may be older (check)"
+            )
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 # -- the backport --------------------------------------------------------------------------------
