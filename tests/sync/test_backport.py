@@ -14,6 +14,11 @@ from vllm_patchset.overlay.upstream import Mirror
 
 PR = "https://github.com/vllm-project/vllm/pull/46735"
 NEEDS_BY = "the upstream pull request that brought the bug in (its URL), or `none (why)`"
+NEEDS_PR = (
+    "the upstream pull request with the fix (https://github.com/vllm-project/vllm/pull/N), or"
+    " `none (why)`"
+)
+NEEDS_IN = "the first release with the bug (e.g. 0.24.0), or `nightly`"
 NEEDS_APPLIED = "the first release with the fix; empty while no release has it"
 NEEDS_TEST = (
     "the test that fails on the pin and passes with the fix (tests/gpu/<file>.py::<test>; write it)"
@@ -229,3 +234,31 @@ def test_the_releases_of_the_mirror_count_where_the_clone_has_no_tags(
         "  Introduced-in: 1.0",
         "  Applied-upstream: 1.2",
     ]
+
+
+def test_a_queue_with_other_problems_takes_the_fix_and_writes_nothing(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another commit of the queue lacks its trailers: the fix is taken in the queue, the
+    export writes nothing, and the report names that commit's problems first."""
+    story = backport_story(tmp_path, cache, "landed")
+    root = story.project.root
+    assert cli(capsys, root, "queue", "import")[0] == 0
+    queue = root / ".queue"
+    moe = queue / "vllm" / "layers" / "moe.py"
+    moe.write_text(moe.read_text() + "# more\n")
+    git(queue, "commit", "-q", "-am", "moe: more")
+    mine = git(queue, "rev-parse", "HEAD").strip()[:12]
+    before = snapshot(root / "patches")
+    code, out, err = cli(capsys, root, "backport", "46735", "--from", str(story.upstream.path))
+    taken = git(queue, "rev-parse", "HEAD").strip()[:12]
+    assert (code, err) == (1, "")
+    assert out.splitlines()[6:10] == [
+        f"  taken onto 1.1 in {queue} as {taken}; not exported:",
+        f"    {mine} moe: more: Upstream-PR: missing ({NEEDS_PR}); Introduced-by: missing"
+        f" ({NEEDS_BY}); Introduced-in: missing ({NEEDS_IN}); Applied-upstream: missing"
+        f" ({NEEDS_APPLIED}); Regression-test: missing ({NEEDS_TEST})",
+        "next:",
+        "  1. fix those commits (vllm-patchset queue export lists each)",
+    ]
+    assert snapshot(root / "patches") == before
