@@ -162,7 +162,7 @@ def test_global_options_before_or_after_the_command(
     ("argv", "names"),
     [
         ((), "a command is needed: status, check, releases, matrix, fetch, overlay, tree, queue,"
-         " rebase, validate, bundle, kit, cache"),
+         " patch, backport, rebase, validate, bundle, kit, cache"),
         (("overlay",), "overlay: a subcommand is needed: build, pack, apply, verify, revert, status, diff"),
         (("queue",), "queue: a subcommand is needed: import, export"),
         (("kit", "--json"), "kit: a subcommand is needed: build, verify, assemble"),
@@ -187,8 +187,8 @@ USAGE_ERRORS = [
      "overlay apply: unrecognized arguments: --bogus (see `vllm-patchset overlay apply --help`)"),
     (("bogus",), "",
      "argument COMMAND: invalid choice: 'bogus' (choose from 'status', 'check', 'releases',"
-     " 'matrix', 'fetch', 'overlay', 'tree', 'queue', 'rebase', 'validate', 'bundle', 'kit',"
-     " 'cache')"
+     " 'matrix', 'fetch', 'overlay', 'tree', 'queue', 'patch', 'backport', 'rebase', 'validate',"
+     " 'bundle', 'kit', 'cache')"
      " (see `vllm-patchset --help`)"),
     (("overlay", "status", "--target", "x", "--python", "y"), "overlay status",
      "overlay status: argument --python: not allowed with argument --target"
@@ -228,6 +228,7 @@ JSON_COMMANDS = [
     ("overlay build", (), 0, ["version", "dir", "patches", "files"]),
     ("tree", ("{tmp}/tree",), 0, ["dest", "kind"]),
     ("queue import", (), 0, ["path", "base", "patches"]),
+    ("patch new", ("x: y",), 0, ["commit", "queue", "imported"]),
     ("validate", ("--build-only", "--work", "{tmp}/work"), 0, ["work", "trees"]),
     ("bundle", ("--no-wheels", "--level", "0", "--out", "{tmp}/b.tar.xz"), 0,
      ["archive", "size", "kit", "run"]),

@@ -20,10 +20,12 @@ DEPLOY_MODULES = [
     "vllm_patchset.cli",
     # the command modules that live with the command line: their handlers import the work
     "vllm_patchset.commands",
+    "vllm_patchset.commands.backport",
     "vllm_patchset.commands.check",
     "vllm_patchset.commands.fetch",
     "vllm_patchset.commands.matrix",
     "vllm_patchset.commands.overlay",
+    "vllm_patchset.commands.patch",
     "vllm_patchset.commands.queue",
     "vllm_patchset.commands.releases",
     "vllm_patchset.commands.status",

@@ -503,7 +503,7 @@ def test_queue_export_refuses_to_overwrite_an_edit_in_patches(run: Run, tiny: Pr
         "commit",
         "-q",
         "-am",
-        "x: an edit in the queue\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/x.py",
+        "x: an edit in the queue\n\nUpstream-PR: none (local)\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/gpu/test_synthetic.py::test_name",
     )
     before = snapshot(tiny.patches_dir)
     assert run("--project", root, "queue", "export") == (
@@ -524,7 +524,7 @@ def test_queue_export_refuses_to_overwrite_an_edit_in_patches(run: Run, tiny: Pr
         "-q",
         "--amend",
         "-m",
-        "x: renamed\n\nUpstream-PR: none\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/x.py",
+        "x: renamed\n\nUpstream-PR: none (local)\nIntroduced-by: none\nIntroduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/gpu/test_synthetic.py::test_name",
     )
     assert run("--project", root, "queue", "export")[0] == 0
     assert (tiny.patches_dir / "0003-x-renamed.patch").is_file()

@@ -22,7 +22,18 @@ from typing import Any, NoReturn
 # the tool's wheel but maybe not every dependency of the other commands) import only what they
 # use: the command modules imported here import the modules that do the work in their handlers,
 # and those of COMMAND_MODULES are imported by build_parser for the lines that may name them.
-from vllm_patchset.commands import check, fetch, matrix, overlay, queue, releases, status, tree
+from vllm_patchset.commands import (
+    backport,
+    check,
+    fetch,
+    matrix,
+    overlay,
+    patch,
+    queue,
+    releases,
+    status,
+    tree,
+)
 from vllm_patchset.console import emit, print_json
 from vllm_patchset.deploy import deploy
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
@@ -31,7 +42,7 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.registry import Handler, add_subcommands, subcommand_names
 
 # The commands in their order on the line (and in --help).
-COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue)
+COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue, patch, backport)
 # Commands registered by modules of their own (each module's register_cli), imported only for
 # a line that may name them.
 COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")

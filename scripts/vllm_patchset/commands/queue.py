@@ -20,10 +20,13 @@ def cmd_queue_import(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_export(args: argparse.Namespace) -> int:
-    from vllm_patchset.sync.queue import export_queue
+    from vllm_patchset.sync.queue import export_queue, problems_body, problems_text
 
     staged_only()
     info = export_queue(project_of(args), keep=not args.drop)
+    if info.problems:
+        text = problems_text(info.path, info.problems, len(info.patches))
+        return emit(args, text, {"problems": problems_body(info.problems)}, 1, verbatim=True)
     body = {"patches": list(info.patches)}
     return emit(args, f"exported {len(info.patches)} patch(es) to patches/", body)
 
