@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vllm_patchset.commands import project_of, reads_only
 from vllm_patchset.console import emit
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -38,6 +38,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_fetch,
         help="put an upstream vLLM tree in the local mirror",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("version", nargs="?", metavar="VERSION", help="a vLLM release from the index")
     p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")

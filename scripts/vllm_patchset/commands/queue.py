@@ -6,7 +6,7 @@ import argparse
 
 from vllm_patchset.commands import project_of, staged_only
 from vllm_patchset.console import emit
-from vllm_patchset.registry import Subcommands, add_command, add_group
+from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 
 def cmd_queue_import(args: argparse.Namespace) -> int:
@@ -36,6 +36,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_queue_import,
         help="the series as commits on the pin, in .queue/",
         writes_checkout=True,
+        needs=GIT,
     )
     p.add_argument("--force", action="store_true", help="replace a queue this tool made")
     p = add_command(
@@ -44,5 +45,6 @@ def register_cli(sub: Subcommands) -> None:
         cmd_queue_export,
         help="the queue's commits back to patches/ and patches/series",
         writes_checkout=True,
+        needs=GIT,
     )
     p.add_argument("--drop", action="store_true", help="remove the worktree afterwards")
