@@ -14,7 +14,12 @@ def cmd_queue_import(args: argparse.Namespace) -> int:
 
     staged_only()
     info = import_queue(project_of(args), force=args.force)
-    text = f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}"
+    text = (
+        f"queue: {len(info.patches)} patch(es) as commits on {info.base} in {info.path}\n"
+        f"next: change the code in {info.path} and `git commit` there (a patch's trailers:"
+        " Upstream-PR, Introduced-by, Introduced-in, Applied-upstream, Regression-test),"
+        " then `vllm-patchset queue export`"
+    )
     body = {"path": str(info.path), "base": info.base, "patches": list(info.patches)}
     return emit(args, text, body)
 
@@ -25,7 +30,12 @@ def cmd_queue_export(args: argparse.Namespace) -> int:
     staged_only()
     info = export_queue(project_of(args), keep=not args.drop)
     body = {"patches": list(info.patches)}
-    return emit(args, f"exported {len(info.patches)} patch(es) to patches/", body)
+    text = (
+        f"exported {len(info.patches)} patch(es) to patches/\n"
+        "next: `vllm-patchset overlay build --update-lock`, then `vllm-patchset check`;"
+        " commit patches/ and the lock"
+    )
+    return emit(args, text, body)
 
 
 def register_cli(sub: Subcommands) -> None:
