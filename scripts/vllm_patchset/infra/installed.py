@@ -8,7 +8,6 @@ about a millisecond to create), and what only the command line needs is imported
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -76,6 +75,8 @@ def installed_version(root: Path, package: str) -> str:
 
 def parse_record(text: str) -> dict[str, str]:
     """A RECORD's rows: path -> hash (`sha256=<urlsafe base64>`, or "" where it has none)."""
+    import csv  # here: the start-up guard imports this module and reads no RECORD
+
     return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row and len(row) >= 2}
 
 
