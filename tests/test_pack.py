@@ -64,7 +64,7 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
     wheel = tmp_path / "a" / f"vllm_patchset-{version}-py3-none-any.whl"
     assert pack(overlay, tmp_path / "a", capsys) == (
         f"wrote {wheel}: vllm-patchset with the overlay for vllm 0.24.0 ({SERIES}; {len(OVERLAID)} file(s))\n"
-        f"in the serving image: pip install {wheel.name} && vllm-patchset overlay apply\n"
+        f"in the serving image: `pip install {wheel.name} && vllm-patchset overlay apply`\n"
     )
     info = f"vllm_patchset-{version}.dist-info"
     package = REPO / "scripts" / "vllm_patchset"
@@ -128,6 +128,23 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
         "vllm": "0.24.0",
         "patches": list(PATCHES),
     }
+
+
+def test_the_line_to_paste_is_never_broken(
+    overlay: Overlay,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In 80 columns the report is fitted, the command to paste kept whole on its line (it
+    was broken after `&&`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    wheel = f"vllm_patchset-{wheel_version(overlay)}-py3-none-any.whl"
+    lines = pack(overlay, tmp_path, capsys).splitlines()
+    assert lines[-2:] == [
+        "in the serving image:",
+        f"  `pip install {wheel} && vllm-patchset overlay apply`",
+    ]
 
 
 def test_pack_refuses_an_overlay_that_is_not_the_lock_s(

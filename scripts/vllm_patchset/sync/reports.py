@@ -164,7 +164,11 @@ def matrix_table(
         rows.append([(label, ""), *cells])
     lines = [table(["version", *(ids[p] for p in patches)], rows, colour=colour)]
     key = max(len(i) for i in ids.values()) if ids else 0
-    lines += [f"{ids[p].ljust(key)}  patches/{p}" for p in patches if ids[p] != p]
+    # Under patches/ (not named on each line: the archive's longest names would need 82 of
+    # the 80 columns a pipe gets).
+    named = [p for p in patches if ids[p] != p]
+    lines += ["ids (patches/):"] if named else []
+    lines += [f"{ids[p].ljust(key)}  {p}" for p in named]
     lines.append(LEGEND)
     notes = [(f"{label} {ids[v.patch]}", v) for label, vs in columns.items() for v in vs]
     lines += note_lines(notes, verbose=verbose)
