@@ -41,7 +41,8 @@ print((time.perf_counter() - t) * 1e3)
 
 
 def child_ms(target: Path, preload: str, pycache: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONPYCACHEPREFIX": str(pycache)}
+    path = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(pycache)}
     for name in (guard.STRICT_ENV, guard.PLUGINS_ENV, "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
     done = subprocess.run(
