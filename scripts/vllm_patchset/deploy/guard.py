@@ -25,7 +25,6 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
 
 from vllm_patchset.errors import PatchsetError
 from vllm_patchset.infra import jsonfile
@@ -44,18 +43,37 @@ class OverlayNotActive(RuntimeError):
     """Raised at vLLM start under VLLM_PATCHSET_STRICT=1 when the overlay is not active."""
 
 
-class Outcome(NamedTuple):  # not a dataclass: this module is imported at every vLLM start
-    active: bool
-    message: str
+class Outcome(tuple[bool, str]):
+    """(active, message). A tuple of its own, not a NamedTuple or a dataclass: this module is
+    imported at every vLLM start, and those build their class through exec at import."""
+
+    __slots__ = ()
+
+    def __new__(cls, active: bool, message: str) -> Outcome:
+        return super().__new__(cls, (active, message))
+
+    @property
+    def active(self) -> bool:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
 
 
-class _Record(NamedTuple):
+class _Record:
     """What `applied.json` says was applied: the lock's version, patches and patched files."""
 
-    version: str
-    patches: list[str]
-    files: dict[str, str]  # path under the package -> patched sha256
-    sizes: dict[str, int]  # path -> patched size (records of before 0.x have none)
+    __slots__ = ("files", "patches", "sizes", "version")
+
+    def __init__(
+        self,
+        version: str,
+        patches: list[str],
+        files: dict[str, str],  # path under the package -> patched sha256
+        sizes: dict[str, int],  # path -> patched size (records of before 0.x have none)
+    ) -> None:
+        self.version, self.patches, self.files, self.sizes = version, patches, files, sizes
 
 
 def check(root: Path, package: str = "vllm") -> Outcome:

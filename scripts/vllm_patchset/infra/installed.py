@@ -13,7 +13,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import NamedTuple
 
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra.fsio import UnsafePath, plain_parts, read_regular
@@ -95,11 +94,21 @@ def path_parts(package: str, rel: str) -> tuple[str, ...] | None:
 
 
 # -- another interpreter's vllm ------------------------------------------------------------------
-class Probe(NamedTuple):
-    origin: str | None  # the package's __init__.py, as find_spec sees it (not imported)
-    version: str | None  # its distribution's version
-    record: str | None  # its distribution's RECORD
-    site_dirs: tuple[str, ...]  # where the interpreter installs packages
+class Probe:
+    """What `probe` found. A plain class: the start-up guard imports this module at every
+    vLLM start, and a NamedTuple (or a dataclass) builds its class through exec at import,
+    which cost a millisecond or more there."""
+
+    __slots__ = ("origin", "record", "site_dirs", "version")
+
+    def __init__(
+        self,
+        origin: str | None,  # the package's __init__.py, as find_spec sees it (not imported)
+        version: str | None,  # its distribution's version
+        record: str | None,  # its distribution's RECORD
+        site_dirs: tuple[str, ...],  # where the interpreter installs packages
+    ) -> None:
+        self.origin, self.version, self.record, self.site_dirs = origin, version, record, site_dirs
 
 
 # Run by the interpreter of `--python` (or this one): finds the package without importing it,
