@@ -82,3 +82,16 @@ def test_a_typo_gets_the_closest_command(capsys: pytest.CaptureFixture[str]) -> 
         "vllm-patchset: overlay: unknown command 'aply': did you mean 'apply'?"
         " (see `vllm-patchset overlay --help`)\n"
     )
+
+
+def test_an_error_line_fits_the_terminal_a_command_kept_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one line on stderr is broken between words at $COLUMNS like any other output (it
+    ran to 150-330 columns); a command in backticks is never broken."""
+    monkeypatch.setenv("COLUMNS", "50")
+    assert main(["stauts"]) == 2
+    assert capsys.readouterr().err == (
+        "vllm-patchset: unknown command 'stauts': did you\n"
+        "  mean 'status'? (see `vllm-patchset --help`)\n"
+    )
