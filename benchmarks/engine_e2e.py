@@ -770,7 +770,17 @@ def gpu_blocks(needs: Sequence[int], gpus: int) -> list[list[int]] | None:
 
 
 def run_phases(host: Host, names: Sequence[str], gpus: int) -> list[dict[str, Any]]:
-    """The phases `names`, side by side when there are GPUs enough, else one after another."""
+    """The phases `names`, side by side when there are GPUs enough, else one after another.
+    Refused in one line, before any engine starts, when a checkpoint they read is not
+    written (`checkpoints` writes them)."""
+    missing = list(dict.fromkeys(r.model for n in names for r in PHASES[n][1]))
+    missing = [m for m in missing if not (host.models / m).is_dir()]
+    if missing:
+        raise SystemExit(
+            f"no checkpoint {host.models / missing[0]}"
+            + (f" (nor {', '.join(missing[1:])})" if missing[1:] else "")
+            + f": run `checkpoints {' '.join(missing)}`"
+        )
     state = host.state()
     for name in names:
         required = PHASES[name][0]

@@ -186,9 +186,8 @@ USAGE_ERRORS = [
     (("overlay", "apply", "--bogus"), "overlay apply",
      "overlay apply: unrecognized arguments: --bogus (see `vllm-patchset overlay apply --help`)"),
     (("bogus",), "",
-     "argument COMMAND: invalid choice: 'bogus' (choose from 'status', 'check', 'releases',"
-     " 'matrix', 'fetch', 'overlay', 'tree', 'queue', 'patch', 'backport', 'rebase', 'validate',"
-     " 'bundle', 'kit', 'cache')"
+     "unknown command 'bogus' (choose from status, check, releases, matrix, fetch, overlay,"
+     " tree, queue, patch, backport, rebase, validate, bundle, kit, cache)"
      " (see `vllm-patchset --help`)"),
     (("overlay", "status", "--target", "x", "--python", "y"), "overlay status",
      "overlay status: argument --python: not allowed with argument --target"
@@ -275,9 +274,10 @@ version  U0001     0001                    0002
 1.0      upstream  applies                 applies
 1.1      upstream  upstream                conflict
 1.2      upstream  conflict (rewritten) *  conflict (rewritten) *
-U0001  patches/upstreamed/{STORY_ARCHIVED.name}
-0001   patches/{STORY_FIX.name}
-0002   patches/{STORY_LOCAL.name}
+ids (patches/):
+U0001  upstreamed/{STORY_ARCHIVED.name}
+0001   {STORY_FIX.name}
+0002   {STORY_LOCAL.name}
 states: applies (needed, applies cleanly), upstream (the version has the fix),
   absent (the code it fixes is not there), conflict (needed, does not apply);
   (verdict) when finer, * a warning below

@@ -681,3 +681,36 @@ def test_numerics_repeats_the_three_engines(
         ("pristine-emulation-L2-n3", "emulation", True, ()),
         ("pristine-marlin-L2-n3", "marlin", True, ()),
     ]
+
+
+def test_phases_refuse_a_checkpoint_not_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`phases baselines` without the BF16 checkpoint failed deep in transformers
+    (`HFValidationError: Repo id must be ...`); refused in one line now, as `rounds` does,
+    before any engine starts or the install is asked its state."""
+    calls: list[str] = []
+
+    def state(self: object) -> str:
+        calls.append("state")
+        return "pristine"
+
+    def engine(*args: object) -> dict[str, object]:
+        calls.append("engine")
+        return {}
+
+    monkeypatch.setattr(e2e.Host, "state", state)
+    monkeypatch.setattr(e2e, "run_engine", engine)
+    for name in ("nvfp4-L2", "nvfp4-L12"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+    with pytest.raises(SystemExit) as refused:
+        e2e.main(["phases", "baselines", "--work", str(tmp_path), "--gpus", "1"])
+    assert str(refused.value) == (
+        f"no checkpoint {tmp_path / 'models' / 'bf16-L12'}: run `checkpoints bf16-L12`"
+    )
+    with pytest.raises(SystemExit) as refused:
+        e2e.main(["phases", "fix2", "parallel", "--work", str(tmp_path), "--gpus", "1"])
+    assert str(refused.value) == (
+        f"no checkpoint {tmp_path / 'models' / 'fp8-L2'}: run `checkpoints fp8-L2`"
+    )
+    assert calls == []

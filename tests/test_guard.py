@@ -22,6 +22,7 @@ from vllm_install import (
     PATCHES,
     Overlay,
     Pristine,
+    cli_command,
     replace_file,
     run_cli,
 )
@@ -204,3 +205,44 @@ def test_pristine_vllm_found_through_sys_modules_like_inside_vllm(
         [f"WARNING vllm.vllm_patchset: {missing(target)}", "vLLM goes on"],
         "",
     )
+
+
+SKIPPED = (
+    "the start-up guard will not run here: VLLM_PLUGINS={value!r} is set and does not name"
+    " vllm_patchset_guard (vLLM loads only the plugins it names), so no line says whether the"
+    " overlay is active and VLLM_PATCHSET_STRICT=1 cannot stop vLLM: add vllm_patchset_guard"
+    " to VLLM_PLUGINS (comma-separated, no spaces) or unset it"
+)
+# VLLM_PLUGINS as vLLM 0.24.0 reads it (envs.py: unset -> None, else split at commas, nothing
+# stripped; vllm/plugins/__init__.py: a plugin loads when None or its name is in the list).
+PLUGINS = [
+    ({}, None),
+    ({"VLLM_PLUGINS": "vllm_patchset_guard"}, None),
+    ({"VLLM_PLUGINS": "lora_resolver,vllm_patchset_guard"}, None),
+    ({"VLLM_PLUGINS": ""}, SKIPPED.format(value="")),
+    ({"VLLM_PLUGINS": "lora_resolver"}, SKIPPED.format(value="lora_resolver")),
+    (
+        {"VLLM_PLUGINS": "lora_resolver, vllm_patchset_guard"},
+        SKIPPED.format(value="lora_resolver, vllm_patchset_guard"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("environ", "note"), PLUGINS)
+def test_vllm_plugins_that_skip_the_guard(environ: dict[str, str], note: str | None) -> None:
+    assert guard.skipped_by(environ) == note
+
+
+def test_overlay_status_warns_when_vllm_plugins_skips_the_guard(
+    overlay: Overlay, target: Path
+) -> None:
+    applied(overlay, target)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    quiet = subprocess.run(
+        cli_command(overlay, "status", "--target", str(target)),
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert (quiet.returncode, "VLLM_PLUGINS" in quiet.stdout) == (0, False)
+    done = run_cli(overlay, "status", "--target", str(target), env={"VLLM_PLUGINS": "other"})
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == f"  note: {SKIPPED.format(value='other')}"

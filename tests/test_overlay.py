@@ -92,9 +92,15 @@ def test_status_and_check_report_a_stale_lock(
     assert main(["--project", str(tiny.root), "status", "--json"]) == 1
     status = json.loads(capsys.readouterr().out)
     assert status["lock"] == f"stale ({MOE}: pristine sha256 differs)"
+    assert main(["--project", str(tiny.root), "status"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"lock: stale ({MOE}: pristine sha256 differs): `vllm-patchset overlay build"
+        " --update-lock` rewrites it (then commit it)"
+    )
     assert main(["--project", str(tiny.root), "check"]) == 1
     assert capsys.readouterr().err == (
-        f"lock overlay.lock.json: stale ({MOE}: pristine sha256 differs)\n"
+        f"lock overlay.lock.json: stale ({MOE}: pristine sha256 differs): `vllm-patchset"
+        " overlay build --update-lock` rewrites it (then commit it)\n"
     )
 
 

@@ -34,19 +34,10 @@ from vllm_install import (
 from vllm_patchset.cli import main
 
 TOOL_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-# The wheel's declared dependencies and theirs, at the versions this environment runs: the
-# fresh environment gets them from wheels downloaded once into the test cache.
-DEPENDENCIES = (
-    "gitpython",
-    "gitdb",
-    "smmap",
-    "packaging",
-    "rich",
-    "markdown-it-py",
-    "mdurl",
-    "pygments",
-    "tomlkit",
-)
+# The wheel's core dependency (what the deploy commands and the guard need), at the version
+# this environment runs: the fresh environment gets it from a wheel downloaded once into the
+# test cache. No extra: no rich, no GitPython, no tomlkit there.
+DEPENDENCIES = ("packaging",)
 SERIES = ", ".join(PATCHES)
 
 
@@ -73,7 +64,7 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
     wheel = tmp_path / "a" / f"vllm_patchset-{version}-py3-none-any.whl"
     assert pack(overlay, tmp_path / "a", capsys) == (
         f"wrote {wheel}: vllm-patchset with the overlay for vllm 0.24.0 ({SERIES}; {len(OVERLAID)} file(s))\n"
-        f"in the serving image: pip install {wheel.name} && vllm-patchset overlay apply\n"
+        f"in the serving image: `pip install {wheel.name} && vllm-patchset overlay apply`\n"
     )
     info = f"vllm_patchset-{version}.dist-info"
     package = REPO / "scripts" / "vllm_patchset"
@@ -104,11 +95,12 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
             "License: Apache-2.0",
             "Requires-Python: >=3.11",
         ]
-        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")][:4] == [
-            "Requires-Dist: gitpython>=3.1.40",
+        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")][:5] == [
             "Requires-Dist: packaging>=23",
-            "Requires-Dist: rich>=13",
-            "Requires-Dist: tomlkit>=0.12",
+            'Requires-Dist: gitpython>=3.1.40; extra == "maintain"',
+            'Requires-Dist: tomlkit>=0.12; extra == "maintain"',
+            'Requires-Dist: ruamel.yaml>=0.18; extra == "maintain"',
+            'Requires-Dist: rich>=13; extra == "maintain"',
         ]
         assert archive.read(f"{info}/entry_points.txt").decode() == (
             "[console_scripts]\nvllm-patchset = vllm_patchset.cli:run\n\n"
@@ -136,6 +128,23 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
         "vllm": "0.24.0",
         "patches": list(PATCHES),
     }
+
+
+def test_the_line_to_paste_is_never_broken(
+    overlay: Overlay,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In 80 columns the report is fitted, the command to paste kept whole on its line (it
+    was broken after `&&`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    wheel = f"vllm_patchset-{wheel_version(overlay)}-py3-none-any.whl"
+    lines = pack(overlay, tmp_path, capsys).splitlines()
+    assert lines[-2:] == [
+        "in the serving image:",
+        f"  `pip install {wheel} && vllm-patchset overlay apply`",
+    ]
 
 
 def test_pack_refuses_an_overlay_that_is_not_the_lock_s(
@@ -214,6 +223,12 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         *map(str, dependency_wheels(cache_dir)),
     )
     site = next(env_root.glob("lib/python*/site-packages")).resolve()
+    none_of_the_extras = subprocess.run(
+        [str(python), "-c", "import importlib.util as u;"
+         " print([m for m in ('git', 'rich', 'tomlkit', 'ruamel') if u.find_spec(m)])"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert none_of_the_extras == "[]\n"
     # vllm 0.24.0 as pip installs it: the PyPI wheel's files, hard links to the cached install.
     for name in ("vllm", "vllm-0.24.0.dist-info"):
         shutil.copytree(pristine.root / name, site / name, copy_function=os.link)
@@ -275,8 +290,21 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} ({len(OVERLAID)} files)\n"
     )
 
-    # A command that needs the checkout says so, naming --project.
+    # A checkout's command says in one line which extra it needs, before anything else.
     assert tool("overlay", "build") == (
+        2,
+        "",
+        "vllm-patchset: overlay build needs the 'maintain' extra (missing: gitpython):"
+        " `pip install 'vllm-patchset[maintain]'`\n",
+    )
+    assert tool("rebase", "--onto", "0.25.0") == (
+        2,
+        "",
+        "vllm-patchset: rebase needs the 'maintain' extra (missing: gitpython, tomlkit,"
+        " ruamel.yaml): `pip install 'vllm-patchset[maintain]'`\n",
+    )
+    # One that needs only the checkout (no extra) says so, naming --project.
+    assert tool("overlay", "pack") == (
         2,
         "",
         f"vllm-patchset: not in a vllm-patchset checkout (no pyproject.toml with"

@@ -98,6 +98,21 @@ def test_states_on_the_releases(project: Project, capsys: pytest.CaptureFixture[
     assert {h["offset"] for h in details["0.24.0"][NVFP4]["hunks"]} == {0}
 
 
+def test_the_matrix_of_the_issue_fits_80_columns(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`COLUMNS=80 vllm-patchset matrix 0.21.0 0.24.0 0.25.0 0.33.0`: the archived fix's
+    legend line took 82 columns (`U0001  patches/upstreamed/<its 72 characters>`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert (
+        main(["--project", str(project.root), "matrix", "0.21.0", "0.24.0", "0.25.0", "0.33.0"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if len(line) > 80] == []
+    assert f"U0001  {ARCHIVED_FIX1}" in out.splitlines()
+
+
 def test_states_on_a_nightly_like_base(
     project: Project, nightly_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

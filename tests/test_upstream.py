@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_install import OVERLAID, Pristine, replace_file
+from vllm_install import OVERLAID, Overlay, Pristine, replace_file, run_cli
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.upstream import Mirror
@@ -69,4 +69,38 @@ def test_target_without_vllm(
     assert main(["--project", str(tiny.root), "fetch", "--target", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
         f"vllm-patchset: {tmp_path} holds no vllm package (vllm/__init__.py is missing)\n"
+    )
+
+
+def test_an_install_with_the_overlay_applied_gives_its_pristine_tree(
+    target: Path,
+    overlay: Overlay,
+    project: Project,
+    mirror: Mirror,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fetch --target` (and `--python`) on an install with this tool's overlay applied: the
+    overlaid files are taken from the originals `overlay apply` kept (each checked against
+    the RECORD), so the mirror gets the pristine vllm; it said "was modified" before."""
+    assert run_cli(overlay, "apply", "--target", str(target)).returncode == 0
+    assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 0
+    out = capsys.readouterr().out
+    installed = mirror.get("installed/0.24.0")
+    assert installed is not None
+    assert out == (
+        f"0.24.0: installed/0.24.0 {installed.commit[:12]} (installed:{target})\n"
+        "note: the overlay applied there was set aside: its files were taken from the originals"
+        " `overlay apply` kept, so the mirror holds the pristine 0.24.0\n"
+    )
+    release = mirror.release("0.24.0")  # the overlaid files are the sdist's (the target is slim)
+    for rel in OVERLAID:
+        assert tree_id(mirror, installed.commit, rel) == tree_id(mirror, release.commit, rel)
+    # An original that is not there any more: the one line says how to proceed.
+    original = target / ".vllm-patchset" / "originals" / OVERLAID[0]
+    original.unlink()
+    assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 2
+    assert capsys.readouterr().err == (
+        f"vllm-patchset: {target / OVERLAID[0]} does not match its RECORD hash: the installed vllm"
+        " 0.24.0 was modified (an overlay is applied there and keeps no original of this file:"
+        f" `vllm-patchset overlay revert --target {target}` first)\n"
     )

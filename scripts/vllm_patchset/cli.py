@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import difflib
 import importlib
 import io
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -34,12 +36,12 @@ from vllm_patchset.commands import (
     status,
     tree,
 )
-from vllm_patchset.console import emit, print_json
+from vllm_patchset.console import emit, fit, print_json
 from vllm_patchset.deploy import deploy
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.registry import Handler, add_subcommands, subcommand_names
+from vllm_patchset.registry import Handler, add_subcommands, missing_extra, subcommand_names
 
 # The commands in their order on the line (and in --help).
 COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue, patch, backport)
@@ -98,7 +100,32 @@ class Parser(argparse.ArgumentParser):
     --json) instead of a usage block and sys.exit."""
 
     def error(self, message: str) -> NoReturn:
-        raise usage_error(self.prog.removeprefix("vllm-patchset").strip(), message)
+        raise usage_error(self.prog.removeprefix("vllm-patchset").strip(), did_you_mean(message))
+
+
+# argparse's refusal of a word not among an argument's choices (3.11: the choices quoted).
+_INVALID_CHOICE = re.compile(
+    r"^argument (?P<arg>.+?): invalid choice: '?(?P<word>.*?)'? \(choose from (?P<choices>.*)\)$"
+)
+
+
+def did_you_mean(message: str) -> str:
+    """argparse's refusal of a mistyped choice, with the closest choice named (difflib) in
+    place of the whole list: `unknown command 'stauts': did you mean 'status'?`. Other
+    messages are returned as they are."""
+    match = _INVALID_CHOICE.match(message)
+    if not match:
+        return message
+    word = match["word"]
+    choices = [c.strip().strip("'") for c in match["choices"].split(",")]
+    what = "command" if match["arg"] == "COMMAND" else None
+    head = (
+        f"unknown {what} '{word}'" if what else f"argument {match['arg']}: invalid choice '{word}'"
+    )
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f"{head}: did you mean '{close[0]}'?"
+    return f"{head} (choose from {', '.join(choices)})"
 
 
 def usage_error(command: str, message: str) -> UsageError:
@@ -233,9 +260,16 @@ def _unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
 codecs.register_error("vllm-patchset", _unencodable)
 
 
+class MissingExtra(BadInput):
+    """A command whose modules (an extra of the package) are not installed: refused before
+    it runs, so before it writes anything."""
+
+
 def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int:
-    """The one line on stderr, and with --json the error as a document on stdout too."""
-    print(f"vllm-patchset: {message}", file=sys.stderr)
+    """The one line on stderr (broken between words at the terminal's width like any other
+    output, a command in backticks kept whole), and with --json the error as a document on
+    stdout too."""
+    print(fit(f"vllm-patchset: {message}"), file=sys.stderr)
     if as_json:
         print_json(command, exit_code, {"error": message})
     return exit_code
@@ -271,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.group.print_help(sys.stderr)
                 raise _needs_subcommand(args.group, command)
             else:
+                missing = missing_extra(command, args.needs)
+                if missing:
+                    raise MissingExtra(missing)
                 handler: Handler = args.func
                 with _one_writer(args):
                     code = handler(args)

@@ -4,36 +4,34 @@ one JSON shape of every `--json` document.
 
 Progress goes to stderr and only on a terminal: piped or captured, a command's output is
 exactly its text (or its one JSON document). The start-up guard never imports this module.
+
+rich is optional (the `maintain` extra has it; a serving image's wheel, installed with
+packaging alone, has not): without it the text is the same, plain (no colours, no progress
+bars), its width $COLUMNS, else the terminal's, else 80, and tables are columns two apart.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import importlib.util
 import json
+import os
 import re
+import shutil
+import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
-from rich.style import Style
-from rich.table import Table
-from rich.text import Span, Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+
+def has_rich() -> bool:
+    """Whether rich can be imported here (found, not imported)."""
+    return importlib.util.find_spec("rich") is not None
 
 
 # -- the JSON documents ----------------------------------------------------------------------
@@ -73,13 +71,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes `paint` adds
 
 def width() -> int:
     """The columns of stdout: $COLUMNS, else the terminal's, else 80 (piped or captured)."""
-    return _console(stderr=False).width
+    if has_rich():
+        return _console(stderr=False).width
+    columns = os.environ.get("COLUMNS", "")
+    if columns.strip().isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((80, 24)).columns
+    return 80
 
 
 def fit(text: str, columns: int | None = None) -> str:
     """Each line of `text` in at most `columns` (default: `width()`), broken between words
-    only (a path or a word longer than a line stays whole), the rest of a line indented two
-    more than its start. Quoted code (a line whose text starts with `| `) is left as it is."""
+    only (a path or a word longer than a line stays whole, and so does a command quoted in
+    backticks), the rest of a line indented two more than its start. Quoted code (a line
+    whose text starts with `| `) is left as it is."""
     columns = columns or width()
     out: list[str] = []
     for line in text.split("\n"):
@@ -88,15 +94,22 @@ def fit(text: str, columns: int | None = None) -> str:
             out.append(line)
             continue
         indent = " " * (len(line) - len(body))
-        out += textwrap.wrap(
-            body,
+        # A command in backticks (`vllm-patchset overlay build --update-lock`) is one word.
+        kept = _QUOTED.sub(lambda m: m.group(0).replace(" ", _KEEP), body)
+        wrapped = textwrap.wrap(
+            kept,
             columns,
             initial_indent=indent,
             subsequent_indent=indent + "  ",
             break_long_words=False,
             break_on_hyphens=False,
-        ) or [line]
+        )
+        out += [part.replace(_KEEP, " ") for part in wrapped] or [line]
     return "\n".join(out)
+
+
+_QUOTED = re.compile(r"`[^`\n]+`")
+_KEEP = "\x00"  # a space inside a quoted command while the line is broken
 
 
 def table(
@@ -116,6 +129,14 @@ def table(
     longest = [
         max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(columns)
     ]
+    if not has_rich():
+        return _plain_table(cells, columns, right)
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Span, Text
+
     grid = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, show_header=heading is not None)
     grid.header_style = ""
     for i in range(columns):
@@ -142,13 +163,31 @@ def table(
     return "\n".join(line.rstrip() for line in text.rstrip("\n").split("\n"))
 
 
+def _plain_table(cells: Sequence[Sequence[str]], columns: int, right: Sequence[int]) -> str:
+    """The table without rich: each column as wide as its widest cell, two apart, no
+    colours, nothing wrapped."""
+    widths = [max((len(r[i]) for r in cells), default=0) for i in range(columns)]
+    lines = []
+    for r in cells:
+        parts = [
+            r[i].rjust(widths[i]) if i in right else r[i].ljust(widths[i]) for i in range(columns)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
 # -- colours ---------------------------------------------------------------------------------
 def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def colours(stream: str = "stdout") -> bool:
-    """Whether `stream` takes colours: a terminal, NO_COLOR unset (or FORCE_COLOR set)."""
+    """Whether `stream` takes colours: a terminal, NO_COLOR unset (or FORCE_COLOR set);
+    never without rich."""
+    if not has_rich():
+        return False
     console = _console(stream == "stderr")
     return console.color_system is not None and not console.no_color
 
@@ -156,9 +195,10 @@ def colours(stream: str = "stdout") -> bool:
 def paint(text: str, style: str, *, on: bool) -> str:
     """`text` in `style` (a rich style: "red", "bold green") as ANSI codes when `on`. The
     text itself is never changed (no wrapping, no tab expansion): only codes are added."""
-    if not on or not style or not text:
+    if not on or not style or not text or not has_rich():
         return text
     from rich.color import ColorSystem
+    from rich.style import Style
 
     return Style.parse(style).render(text, color_system=ColorSystem.STANDARD)
 
@@ -177,19 +217,31 @@ def diff_line_style(line: str) -> str:
 
 
 # -- progress --------------------------------------------------------------------------------
-class _Amount(ProgressColumn):
-    """Bytes for a download, `n/total` for steps, nothing while the total is unknown."""
+def _amount_column() -> Any:
+    """A rich column: bytes for a download, `n/total` for steps, nothing while the total is
+    unknown (a class made here, so that this module imports without rich)."""
+    from rich.progress import (
+        DownloadColumn,
+        MofNCompleteColumn,
+        ProgressColumn,
+        Task,
+        TransferSpeedColumn,
+    )
+    from rich.text import Text
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._bytes = DownloadColumn()
-        self._speed = TransferSpeedColumn()
-        self._steps = MofNCompleteColumn()
+    class _Amount(ProgressColumn):
+        def __init__(self) -> None:
+            super().__init__()
+            self._bytes = DownloadColumn()
+            self._speed = TransferSpeedColumn()
+            self._steps = MofNCompleteColumn()
 
-    def render(self, task: Task) -> Text:
-        if task.fields.get("unit") == "bytes":
-            return Text.assemble(self._bytes.render(task), " ", self._speed.render(task))
-        return self._steps.render(task) if task.total is not None else Text("")
+        def render(self, task: Task) -> Text:
+            if task.fields.get("unit") == "bytes":
+                return Text.assemble(self._bytes.render(task), " ", self._speed.render(task))
+            return self._steps.render(task) if task.total is not None else Text("")
+
+    return _Amount()
 
 
 class Step:
@@ -214,21 +266,22 @@ _live: Progress | None = None  # one display at a time: nested steps add lines t
 @contextmanager
 def progress(description: str, total: float | None = None, *, unit: str = "") -> Iterator[Step]:
     """A progress line on stderr while the block runs (`unit="bytes"` for a download), gone
-    when it ends; nothing at all when stderr is not a terminal."""
+    when it ends; nothing at all when stderr is not a terminal, or without rich."""
     global _live
-    console = _console(stderr=True)
-    if _live is None and not (console.is_terminal and not console.is_dumb_terminal):
+    if _live is None and not (has_rich() and _on_terminal()):
         yield Step(None, None)
         return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     outer = _live is None
     if _live is None:
         _live = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),
-            _Amount(),
+            _amount_column(),
             TimeElapsedColumn(),
-            console=console,
+            console=_console(stderr=True),
             transient=True,
         )
         _live.start()
@@ -243,12 +296,18 @@ def progress(description: str, total: float | None = None, *, unit: str = "") ->
             _live = None
 
 
+def _on_terminal() -> bool:
+    console = _console(stderr=True)
+    return console.is_terminal and not console.is_dumb_terminal
+
+
 __all__ = [
     "colours",
     "diff_line_style",
     "document",
     "emit",
     "fit",
+    "has_rich",
     "paint",
     "print_json",
     "progress",

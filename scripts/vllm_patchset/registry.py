@@ -10,11 +10,24 @@ from the modules' `register_cli(sub)`, each of which calls `add_command` or `add
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import importlib.util
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+# The modules a command may need beyond the core (the standard library and packaging), by the
+# name it imports, with the distribution that provides it and the extra that installs it.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "git": ("gitpython", "maintain"),
+    "tomlkit": ("tomlkit", "maintain"),
+    "ruamel.yaml": ("ruamel.yaml", "maintain"),
+    "rich": ("rich", "maintain"),
+}
+# What the checkout's commands that run git need (GitPython runs the git command line).
+GIT = ("git",)
 
 
 def _description(help: str) -> str:
@@ -22,14 +35,48 @@ def _description(help: str) -> str:
 
 
 def add_command(
-    sub: Subcommands, name: str, handler: Handler, *, help: str, writes_checkout: bool
+    sub: Subcommands,
+    name: str,
+    handler: Handler,
+    *,
+    help: str,
+    writes_checkout: bool,
+    needs: Sequence[str] = (),
 ) -> argparse.ArgumentParser:
     """The parser of the command `name`; `writes_checkout`: the command rewrites the checkout
     (patches/, the overlay, the pin) or reads the overlay whole, so it takes the checkout's
-    lock."""
+    lock; `needs`: the modules (keys of EXTRAS) it imports beyond the core, which cli.main
+    finds before the command runs (`missing_extra`)."""
+    unknown = [module for module in needs if module not in EXTRAS]
+    assert not unknown, f"{name}: no extra provides {unknown}"
     parser = sub.add_parser(name, help=help, description=_description(help))
-    parser.set_defaults(func=handler, writes_checkout=writes_checkout)
+    parser.set_defaults(func=handler, writes_checkout=writes_checkout, needs=tuple(needs))
     return parser
+
+
+def _importable(module: str) -> bool:
+    """Whether `module` is installed (found, not imported; a dotted name's parent missing
+    is a module missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def missing_extra(command: str, needs: Sequence[str]) -> str | None:
+    """The one line for a command whose modules are not all installed (None: all are):
+    which extra to install, and how."""
+    missing = [module for module in needs if not _importable(module)]
+    if not missing:
+        return None
+    extras = sorted({EXTRAS[module][1] for module in missing})
+    names = ", ".join(EXTRAS[module][0] for module in missing)
+    which = " and ".join(f"'{extra}'" for extra in extras)
+    noun = "extra" if len(extras) == 1 else "extras"
+    return (
+        f"{command} needs the {which} {noun} (missing: {names}):"
+        f" `pip install 'vllm-patchset[{','.join(extras)}]'`"
+    )
 
 
 def add_subcommands(parser: argparse.ArgumentParser, dest: str) -> Subcommands:
@@ -43,7 +90,7 @@ def add_subcommands(parser: argparse.ArgumentParser, dest: str) -> Subcommands:
         help=f"`{words} --help` shows a command's options",
     )
     sub.required = False
-    parser.set_defaults(func=None, group=parser, subcommands=sub, writes_checkout=False)
+    parser.set_defaults(func=None, group=parser, subcommands=sub, writes_checkout=False, needs=())
     return sub
 
 

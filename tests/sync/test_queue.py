@@ -32,7 +32,13 @@ def test_import_export_round_trip_is_byte_identical(
     assert snapshot(tiny.patches_dir) == before
     assert not queue.exists()
     assert capsys.readouterr().out == (
-        f"queue: 2 patch(es) as commits on 1.0 in {queue}\nexported 2 patch(es) to patches/\n"
+        f"queue: 2 patch(es) as commits on 1.0 in {queue}\n"
+        f"next: change the code in {queue} and `git commit` there (a patch's trailers:"
+        " Upstream-PR, Introduced-by, Introduced-in, Applied-upstream, Regression-test),"
+        " then `vllm-patchset queue export`\n"
+        "exported 2 patch(es) to patches/\n"
+        "next: `vllm-patchset overlay build --update-lock`, then `vllm-patchset check`;"
+        " commit patches/ and the lock\n"
     )
 
 

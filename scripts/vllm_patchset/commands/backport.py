@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from vllm_patchset.commands import project_of, staged_only
 from vllm_patchset.console import emit, fit
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 if TYPE_CHECKING:
     from vllm_patchset.sync.backport import Backport
@@ -91,6 +91,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_backport,
         help="take an upstream fix (a commit, or a PR number) onto the pin as a patch",
         writes_checkout=True,
+        needs=GIT,
     )
     p.add_argument("ref", metavar="REF", help="an upstream commit, or a pull request number")
     p.add_argument(

@@ -7,7 +7,7 @@ import sys
 
 from vllm_patchset.commands import project_of, reads_only
 from vllm_patchset.console import emit
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -30,4 +30,5 @@ def register_cli(sub: Subcommands) -> None:
         cmd_check,
         help="CI lint: series and files, trailers, clean apply on the pin, lock fresh",
         writes_checkout=False,
+        needs=GIT,
     )

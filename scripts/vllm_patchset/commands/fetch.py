@@ -7,11 +7,11 @@ from pathlib import Path
 
 from vllm_patchset.commands import project_of, reads_only
 from vllm_patchset.console import emit
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from vllm_patchset.overlay.upstream import mirror_for, resolve_base
+    from vllm_patchset.overlay.upstream import applied_overlay, mirror_for, resolve_base
 
     reads_only()
     project = project_of(args)
@@ -21,6 +21,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     else:
         upstream = resolve_base(project, mirror, args.version, args.git, args.ref)
     text = f"{upstream.label}: {upstream.tag} {upstream.commit[:12]} ({upstream.source})"
+    site = Path(upstream.source.removeprefix("installed:"))
+    if upstream.source.startswith("installed:") and applied_overlay(site):
+        text += (
+            f"\nnote: the overlay applied there was set aside: its files were taken from the"
+            f" originals `overlay apply` kept, so the mirror holds the pristine"
+            f" {upstream.label}"
+        )
     body = {
         "label": upstream.label,
         "version": upstream.version,
@@ -38,6 +45,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_fetch,
         help="put an upstream vLLM tree in the local mirror",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("version", nargs="?", metavar="VERSION", help="a vLLM release from the index")
     p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from vllm_patchset.commands import project_of, reads_only
 from vllm_patchset.console import colours, emit, progress
 from vllm_patchset.errors import BadInput
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 if TYPE_CHECKING:
     from vllm_patchset.series.states import Verdict
@@ -59,6 +59,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_matrix,
         help="each patch's state on each vLLM version",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("versions", nargs="*", metavar="VERSION", help="vLLM releases (e.g. 0.25.0)")
     p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/, for --ref")

@@ -9,7 +9,7 @@ from pathlib import Path
 from vllm_patchset.commands import add_base_options, base_of, project_of, staged_only
 from vllm_patchset.console import emit, progress
 from vllm_patchset.deploy import deploy, pack
-from vllm_patchset.registry import Subcommands, add_command, add_group
+from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 
 def cmd_overlay_build(args: argparse.Namespace) -> int:
@@ -51,6 +51,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_overlay_build,
         help="regenerate overlay/vllm/** and check it against the lock",
         writes_checkout=True,
+        needs=GIT,
     )
     p.add_argument("--update-lock", action="store_true", help="rewrite the lock")
     p.add_argument(

@@ -7,7 +7,7 @@ import argparse
 
 from vllm_patchset.commands import project_of, staged_only
 from vllm_patchset.console import emit
-from vllm_patchset.registry import Subcommands, add_command, add_group
+from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 
 def cmd_patch_new(args: argparse.Namespace) -> int:
@@ -45,5 +45,6 @@ def register_cli(sub: Subcommands) -> None:
         cmd_patch_new,
         help="a template commit in .queue/ whose trailers say what each needs",
         writes_checkout=True,
+        needs=GIT,
     )
     p.add_argument("name", metavar="NAME", help="its subject, e.g. 'moe: no tensor truthiness'")

@@ -7,7 +7,7 @@ import argparse
 from vllm_patchset.commands import project_of, reads_only
 from vllm_patchset.console import emit
 from vllm_patchset.infra.config import Project
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -52,4 +52,5 @@ def register_cli(sub: Subcommands) -> None:
         cmd_status,
         help="the pin, each patch's state on it, the lock's freshness",
         writes_checkout=False,
+        needs=GIT,
     )

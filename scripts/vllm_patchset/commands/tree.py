@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vllm_patchset.commands import add_base_options, base_of, project_of, staged_only
 from vllm_patchset.console import emit, progress
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import GIT, Subcommands, add_command
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
@@ -28,6 +28,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_tree,
         help="write a full pristine or patched vllm/ tree",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("dest", type=Path, metavar="DEST", help="a new or empty directory")
     p.add_argument("--pristine", action="store_true", help="upstream's tree, no patch applied")

@@ -17,11 +17,13 @@ the report printed. The work is done by the modules beside this one:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset.console import colours, emit, fit
+from vllm_patchset.deploy import guard
 from vllm_patchset.deploy.operations import (
     DIFF_SHOWS,
     apply,
@@ -133,6 +135,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         )
         why = f"no overlay given (no checkout here, none packed in this vllm-patchset): {recorded}"
         report = dataclasses.replace(report, notes=(*report.notes, why))
+    skipped = guard.skipped_by(os.environ) if command == "status" else None
+    if skipped:
+        report = dataclasses.replace(report, notes=(*report.notes, skipped))
     return _emit(args, report, diffs)
 
 

@@ -23,8 +23,8 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
 
 from vllm_patchset.errors import PatchsetError
 from vllm_patchset.infra import jsonfile
@@ -32,6 +32,9 @@ from vllm_patchset.infra.fsio import read_chunks, read_regular
 from vllm_patchset.infra.installed import JOURNAL, RECORD, STATE_DIR, installed_version, path_parts
 
 STRICT_ENV = "VLLM_PATCHSET_STRICT"
+PLUGINS_ENV = "VLLM_PLUGINS"
+PLUGIN = "vllm_patchset_guard"  # the entry point's name (pyproject.toml)
+_NAME = "vllm-patchset"  # each line's prefix
 # Under "vllm": vLLM's own handler and format print it, at vLLM's log level.
 logger = logging.getLogger("vllm.vllm_patchset")
 
@@ -40,76 +43,131 @@ class OverlayNotActive(RuntimeError):
     """Raised at vLLM start under VLLM_PATCHSET_STRICT=1 when the overlay is not active."""
 
 
-class Outcome(NamedTuple):  # not a dataclass: this module is imported at every vLLM start
-    active: bool
-    message: str
+class Outcome(tuple[bool, str]):
+    """(active, message). A tuple of its own, not a NamedTuple or a dataclass: this module is
+    imported at every vLLM start, and those build their class through exec at import."""
+
+    __slots__ = ()
+
+    def __new__(cls, active: bool, message: str) -> Outcome:
+        return super().__new__(cls, (active, message))
+
+    @property
+    def active(self) -> bool:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
+
+
+class _Record:
+    """What `applied.json` says was applied: the lock's version, patches and patched files."""
+
+    __slots__ = ("files", "patches", "sizes", "version")
+
+    def __init__(
+        self,
+        version: str,
+        patches: list[str],
+        files: dict[str, str],  # path under the package -> patched sha256
+        sizes: dict[str, int],  # path -> patched size (records of before 0.x have none)
+    ) -> None:
+        self.version, self.patches, self.files, self.sizes = version, patches, files, sizes
 
 
 def check(root: Path, package: str = "vllm") -> Outcome:
-    """Is the overlay recorded in `root` (the dir holding the package) active there?
-
-    Reads the record as plain JSON (`deploy.record.read_record` would import the dataclasses)."""
-    where = root / package
-    state = root / STATE_DIR
+    """Is the overlay recorded in `root` (the dir holding the package) active there?"""
     try:
         version = installed_version(root, package)
     except PatchsetError as exc:
-        return Outcome(False, f"vllm-patchset: cannot check the overlay of {where}: {exc}")
+        return Outcome(False, f"{_NAME}: cannot check the overlay of {root / package}: {exc}")
+    record = _read_record(root, package, version)
+    if isinstance(record, Outcome):
+        return record
+    return _version_mismatch(root, package, version, record) or _files_outcome(
+        root, package, version, record
+    )
+
+
+def _read_record(root: Path, package: str, version: str) -> _Record | Outcome:
+    """The record beside the install, or the outcome that says why there is none to check
+    against (a half-done apply, no overlay applied, an unreadable record). Read as plain JSON
+    (`deploy.record.read_record` would import the dataclasses)."""
+    where, state = root / package, root / STATE_DIR
     if (state / JOURNAL).exists():
         return Outcome(
             False,
-            f"vllm-patchset: an interrupted `overlay apply` left {where} half-done: run"
+            f"{_NAME}: an interrupted `overlay apply` left {where} half-done: run"
             f" `vllm-patchset overlay status --target {root}`",
         )
     try:
-        record = read_regular(state / RECORD)  # a FIFO there is refused, never opened
-        if record is None:
+        raw = read_regular(state / RECORD)  # a FIFO there is refused, never opened
+        if raw is None:
             return Outcome(
                 False,
-                f"vllm-patchset: NO overlay applied to {package} {version} at {where}: its fixes"
+                f"{_NAME}: NO overlay applied to {package} {version} at {where}: its fixes"
                 " are NOT active (run `vllm-patchset overlay apply`)",
             )
-        doc = jsonfile.parse(record)
-        lock = doc["lock"]
-        locked_version = str(lock["version"])
-        patches = [str(p) for p in lock["patches"]]
-        files = {str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()}
-        sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
-        sizes = {str(k): v for k, v in sizes.items() if isinstance(v, int)}
+        return _parse_record(raw)
     except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        if isinstance(exc, OSError):
-            why = exc.strerror or type(exc).__name__
-        elif isinstance(exc, PatchsetError | jsonfile.BadJson):
-            why = str(exc)  # in words, naming what is wrong
-        else:
-            why = type(exc).__name__  # a field missing or of another type
         return Outcome(
             False,
-            f"vllm-patchset: unreadable record {state / RECORD} ({why}): the overlay cannot be"
+            f"{_NAME}: unreadable record {state / RECORD} ({_why(exc)}): the overlay cannot be"
             " confirmed (run `vllm-patchset overlay status`)",
         )
-    if version != locked_version:
-        return Outcome(
-            False,
-            f"vllm-patchset: the overlay was applied to {package} {locked_version}, but"
-            f" {package} {version} is installed at {where} now (upgraded?): its fixes are NOT"
-            f" active (rebase the patch set onto {version} and apply it)",
-        )
+
+
+def _parse_record(raw: bytes) -> _Record:
+    doc = jsonfile.parse(raw)
+    lock = doc["lock"]
+    sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
+    return _Record(
+        version=str(lock["version"]),
+        patches=[str(p) for p in lock["patches"]],
+        files={str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()},
+        sizes={str(k): v for k, v in sizes.items() if isinstance(v, int)},
+    )
+
+
+def _why(exc: Exception) -> str:
+    """Why a record could not be read, in words."""
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    if isinstance(exc, PatchsetError | jsonfile.BadJson):
+        return str(exc)  # in words, naming what is wrong
+    return type(exc).__name__  # a field missing or of another type
+
+
+def _version_mismatch(root: Path, package: str, version: str, record: _Record) -> Outcome | None:
+    if version == record.version:
+        return None
+    return Outcome(
+        False,
+        f"{_NAME}: the overlay was applied to {package} {record.version}, but"
+        f" {package} {version} is installed at {root / package} now (upgraded?): its fixes are"
+        f" NOT active (rebase the patch set onto {version} and apply it)",
+    )
+
+
+def _files_outcome(root: Path, package: str, version: str, record: _Record) -> Outcome:
+    """Every recorded file patched and no stale bytecode in front of one: active."""
+    where, files = root / package, record.files
     unpatched = [
         rel.rsplit("/", 1)[-1]
         for rel, sha in files.items()
-        if _sha256(root, package, rel, sizes.get(rel)) != sha
+        if _sha256(root, package, rel, record.sizes.get(rel)) != sha
     ]
     if unpatched and len(unpatched) == len(files):
         return Outcome(
             False,
-            f"vllm-patchset: the overlay applied to {package} {version} at {where} is GONE"
+            f"{_NAME}: the overlay applied to {package} {version} at {where} is GONE"
             " (vllm reinstalled?): its fixes are NOT active (run `vllm-patchset overlay apply`)",
         )
     if unpatched:
         return Outcome(
             False,
-            f"vllm-patchset: the overlay on {package} {version} at {where} is PARTIAL:"
+            f"{_NAME}: the overlay on {package} {version} at {where} is PARTIAL:"
             f" {len(unpatched)} of {len(files)} files are not patched"
             f" ({', '.join(unpatched)}): its fixes are NOT active (run"
             " `vllm-patchset overlay status`, then apply)",
@@ -118,15 +176,15 @@ def check(root: Path, package: str = "vllm") -> Outcome:
     if stale:
         return Outcome(
             False,
-            f"vllm-patchset: the overlay on {package} {version} at {where} is NOT active:"
+            f"{_NAME}: the overlay on {package} {version} at {where} is NOT active:"
             f" {STALE} {stale[0]} runs instead of the patched file"
             + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else "")
             + " (run `vllm-patchset overlay apply`: it removes them)",
         )
     return Outcome(
         True,
-        f"vllm-patchset: overlay active on {package} {version}:"
-        f" {', '.join(patches) or 'no patches'} ({len(files)} files)",
+        f"{_NAME}: overlay active on {package} {version}:"
+        f" {', '.join(record.patches) or 'no patches'} ({len(files)} files)",
     )
 
 
@@ -185,6 +243,24 @@ def _stale_of(root: Path, package: str, rel: str) -> list[Path]:
         return stale_bytecode(root.joinpath(*parts)) if parts is not None else []
     except (PatchsetError, OSError):
         return []
+
+
+def skipped_by(environ: Mapping[str, str]) -> str | None:
+    """Why vLLM would not run the guard in a process with `environ`, or None when it would.
+
+    vLLM (0.24.0: `vllm/plugins/__init__.py`, `envs.py`) loads only the plugins named in
+    VLLM_PLUGINS when it is set (its value split at commas, nothing stripped): set without
+    this plugin's name, the guard never runs and VLLM_PATCHSET_STRICT=1 cannot stop a vLLM
+    without its overlay."""
+    value = environ.get(PLUGINS_ENV)
+    if value is None or PLUGIN in value.split(","):
+        return None
+    return (
+        f"the start-up guard will not run here: {PLUGINS_ENV}={value!r} is set and does not name"
+        f" {PLUGIN} (vLLM loads only the plugins it names), so no line says whether the overlay"
+        f" is active and {STRICT_ENV}=1 cannot stop vLLM: add {PLUGIN} to {PLUGINS_ENV}"
+        " (comma-separated, no spaces) or unset it"
+    )
 
 
 def _installed_root(package: str) -> Path | None:

@@ -190,7 +190,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     text = (
         f"wrote {packed.wheel}: vllm-patchset with the overlay for {lock.package} {lock.version}"
         f" ({patches}; {len(lock.entries)} file(s))\n"
-        f"in the serving image: pip install {packed.wheel.name} && vllm-patchset overlay apply"
+        f"in the serving image: `pip install {packed.wheel.name} && vllm-patchset overlay apply`"
     )
     body = {
         "wheel": str(packed.wheel),

@@ -22,7 +22,7 @@ from vllm_patchset.gpu import gpurun, kitparts
 from vllm_patchset.gpu.validate import build_trees
 from vllm_patchset.infra import archives, fsio, jsonfile
 from vllm_patchset.infra.config import Project
-from vllm_patchset.registry import add_command
+from vllm_patchset.registry import GIT, add_command
 
 LIMIT = 64 * 1024 * 1024
 NAME = "vllm-patchset-gpu"
@@ -225,6 +225,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         cmd_bundle,
         help="one archive to run the GPU validation offline",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("--out", type=Path, help=f"the archive (default: build/{NAME}.tar.xz)")
     p.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave wheels out")

@@ -74,19 +74,10 @@ VLLM_WHEELS = (
     "loguru==0.7.3",
 )
 # vllm-patchset itself on the host (`overlay apply`, the engine check): pyproject.toml's
-# [project].dependencies resolved for the GPU host (Python 3.12, no extras), pinned. A test
-# (tests/test_kit_wheels.py) fails when they drift from pyproject.toml or miss a dependency.
-TOOL_WHEELS = (
-    "gitpython==3.2.1",
-    "gitdb==4.0.12",
-    "smmap==5.0.3",
-    "packaging==26.4",
-    "rich==15.0.0",
-    "markdown-it-py==4.3.0",
-    "mdurl==0.1.2",
-    "pygments==2.21.0",
-    "tomlkit==0.15.2",
-)
+# [project].dependencies resolved for the GPU host (Python 3.12, no extras: the deploy
+# commands need packaging alone), pinned. A test (tests/test_kit_wheels.py) fails when they
+# drift from pyproject.toml or miss a dependency.
+TOOL_WHEELS = ("packaging==26.4",)
 ENGINE_WHEELS = VLLM_WHEELS + TOOL_WHEELS
 
 

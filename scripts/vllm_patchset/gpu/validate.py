@@ -37,7 +37,7 @@ from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import TREE_INFO, TreeInfo, export_tree, patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
-from vllm_patchset.registry import add_command
+from vllm_patchset.registry import GIT, add_command
 from vllm_patchset.series.patches import Patch
 from vllm_patchset.series.states import State
 
@@ -235,6 +235,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         cmd_validate,
         help="GPU tests on pristine, overlaid and buggy trees",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
     p.add_argument("--python", default=sys.executable, help="the interpreter with torch")

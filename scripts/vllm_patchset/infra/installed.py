@@ -8,13 +8,11 @@ about a millisecond to create), and what only the command line needs is imported
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
 import re
 from pathlib import Path
-from typing import NamedTuple
 
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra.fsio import UnsafePath, plain_parts, read_regular
@@ -76,6 +74,8 @@ def installed_version(root: Path, package: str) -> str:
 
 def parse_record(text: str) -> dict[str, str]:
     """A RECORD's rows: path -> hash (`sha256=<urlsafe base64>`, or "" where it has none)."""
+    import csv  # here: the start-up guard imports this module and reads no RECORD
+
     return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row and len(row) >= 2}
 
 
@@ -94,11 +94,21 @@ def path_parts(package: str, rel: str) -> tuple[str, ...] | None:
 
 
 # -- another interpreter's vllm ------------------------------------------------------------------
-class Probe(NamedTuple):
-    origin: str | None  # the package's __init__.py, as find_spec sees it (not imported)
-    version: str | None  # its distribution's version
-    record: str | None  # its distribution's RECORD
-    site_dirs: tuple[str, ...]  # where the interpreter installs packages
+class Probe:
+    """What `probe` found. A plain class: the start-up guard imports this module at every
+    vLLM start, and a NamedTuple (or a dataclass) builds its class through exec at import,
+    which cost a millisecond or more there."""
+
+    __slots__ = ("origin", "record", "site_dirs", "version")
+
+    def __init__(
+        self,
+        origin: str | None,  # the package's __init__.py, as find_spec sees it (not imported)
+        version: str | None,  # its distribution's version
+        record: str | None,  # its distribution's RECORD
+        site_dirs: tuple[str, ...],  # where the interpreter installs packages
+    ) -> None:
+        self.origin, self.version, self.record, self.site_dirs = origin, version, record, site_dirs
 
 
 # Run by the interpreter of `--python` (or this one): finds the package without importing it,

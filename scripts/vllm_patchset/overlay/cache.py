@@ -31,7 +31,7 @@ from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project, default_cache_dir
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.overlay.lock import Lock
-from vllm_patchset.registry import Subcommands, add_command, add_group
+from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 LOCK_REF = "refs/vllm-patchset/lock"  # keeps the lock's upstream commit through a gc
 _SDIST = re.compile(r"vllm-(?P<version>[^/]+)\.tar\.gz")
@@ -209,6 +209,7 @@ def register_cli(sub: Subcommands) -> None:
         cmd_cache_list,
         help="sdists and wheels per release, the mirror, their sizes",
         writes_checkout=False,
+        needs=GIT,
     )
     p = add_command(
         csub,
@@ -216,5 +217,6 @@ def register_cli(sub: Subcommands) -> None:
         cmd_cache_prune,
         help="remove imported sdists, other releases' wheels, git junk",
         writes_checkout=False,
+        needs=GIT,
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")

@@ -25,7 +25,15 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
 from vllm_patchset.infra.hashes import record_hash
-from vllm_patchset.infra.installed import installed_record, installed_version, parse_record, probe
+from vllm_patchset.infra.installed import (
+    ORIGINALS,
+    RECORD,
+    STATE_DIR,
+    installed_record,
+    installed_version,
+    parse_record,
+    probe,
+)
 
 SKIPPED_SUFFIXES = (".so", ".pyc", ".pyd", ".dylib")
 # A git source that another machine can fetch too (a local path or file:// URL is not one).
@@ -253,15 +261,41 @@ class Mirror:
                         " this install"
                     )
                 if data is None or record_hash(data) != digest:
-                    what = "is missing" if data is None else "does not match its RECORD hash"
-                    raise BadInput(
-                        f"{site / path} {what}: the installed {self.package} {version} was modified"
-                    )
+                    data = _original(site, parts, digest, version, data is None)
                 out = root.joinpath(*parts)
                 fsio.make_dir(out.parent, parents=True, exist_ok=True)
                 fsio.write_file(out, data)
             tree = self.repo.tree_from_directory(root)
         return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
+
+
+def _original(
+    site: Path, parts: tuple[str, ...], digest: str, version: str, missing: bool
+) -> bytes:
+    """The pristine bytes of an installed file that is not its RECORD's: the original that
+    `overlay apply` kept in the state dir beside the package (the overlay is applied there),
+    when it is the RECORD's; else the install was modified, refused in one line."""
+    state = site / STATE_DIR
+    kept = None
+    if state.is_dir() and not state.is_symlink():
+        original = no_symlink_below(state / ORIGINALS, parts)
+        kept = read_regular(original, limit=archives.TREE_BOUNDS.member + 1)
+    if kept is not None and record_hash(kept) == digest:
+        return kept
+    path = site.joinpath(*parts)
+    what = "is missing" if missing else "does not match its RECORD hash"
+    line = f"{path} {what}: the installed {parts[0]} {version} was modified"
+    if (state / RECORD).is_file():
+        line += (
+            f" (an overlay is applied there and keeps no original of this file: `vllm-patchset"
+            f" overlay revert --target {site}` first)"
+        )
+    raise BadInput(line)
+
+
+def applied_overlay(site: Path) -> bool:
+    """Whether an overlay is recorded as applied to the install in `site`."""
+    return (site / STATE_DIR / RECORD).is_file()
 
 
 def _extract_package(sdist: Path, dest: Path, package: str) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import io
 import re
-
-import tomlkit
-from tomlkit.exceptions import TOMLKitError
-from tomlkit.items import Array, Table
+from typing import TYPE_CHECKING
 
 from vllm_patchset.errors import BadInput
+
+if TYPE_CHECKING:  # imported where used: only a rebase edits pyproject.toml (`maintain` extra)
+    import tomlkit
+    from tomlkit.items import Table
 
 CHANGELOG_HEADER = (
     "# Changelog\n\n"
@@ -72,6 +73,10 @@ def set_pin(
     """pyproject.toml with the new pin in `[tool.vllm-patchset]`: a release (and, with
     `requirement`, every `vllm==` requirement follows it), or a git ref with the repository's
     commit (`pin-ref`, `pin-commit`) and, when others can fetch it, its URL (`pin-git`)."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+    from tomlkit.items import Table
+
     try:
         doc = tomlkit.parse(text)
         tool = doc.get("tool")
@@ -99,10 +104,14 @@ def _insert_after(table: Table, after: str, key: str, value: str) -> None:
     """Put `key = value` on the line after `after`. tomlkit's public `add` appends to the
     table's end, past its trailing blank line and comments; its container's `_insert_after`
     places the line where it belongs (the table's own dict view is not used afterwards)."""
+    import tomlkit
+
     table.value._insert_after(after, key, tomlkit.item(value))
 
 
 def _set_requirement(doc: tomlkit.TOMLDocument, pin: str) -> None:
+    from tomlkit.items import Array, Table
+
     project = doc.get("project")
     if not isinstance(project, Table):
         return

@@ -23,6 +23,7 @@ from vllm_patchset.series.patches import (
     read_series_file,
 )
 from vllm_patchset.series.states import Reason, State
+from vllm_patchset.sync.reports import lock_next_step
 
 
 def project_series(project: Project) -> Series:
@@ -219,5 +220,5 @@ def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:
             )
     freshness = lock_freshness(project, mirror, result)
     if freshness != "fresh":
-        found.append(f"lock {project.lock_path.name}: {freshness}")
+        found.append(f"lock {project.lock_path.name}: {freshness}: {lock_next_step(freshness)}")
     return count, found

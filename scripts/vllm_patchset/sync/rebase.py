@@ -39,7 +39,7 @@ from vllm_patchset.overlay.upstream import (
     pin_base,
     sort_versions,
 )
-from vllm_patchset.registry import add_command
+from vllm_patchset.registry import GIT, add_command
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
 from vllm_patchset.series.states import Reason, State, Verdict, classify
@@ -71,6 +71,9 @@ from vllm_patchset.sync.swap import (
     stage_project,
     swap_in,
 )
+
+# GitPython for git, tomlkit for pyproject.toml, ruamel.yaml for the CI files.
+REBASE = (*GIT, "tomlkit", "ruamel.yaml")
 
 
 # -- the rules -----------------------------------------------------------------------------------
@@ -889,6 +892,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         cmd_rebase,
         help="take the series onto a new vLLM release or git ref",
         writes_checkout=True,
+        needs=REBASE,
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--onto", metavar="VERSION", help="a vLLM release from the package index")

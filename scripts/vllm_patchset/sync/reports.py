@@ -65,7 +65,8 @@ def status_report(
         why = f" (parked: {parked[verdict.patch]})" if verdict.patch in parked else ""
         lines.append(f"  {verdict.patch}: {state_cell(verdict)}{why}")
     lines += note_lines([(v.patch, v) for v in verdicts], verbose=verbose)
-    lines.append(f"lock: {freshness}")
+    step = lock_next_step(freshness)
+    lines.append(f"lock: {freshness}" + (f": {step}" if step else ""))
     body: dict[str, object] = {
         "pin": pin,
         "patches": {v.patch: v.state.value for v in verdicts},
@@ -75,6 +76,16 @@ def status_report(
         "lock": freshness,
     }
     return "\n".join(lines), body
+
+
+# What rewrites a lock that is stale or missing (the overlay built from the series as it is).
+UPDATE_LOCK = "`vllm-patchset overlay build --update-lock` rewrites it (then commit it)"
+
+
+def lock_next_step(freshness: str) -> str:
+    """The next step after the lock's freshness ("fresh", "missing", "stale (...)"): none
+    for a fresh lock."""
+    return "" if freshness == "fresh" else UPDATE_LOCK
 
 
 def state_cell(verdict: Verdict) -> str:
@@ -153,7 +164,11 @@ def matrix_table(
         rows.append([(label, ""), *cells])
     lines = [table(["version", *(ids[p] for p in patches)], rows, colour=colour)]
     key = max(len(i) for i in ids.values()) if ids else 0
-    lines += [f"{ids[p].ljust(key)}  patches/{p}" for p in patches if ids[p] != p]
+    # Under patches/ (not named on each line: the archive's longest names would need 82 of
+    # the 80 columns a pipe gets).
+    named = [p for p in patches if ids[p] != p]
+    lines += ["ids (patches/):"] if named else []
+    lines += [f"{ids[p].ljust(key)}  {p}" for p in named]
     lines.append(LEGEND)
     notes = [(f"{label} {ids[v.patch]}", v) for label, vs in columns.items() for v in vs]
     lines += note_lines(notes, verbose=verbose)

@@ -13,65 +13,144 @@ and child processes go through here. By concern:
 - `children`: every child process dies with the run (`child`, `run_child`).
 
 Callers import this package (`from vllm_patchset.infra import fsio`); the names below are its
-API. Standard library only, and cheap to import: the start-up guard reads through
-`read_regular`.
+API. Standard library only. Each name's module is imported when the name is first used
+(PEP 562), so that the start-up guard, which reads through `read_regular` and `read_chunks`,
+imports `paths` alone (not `interrupts` and `locks`, with their dataclasses and inspect: most
+of the guard's cost at every vLLM start).
 """
 
-from vllm_patchset.infra.fsio.children import child, die_with_parent, run_child
-from vllm_patchset.infra.fsio.interrupts import (
-    Interrupted,
-    Interrupts,
-    deferred_signals,
-    interrupt_leaves,
-    interrupted_note,
-    signals_raise,
-)
-from vllm_patchset.infra.fsio.locks import LOCK_TIMEOUT_ENV, lock_timeout, locked, locked_dir
-from vllm_patchset.infra.fsio.paths import (
-    ReadFailed,
-    UnsafePath,
-    is_regular,
-    kind_of,
-    no_symlink_below,
-    plain_parts,
-    read_chunks,
-    read_regular,
-    same_path,
-)
-from vllm_patchset.infra.fsio.writes import (
-    OWNER_MARKER,
-    STAGING_PREFIX,
-    TMP_SUFFIX,
-    NotOwned,
-    Observer,
-    WriteFailed,
-    atomic_write,
-    build_dir,
-    claim_dir,
-    copy_file,
-    copy_tree,
-    discard_tree,
-    fsync_dir,
-    is_temp_name,
-    link,
-    make_dir,
-    make_dirs,
-    move,
-    observed,
-    remove_dir,
-    remove_file,
-    remove_output,
-    remove_tree,
-    replace_dir,
-    scratch_file,
-    staging_dir,
-    sweep_staging,
-    sweep_temp,
-    temp_dir,
-    touch,
-    write_file,
-    writing,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_patchset.infra.fsio.children import child, die_with_parent, run_child
+    from vllm_patchset.infra.fsio.interrupts import (
+        Interrupted,
+        Interrupts,
+        deferred_signals,
+        interrupt_leaves,
+        interrupted_note,
+        signals_raise,
+    )
+    from vllm_patchset.infra.fsio.locks import LOCK_TIMEOUT_ENV, lock_timeout, locked, locked_dir
+    from vllm_patchset.infra.fsio.paths import (
+        ReadFailed,
+        UnsafePath,
+        is_regular,
+        kind_of,
+        no_symlink_below,
+        plain_parts,
+        read_chunks,
+        read_regular,
+        same_path,
+    )
+    from vllm_patchset.infra.fsio.writes import (
+        OWNER_MARKER,
+        STAGING_PREFIX,
+        TMP_SUFFIX,
+        NotOwned,
+        Observer,
+        WriteFailed,
+        atomic_write,
+        build_dir,
+        claim_dir,
+        copy_file,
+        copy_tree,
+        discard_tree,
+        fsync_dir,
+        is_temp_name,
+        link,
+        make_dir,
+        make_dirs,
+        move,
+        observed,
+        remove_dir,
+        remove_file,
+        remove_output,
+        remove_tree,
+        replace_dir,
+        scratch_file,
+        staging_dir,
+        sweep_staging,
+        sweep_temp,
+        temp_dir,
+        touch,
+        write_file,
+        writing,
+    )
+
+# Each name of the API by the module that defines it.
+_HOMES = {
+    "children": ("child", "die_with_parent", "run_child"),
+    "interrupts": (
+        "Interrupted",
+        "Interrupts",
+        "deferred_signals",
+        "interrupt_leaves",
+        "interrupted_note",
+        "signals_raise",
+    ),
+    "locks": ("LOCK_TIMEOUT_ENV", "lock_timeout", "locked", "locked_dir"),
+    "paths": (
+        "ReadFailed",
+        "UnsafePath",
+        "is_regular",
+        "kind_of",
+        "no_symlink_below",
+        "plain_parts",
+        "read_chunks",
+        "read_regular",
+        "same_path",
+    ),
+    "writes": (
+        "OWNER_MARKER",
+        "STAGING_PREFIX",
+        "TMP_SUFFIX",
+        "NotOwned",
+        "Observer",
+        "WriteFailed",
+        "atomic_write",
+        "build_dir",
+        "claim_dir",
+        "copy_file",
+        "copy_tree",
+        "discard_tree",
+        "fsync_dir",
+        "is_temp_name",
+        "link",
+        "make_dir",
+        "make_dirs",
+        "move",
+        "observed",
+        "remove_dir",
+        "remove_file",
+        "remove_output",
+        "remove_tree",
+        "replace_dir",
+        "scratch_file",
+        "staging_dir",
+        "sweep_staging",
+        "sweep_temp",
+        "temp_dir",
+        "touch",
+        "write_file",
+        "writing",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the API, its module imported on first use (then kept as this module's)."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LOCK_TIMEOUT_ENV",

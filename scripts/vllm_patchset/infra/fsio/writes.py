@@ -1,6 +1,6 @@
 """Writes, renames and removals: every one the package makes goes through here (tests/
 test_fs_layer.py checks it, kitparts.py and gpurun.py excepted: they travel alone to GPU hosts).
-The rules (README.md, "Safety"):
+The rules (docs/development.md, "Safety"):
 
 - a command writes only inside what it created or owns: its state dir, its staging dirs, and a
   destination that is missing, empty, or marked as made by the tool (`OWNER_MARKER`);
