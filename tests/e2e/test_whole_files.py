@@ -30,6 +30,7 @@ from synthetic import (
     make_project,
 )
 from vllm_patchset.deploy import guard
+from vllm_patchset.errors import BadInput
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.lock import Lock, LockEntry
 from vllm_patchset.series.patches import load_series
@@ -105,6 +106,34 @@ def test_the_lock_records_absent_sides(whole: tuple[SyntheticUpstream, Project])
     assert doc["schema"] == 2
     assert doc["files"][KERNEL]["pristine_sha256"] is None
     assert doc["files"][UTILS]["patched_sha256"] is None
+
+
+def test_a_later_patch_edits_the_added_file(tmp_path: Path, synthetic_cache: Path) -> None:
+    upstream = SyntheticUpstream(tmp_path / "upstream")
+    upstream.release("1.0", BASE)
+    edit = PatchSpec(
+        "0002-kernel-docstring.patch",
+        {KERNEL: ("in a module of its own", "in a module of its own, edited")},
+        upstream_pr="none (local)",
+    )
+    project = make_project(
+        tmp_path / "project", synthetic_cache, upstream, "1.0", series=[ADD, edit]
+    )
+    lock = Lock.load(project.lock_path)
+    edited = KERNEL_TEXT.replace("in a module of its own", "in a module of its own, edited")
+    assert lock.entry(KERNEL) == LockEntry(KERNEL, None, sha(edited), (ADD.name, edit.name))
+
+
+def test_a_file_in_a_new_folder_is_refused(tmp_path: Path, synthetic_cache: Path) -> None:
+    upstream = SyntheticUpstream(tmp_path / "upstream")
+    upstream.release("1.0", BASE)
+    new = PatchSpec("0001-new-package.patch", {}, adds={"vllm/kernels/x.py": "x = 1\n"})
+    with pytest.raises(BadInput) as error:
+        make_project(tmp_path / "project", synthetic_cache, upstream, "1.0", series=[new])
+    assert str(error.value) == (
+        f"vllm/kernels/x.py: {new.name} adds a file in a folder git:v1.0 does not have"
+        " (vllm/kernels/): a patch adds files only in the package's own folders"
+    )
 
 
 def install(root: Path, files: dict[str, str], version: str = "1.0") -> Path:
@@ -294,6 +323,10 @@ def test_rebase_onto_a_release_with_another_file_stops_naming_it_then_continues(
         "rebase 1.0 -> git:v1.2: stopped",
         f"  {ADD.name}  conflict  CONFLICT: the rebase stopped here",
         f"WARNING: {ADD.name}: {KERNEL}: git:v1.2 has another file at the path it adds",
+    ]
+    assert lines[3:5] == [
+        f"{ADD.name} on git:v1.2: conflict",
+        f"  hunk 1 {KERNEL} (new file): git:v1.2 has another file at its path",
     ]
     assert f"  2. resolve the conflict in: {KERNEL}" in lines
     assert {k: v for k, v in checkout_bytes(root).items() if not k.startswith(".rebase/")} == before
