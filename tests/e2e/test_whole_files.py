@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -435,6 +436,29 @@ def test_the_guard_checks_added_and_deleted_files(
     (site / UTILS).unlink()
     (site / KERNEL).unlink()  # the added module is gone
     assert guard.check(site) == partial("kernel.py")
+    # vllm reinstalled over it: its own files back, the added module left there (pip removes
+    # only the files its RECORD lists): the overlay is gone all the same.
+    (site / KERNEL).write_text(KERNEL_TEXT)
+    (site / MOE).write_text(MOE_TEXT)
+    (site / UTILS).write_text(UTILS_TEXT)
+    assert guard.check(site) == guard.Outcome(
+        False,
+        f"vllm-patchset: the overlay applied to vllm 1.0 at {site}/vllm is GONE (vllm"
+        " reinstalled?): its fixes are NOT active (run `vllm-patchset overlay apply`)",
+    )
+    code, out, _ = cli(capsys, project.root, "overlay", "status", "--target", str(site))
+    assert (code, out.splitlines()[:4]) == (
+        1,
+        [
+            f"overlay status: gone ({site}/vllm, 1.0; overlay for 1.0: {ADD.name}, {DELETE.name})",
+            f"  patched    {KERNEL}",
+            f"  pristine   {MOE}",
+            f"  pristine   {UTILS}",
+        ],
+    )
+    assert cli(capsys, project.root, "overlay", "apply", "--target", str(site))[0] == 0
+    assert cli(capsys, project.root, "overlay", "revert", "--target", str(site))[0] == 0
+    assert not (site / KERNEL).exists()
 
 
 def test_apply_refuses_another_file_where_it_adds_one(
@@ -538,3 +562,35 @@ def test_revert_killed_at_each_write_point_is_finished(
         assert status.stdout.splitlines()[0].startswith("overlay status: not applied")
     assert tree_bytes(site) == before
     assert not (site / ".vllm-patchset").exists()
+
+
+@pytest.mark.parametrize("how", ["reinstalled", "uninstalled"])
+def test_revert_after_pip_removes_the_module_it_added(
+    whole: tuple[SyntheticUpstream, Project],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    """pip reinstalls (or uninstalls) vllm under the applied overlay: it puts back (removes)
+    the files its RECORD lists and leaves the module the overlay added; revert removes it,
+    with the folders that leaves empty."""
+    upstream, project = whole
+    files = upstream.files("1.0")
+    site = install(tmp_path / "site", files)
+    before = tree_bytes(site)
+    t = str(site)
+    assert cli(capsys, project.root, "overlay", "apply", "--target", t)[0] == 0
+    (site / "vllm/layers/__pycache__").mkdir()  # as Python leaves it
+    for rel, text in files.items():
+        (site / rel).unlink(missing_ok=True)
+        if how == "reinstalled":
+            (site / rel).write_text(text)
+    if how == "uninstalled":
+        shutil.rmtree(site / "vllm-1.0.dist-info")
+    code, out, err = cli(capsys, project.root, "overlay", "revert", "--target", t)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == f"  note: removed what the overlay had added: {KERNEL}"
+    assert tree_bytes(site) == (before if how == "reinstalled" else {})
+    assert sorted(os.listdir(site)) == (
+        ["vllm", "vllm-1.0.dist-info"] if how == "reinstalled" else []
+    )
