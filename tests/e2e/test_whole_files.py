@@ -161,8 +161,12 @@ def test_check_then_deploy_round_trip(
 ) -> None:
     upstream, project = whole
     root = project.root
-    code, out, err = cli(capsys, root, "check")
-    assert (code, err) == (0, ""), out
+    assert cli(capsys, root, "check") == (0, "check: 2 patches, 0 problem(s)\n", "")
+    assert cli(capsys, root, "status") == (
+        0,
+        f"pin: vllm 1.0\n  {ADD.name}: applies\n  {DELETE.name}: applies\nlock: fresh\n",
+        "",
+    )
     site = install(tmp_path / "site", upstream.files("1.0"))
     before = tree_bytes(site)
     t = str(site)
@@ -594,3 +598,25 @@ def test_revert_after_pip_removes_the_module_it_added(
     assert sorted(os.listdir(site)) == (
         ["vllm", "vllm-1.0.dist-info"] if how == "reinstalled" else []
     )
+
+
+def test_rebase_onto_a_release_where_the_deleted_file_changed_stops_naming_it(
+    whole: tuple[SyntheticUpstream, Project], capsys: pytest.CaptureFixture[str]
+) -> None:
+    upstream, project = whole
+    releases(upstream)
+    before = checkout_bytes(project.root)
+    code, out, err = cli(capsys, project.root, "rebase", *onto(upstream, "1.4"))
+    assert (code, err) == (1, "")
+    assert out.splitlines()[:6] == [
+        "rebase 1.0 -> git:v1.4: stopped",
+        f"  {ADD.name}  applies   refreshed (taken)",
+        f"  {DELETE.name}              conflict  CONFLICT: the rebase stopped here",
+        f"WARNING: {DELETE.name}: {UTILS}: the file it deletes differs on git:v1.4",
+        f"{DELETE.name} on git:v1.4: conflict",
+        f"  hunk 1 {UTILS} (deleted file): git:v1.4 has another file",
+    ]
+    kept = {k: v for k, v in checkout_bytes(project.root).items() if not k.startswith(".rebase/")}
+    assert kept == before
+    assert cli(capsys, project.root, "rebase", "--abort")[0] == 0
+    assert checkout_bytes(project.root) == before
