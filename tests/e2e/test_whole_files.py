@@ -620,3 +620,41 @@ def test_rebase_onto_a_release_where_the_deleted_file_changed_stops_naming_it(
     assert kept == before
     assert cli(capsys, project.root, "rebase", "--abort")[0] == 0
     assert checkout_bytes(project.root) == before
+
+
+def test_the_queue_carries_added_and_deleted_files(
+    whole: tuple[SyntheticUpstream, Project], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The maintainer's loop: `queue import` (the series as commits, byte for byte back), a
+    commit that adds a module, `queue export`, `overlay build --update-lock`, `check`."""
+    _, project = whole
+    root = project.root
+    before = checkout_bytes(project.patches_dir)
+    assert cli(capsys, root, "queue", "import")[0] == 0
+    queue = root / ".queue"
+    assert (queue / KERNEL).read_text() == KERNEL_TEXT
+    assert not (queue / UTILS).exists()
+    module = "vllm/layers/extra.py"
+    (queue / module).write_text('"""An extra module."""\n')
+    message = (
+        "layers: an extra module\n\nWhy.\n\nUpstream-PR: none (local)\nIntroduced-by: none\n"
+        "Introduced-in: 1.0\nApplied-upstream:\nRegression-test: tests/test_queue.py\n"
+    )
+    git(queue, "add", module)
+    git(queue, "commit", "-q", "-m", message)
+    assert cli(capsys, root, "queue", "export")[0] == 0
+    after = checkout_bytes(project.patches_dir)
+    # (the patches named by their subjects now, byte for byte the same)
+    assert sorted(
+        v for k, v in after.items() if k.endswith(".patch") and "extra" not in k
+    ) == sorted(v for k, v in before.items() if k.endswith(".patch"))
+    patch = (project.patches_dir / "0003-layers-an-extra-module.patch").read_text()
+    assert (
+        f"diff --git a/{module} b/{module}\nnew file mode 100644\n" in patch
+        and f'--- /dev/null\n+++ b/{module}\n@@ -0,0 +1 @@\n+"""An extra module."""\n' in patch
+    )
+    assert cli(capsys, root, "overlay", "build", "--update-lock")[0] == 0
+    assert Lock.load(project.lock_path).entry(module) == LockEntry(
+        module, None, sha('"""An extra module."""\n'), ("0003-layers-an-extra-module.patch",)
+    )
+    assert cli(capsys, root, "check")[:2] == (0, "check: 3 patches, 0 problem(s)\n")
