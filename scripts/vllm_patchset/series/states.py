@@ -21,6 +21,7 @@ maintainer's decision.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -1093,6 +1094,7 @@ def _whole_findings(file_patch: FilePatch, state: State, number: int) -> tuple[H
 def _sections(patch: Patch) -> tuple[str, list[str]]:
     """The patch's head (the message), and each file's `diff --git` section, in order."""
     head, _, diff = patch.raw.decode("utf-8", "surrogateescape").partition("\ndiff --git ")
+    diff = re.sub(r"\n-- \n\d+(\.\d+)+\n*\Z", "\n", diff)  # git's signature, if any
     return head, ["diff --git " + chunk for chunk in diff.split("\ndiff --git ")]
 
 
