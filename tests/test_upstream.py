@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_install import OVERLAID, Overlay, Pristine, replace_file, run_cli
+from vllm_install import CHANGED, FIRST, Overlay, Pristine, replace_file, run_cli
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.upstream import Mirror
@@ -52,7 +52,7 @@ def test_installed_wheel_agrees_with_sdist(
 def test_modified_install_is_refused(
     target: Path, tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = target / OVERLAID[0]
+    path = target / FIRST
     replace_file(path, path.read_bytes() + b"# local edit\n")
     mirror = Mirror(tiny.cache_dir)
     before = mirror.repo.tags("*")
@@ -93,14 +93,14 @@ def test_an_install_with_the_overlay_applied_gives_its_pristine_tree(
         " `overlay apply` kept, so the mirror holds the pristine 0.24.0\n"
     )
     release = mirror.release("0.24.0")  # the overlaid files are the sdist's (the target is slim)
-    for rel in OVERLAID:
+    for rel in CHANGED:
         assert tree_id(mirror, installed.commit, rel) == tree_id(mirror, release.commit, rel)
     # An original that is not there any more: the one line says how to proceed.
-    original = target / ".vllm-patchset" / "originals" / OVERLAID[0]
+    original = target / ".vllm-patchset" / "originals" / CHANGED[0]
     original.unlink()
     assert main(["--project", str(project.root), "fetch", "--target", str(target)]) == 2
     assert capsys.readouterr().err == (
-        f"vllm-patchset: {target / OVERLAID[0]} does not match its RECORD hash: the installed vllm"
+        f"vllm-patchset: {target / CHANGED[0]} does not match its RECORD hash: the installed vllm"
         " 0.24.0 was modified (an overlay is applied there and keeps no original of this file:"
         f" `vllm-patchset overlay revert --target {target}` first)\n"
     )

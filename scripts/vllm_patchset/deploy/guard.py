@@ -64,16 +64,18 @@ class Outcome(tuple[bool, str]):
 class _Record:
     """What `applied.json` says was applied: the lock's version, patches and patched files."""
 
-    __slots__ = ("files", "patches", "sizes", "version")
+    __slots__ = ("files", "patches", "shipped", "sizes", "version")
 
     def __init__(
         self,
         version: str,
         patches: list[str],
-        files: dict[str, str],  # path under the package -> patched sha256
+        files: dict[str, str | None],  # path -> patched sha256, None for a file it deletes
+        shipped: set[str],  # the files vLLM ships (a reinstall replaces them, not one it added)
         sizes: dict[str, int],  # path -> patched size (records of before 0.x have none)
     ) -> None:
         self.version, self.patches, self.files, self.sizes = version, patches, files, sizes
+        self.shipped = shipped
 
 
 def check(root: Path, package: str = "vllm") -> Outcome:
@@ -125,9 +127,15 @@ def _parse_record(raw: bytes) -> _Record:
     return _Record(
         version=str(lock["version"]),
         patches=[str(p) for p in lock["patches"]],
-        files={str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()},
+        files={str(k): _sha_of(v["patched_sha256"]) for k, v in lock["files"].items()},
+        shipped={str(k) for k, v in lock["files"].items() if v["pristine_sha256"] is not None},
         sizes={str(k): v for k, v in sizes.items() if isinstance(v, int)},
     )
+
+
+def _sha_of(value: object) -> str | None:
+    """A record's patched sha256: a string, or None (null) for a file the overlay deletes."""
+    return None if value is None else str(value)
 
 
 def _why(exc: Exception) -> str:
@@ -153,12 +161,12 @@ def _version_mismatch(root: Path, package: str, version: str, record: _Record) -
 def _files_outcome(root: Path, package: str, version: str, record: _Record) -> Outcome:
     """Every recorded file patched and no stale bytecode in front of one: active."""
     where, files = root / package, record.files
-    unpatched = [
-        rel.rsplit("/", 1)[-1]
+    unpatched = {
+        rel: rel.rsplit("/", 1)[-1]
         for rel, sha in files.items()
-        if _sha256(root, package, rel, record.sizes.get(rel)) != sha
-    ]
-    if unpatched and len(unpatched) == len(files):
+        if _state(root, package, rel, sha, record) != sha
+    }
+    if unpatched and set(unpatched) >= (record.shipped or set(files)):
         return Outcome(
             False,
             f"{_NAME}: the overlay applied to {package} {version} at {where} is GONE"
@@ -169,10 +177,10 @@ def _files_outcome(root: Path, package: str, version: str, record: _Record) -> O
             False,
             f"{_NAME}: the overlay on {package} {version} at {where} is PARTIAL:"
             f" {len(unpatched)} of {len(files)} files are not patched"
-            f" ({', '.join(unpatched)}): its fixes are NOT active (run"
+            f" ({', '.join(unpatched.values())}): its fixes are NOT active (run"
             " `vllm-patchset overlay status`, then apply)",
         )
-    stale = [pyc for rel in files for pyc in _stale_of(root, package, rel)]
+    stale = [pyc for rel, sha in files.items() if sha for pyc in _stale_of(root, package, rel)]
     if stale:
         return Outcome(
             False,
@@ -186,6 +194,21 @@ def _files_outcome(root: Path, package: str, version: str, record: _Record) -> O
         f"{_NAME}: overlay active on {package} {version}:"
         f" {', '.join(record.patches) or 'no patches'} ({len(files)} files)",
     )
+
+
+def _state(root: Path, package: str, rel: str, sha: str | None, record: _Record) -> str | None:
+    """What stands at `rel` in the terms of the record's `sha`: the file's sha256 where the
+    overlay writes it, else None where nothing is there (a file the overlay deletes)."""
+    if sha is None:
+        return _there(root, package, rel)
+    return _sha256(root, package, rel, record.sizes.get(rel))
+
+
+def _there(root: Path, package: str, rel: str) -> str | None:
+    """For a file the overlay deletes: None where nothing is at its path (patched), else
+    "there"."""
+    parts = path_parts(package, rel)
+    return "there" if parts is None or os.path.lexists(root.joinpath(*parts)) else None
 
 
 def _sha256(root: Path, package: str, rel: str, size: int | None) -> str | None:

@@ -4,6 +4,7 @@ target's lock where it writes), then carries the plan out in a `Transaction`."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,7 +24,7 @@ from vllm_patchset.deploy.plan import (
     plan_apply,
     plan_revert,
 )
-from vllm_patchset.deploy.record import Record, Step, read_record, write_record
+from vllm_patchset.deploy.record import ABSENT, Record, Step, read_record, write_record
 from vllm_patchset.deploy.report import (
     FileState,
     Report,
@@ -89,6 +90,7 @@ def _apply_plan(
     notes = list(plan.notes)
     if plan.stale is not None:
         notes.insert(0, f"{gone_note(target, plan.stale)}: removed its stale record")
+        notes[1:1] = remove_added(target, plan.stale.lock, keep=plan.lock)
         target.forget()
     if not plan.steps and plan.lock.entries:
         notes.append("recorded the overlay found in place (no originals: revert cannot undo it)")
@@ -98,12 +100,15 @@ def _apply_plan(
         originals = {path: sha for path, sha in kept.items() if path in paths}
         originals.update(_save_originals(target, plan.steps, kept, current_bytes))
         for step in plan.steps:
-            fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
+            if step.after_sha256 == ABSENT:  # a file the overlay deletes
+                fsio.remove_file(paths[step.path])
+            else:
+                fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
             remove_bytecode(paths[step.path])
             transaction.mark_done(step.path)
         for path in paths.values():  # also pycs left beside files that were patched already
             remove_bytecode(path)
-        sizes = {e.path: len(overlay[e.path]) for e in plan.lock.entries}
+        sizes = {path: len(data) for path, data in overlay.items()}
         write_record(target, plan.lock, originals, transaction.id, sizes)
         fsio.remove_tree(target.state_path(UNDO))
     return notes
@@ -116,6 +121,10 @@ def _save_originals(
     there from the first apply (then in undo/, for a rollback only); the new originals."""
     originals = {}
     for step in steps:
+        if step.before_sha256 == ABSENT:  # no file there before: nothing to save
+            if kept.get(step.path, ABSENT) == ABSENT:
+                originals[step.path] = ABSENT
+            continue
         if kept.get(step.path, step.before_sha256) == step.before_sha256:
             where = ORIGINALS  # saved for revert (or there already)
             originals[step.path] = step.before_sha256
@@ -126,6 +135,41 @@ def _save_originals(
         if data_saved is None or sha256_bytes(data_saved) != step.before_sha256:
             fsio.atomic_write(saved, data[step.path])
     return originals
+
+
+def remove_added(target: Target, lock: Lock, keep: Lock | None = None) -> list[str]:
+    """The files `lock`'s overlay added, where they still hold its bytes, removed with their
+    bytecode and the folders that leaves empty (`keep`'s files stay): vLLM reinstalled,
+    upgraded or uninstalled under an applied overlay leaves them, pip knows nothing of them.
+    Each removal is whole and the record goes after them: a run stopped half-way leaves the
+    rest to the next one. The note, if any."""
+    removed = []
+    for entry in lock.entries:
+        if entry.pristine_sha256 is not None or (keep is not None and keep.entry(entry.path)):
+            continue
+        if target.file_sha(entry.path) != entry.patched_sha256:
+            continue  # not the overlay's bytes: not the tool's to remove
+        path = target.path(entry.path)
+        fsio.remove_file(path)
+        remove_bytecode(path, strict=False)
+        _remove_empty_folders(target.root, path.parent)
+        removed.append(entry.path)
+    return [f"removed what the overlay had added: {', '.join(removed)}"] if removed else []
+
+
+def _remove_empty_folders(root: Path, folder: Path) -> None:
+    """`folder` and those above it, up to `root`, while nothing is left in them (an empty
+    `__pycache__` aside)."""
+    while folder != root and folder.is_dir() and not folder.is_symlink():
+        names = os.listdir(folder)
+        cache = folder / "__pycache__"
+        if names == ["__pycache__"] and cache.is_dir() and not os.listdir(cache):
+            fsio.remove_dir(cache)
+            names = []
+        if names:
+            return
+        fsio.remove_dir(folder)
+        folder = folder.parent
 
 
 def _remove_stale(target: Target, lock: Lock) -> list[str]:
@@ -194,9 +238,11 @@ def _revert_plan(target: Target, plan: Plan) -> tuple[str, list[str | None]]:
     """Carry out `plan` (the lock held): restore the originals, then drop the record (the
     commit point), or drop a stale record."""
     if plan.stale is not None:
+        removed = remove_added(target, plan.stale.lock)
         target.forget()
         return "stale record removed", [
-            f"{gone_note(target, plan.stale)}: removed its stale record"
+            f"{gone_note(target, plan.stale)}: removed its stale record",
+            *removed,
         ]
     notes: list[str | None] = list(plan.notes)
     if plan.steps:
@@ -337,8 +383,9 @@ def diff(
         files.append(FileState(entry.path, state, sha, None if state == "patched" else "patch"))
         if pristine:
             data = data if state == "pristine" else _saved_pristine(target, entry, state)
-        same = sha256_bytes(data) == entry.patched_sha256 if data is not None else False
-        diffs[entry.path] = "" if same else unified_diff(entry.path, data, overlay[entry.path])
+        same = (None if data is None else sha256_bytes(data)) == entry.patched_sha256
+        after = overlay.get(entry.path)  # None: a file the overlay deletes
+        diffs[entry.path] = "" if same else unified_diff(entry.path, data, after)
     outcome = "differs" if any(diffs.values()) else "no difference"
     notes = []
     if not pristine and outcome == "no difference" and lock.entries:
@@ -349,8 +396,11 @@ def diff(
     return make_report("diff", outcome, target, lock, files, notes), diffs
 
 
-def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes:
-    """The pristine bytes of a file that is not pristine, as apply saved them."""
+def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes | None:
+    """The pristine bytes of a file that is not pristine, as apply saved them (None: no file,
+    one the overlay adds)."""
+    if entry.pristine_sha256 is None:
+        return None
     record = read_record(target)
     if record is not None and record.originals.get(entry.path) == entry.pristine_sha256:
         return target.saved_original(entry.path, entry.pristine_sha256)
@@ -385,8 +435,9 @@ def orphaned(root: Path, package: str, lock: Lock | None, command: str, why: str
         with target.locked():
             fsio.sweep_temp([state])
             fsio.remove_file(target.state_path(JOURNAL))
+            removed = remove_added(target, record.lock) if record is not None else []
             target.forget()
-            notes += [f"{found}: removed it", target.remove_state_dir()]
+            notes += [f"{found}: removed it", *removed, target.remove_state_dir()]
         outcome, ok = "orphaned state removed", True
     kept = tuple(n for n in notes if n)
     return Report(
