@@ -112,7 +112,7 @@ def _index_wheel(
         setting.url,
         project.package,
         unreachable=f": index-url from {setting.origin}",
-        auth=setting.headers,
+        auth=setting,
     )
     for entry in found:
         if entry.filename.startswith(prefix) and entry.filename.endswith(f"-{platform}.whl"):
@@ -128,7 +128,7 @@ def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
     the index every time the index is reachable, and against the cached check otherwise."""
     setting = indexsettings.for_project(project)
     entry = _index_wheel(project, platform, setting)
-    wheel = index.fetch(entry, project.cache_dir / "wheels", setting.headers)
+    wheel = index.fetch(entry, project.cache_dir / "wheels", setting)
     assert entry.sha256 is not None  # fetch refuses an entry without one
     return wheel, entry.sha256
 
