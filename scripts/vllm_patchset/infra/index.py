@@ -30,7 +30,6 @@ download leaves no `.part`.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import socket
 import ssl
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from vllm_patchset.errors import BadInput, DownloadFailed
-from vllm_patchset.infra import fsio
+from vllm_patchset.infra import fsio, jsonfile
 from vllm_patchset.infra.hashes import sha256_file
 from vllm_patchset.infra.indexsettings import public, split
 
@@ -370,54 +369,77 @@ def files(
 def _parse(
     package: str, data: bytes, page: str, *, json_page: bool, where: str, unreachable: str
 ) -> list[IndexFile]:
+    """The files of a PEP 691 (JSON) or PEP 503 (HTML) page; DownloadFailed, naming what is
+    wrong, for a page that is neither or lists a file the rules refuse."""
+    kind = "PEP 691" if json_page else "PEP 503"
+    local = _site(page)[0] == "file"
+    try:
+        if json_page:
+            doc = jsonfile.parse(data, limit=PAGE_LIMIT)
+            entries = jsonfile.field(doc, "files", list)
+            return [_json_entry(page, entry, local=local) for entry in entries]
+        return [_html_entry(found, local=local) for found in _html_packages(package, data, page)]
+    except ValueError as exc:
+        raise DownloadFailed(
+            f"the package index {where} answered no {kind} page ({exc}){unreachable}"
+        ) from None
+
+
+def _html_packages(package: str, data: bytes, page: str) -> list[Any]:
+    """The links of a PEP 503 page, read by pypi-simple (its `<base>`, `#sha256=` fragments,
+    `data-yanked`, as pip reads them)."""
     try:
         from pypi_simple import ProjectPage
     except ImportError:
         raise BadInput(
-            "reading a package index needs the 'maintain' extra (missing: pypi-simple):"
-            " pip install 'vllm-patchset[maintain]'"
+            "reading a PEP 503 (HTML) package index needs the 'maintain' extra (missing:"
+            " pypi-simple): pip install 'vllm-patchset[maintain]'"
         ) from None
-    kind = "PEP 691" if json_page else "PEP 503"
     try:
-        if json_page:
-            doc = json.loads(data)
-            if not isinstance(doc, dict):
-                raise ValueError("not a JSON object")
-            doc.setdefault("meta", {"api-version": "1.0"})  # pip reads `files` alone
-            doc.setdefault("name", package)
-            parsed = ProjectPage.from_json_data(doc, base_url=page)
-        else:
-            parsed = ProjectPage.from_html(package, data, base_url=page)
-        local = _site(page)[0] == "file"
-        return [_entry(p, local=local) for p in parsed.packages]
-    except DownloadFailed:
-        raise
-    except Exception as exc:  # pypi-simple's and pydantic's errors: a page it cannot read
+        return list(ProjectPage.from_html(package, data, base_url=page).packages)
+    except Exception as exc:  # what pypi-simple or its HTML parser raise: a page it cannot read
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise DownloadFailed(
-            f"the package index {where} answered no {kind} page ({why}){unreachable}"
-        ) from None
+        raise jsonfile.BadJson(f"not an HTML page pypi-simple reads: {why}") from None
 
 
-def _entry(package: Any, *, local: bool) -> IndexFile:
-    name = str(package.filename)
+def _checked(name: str, url: str, *, local: bool) -> str:
+    """`url` (absolute) of the file `name`, when the rules allow them: a plain file name; an
+    http(s) URL, or a file: one from a file: index only. Without userinfo."""
     if fsio.plain_parts(name) is None or "/" in name:
-        raise DownloadFailed(f"the package index lists {name!r}, not a plain file name: refused")
-    parts = split(str(package.url))
+        raise jsonfile.BadJson(f"file name {name!r} is not a plain file name")
+    parts = split(url)
     if parts is None or parts.scheme not in SCHEMES:
-        raise DownloadFailed(f"the package index's URL of {name} is not http, https or file")
+        raise jsonfile.BadJson(f"the URL of {name} is not http, https or file")
     if parts.scheme == "file" and not local:
-        raise DownloadFailed(
-            f"the package index lists {name} at a file: URL; a remote index never reads this"
-            " machine's files: refused"
+        raise jsonfile.BadJson(
+            f"the URL of {name} is a file: URL, and a remote index never reads this machine's files"
         )
-    digests = package.digests or {}
-    sha = digests.get("sha256")
-    if not (isinstance(sha, str) and len(sha) == 64 and set(sha.lower()) <= _SHA256_HEX):
-        sha = None
-    size = package.size if isinstance(package.size, int) and package.size >= 0 else None
-    yanked = bool(package.is_yanked)
-    return IndexFile(name, parts.public, sha.lower() if sha else None, yanked, size, local)
+    return parts.public
+
+
+def _sha256(value: object) -> str | None:
+    if isinstance(value, str) and len(value) == 64 and set(value.lower()) <= _SHA256_HEX:
+        return value.lower()
+    return None
+
+
+def _json_entry(page: str, entry: object, *, local: bool) -> IndexFile:
+    if not isinstance(entry, dict):
+        raise jsonfile.BadJson("a file entry is not a JSON object")
+    name = jsonfile.field(entry, "filename", str)
+    url = _checked(name, urllib.parse.urljoin(page, jsonfile.field(entry, "url", str)), local=local)
+    hashes = entry.get("hashes", {})
+    sha = _sha256(hashes.get("sha256") if isinstance(hashes, dict) else None)
+    size = entry.get("size")
+    declared = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+    return IndexFile(name, url, sha, bool(entry.get("yanked")), declared, local)
+
+
+def _html_entry(package: Any, *, local: bool) -> IndexFile:
+    name = str(package.filename)
+    url = _checked(name, str(package.url), local=local)
+    sha = _sha256((package.digests or {}).get("sha256"))
+    return IndexFile(name, url, sha, bool(package.is_yanked), None, local)
 
 
 def _local_path(url: str) -> Path:
