@@ -172,7 +172,10 @@ def body(data: bytes, content_type: str = "application/octet-stream") -> Answer:
 
 
 def raw(data: bytes) -> Answer:
-    return lambda conn: conn.send(data) and None
+    def answer(conn: _Conn) -> None:
+        conn.send(data)
+
+    return answer
 
 
 def slow_body(conn: _Conn) -> None:

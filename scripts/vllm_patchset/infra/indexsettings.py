@@ -53,6 +53,9 @@ _URL = re.compile(r"(https?|file)://[^\s]+$")
 _NAMED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*=(?=[a-z]+://)")  # uv's `name=url`
 
 
+_WARNED: set[str] = set()  # the trusted-host warning: once a run (an index)
+
+
 @dataclass(frozen=True)
 class Tls:
     """How the index's TLS certificate is checked, as pip and uv let a user say it: a CA
@@ -105,6 +108,13 @@ class IndexSetting:
         elsewhere (a redirect to a CDN)."""
         if _site(url)[1:] != _site(self.url)[1:]:
             return None
+        if self.tls.trusted_from and self.url not in _WARNED:
+            _WARNED.add(self.url)
+            print(
+                f"vllm-patchset: warning: {_site(self.url)[1]} is a trusted-host"
+                f" ({self.tls.trusted_from}): its TLS certificate is not checked",
+                file=sys.stderr,
+            )
         return self.tls.context()
 
     def describe(self) -> str:
