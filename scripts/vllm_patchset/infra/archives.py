@@ -42,6 +42,8 @@ class Bounds:
 
 
 TREE_BOUNDS = Bounds(member=256 << 20, total=8 << 30, count=200_000)
+# An sdist: every member counted, those outside `vllm/` too (vLLM 0.33's sdist has 9,629).
+SDIST_BOUNDS = Bounds(member=256 << 20, total=8 << 30, count=100_000)
 KIT_BOUNDS = Bounds(member=8 << 30, total=64 << 30, count=200_000)
 CHUNK = 1 << 20
 

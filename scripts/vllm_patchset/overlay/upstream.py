@@ -365,7 +365,9 @@ def _extract_package(sdist: Path, dest: Path, package: str) -> None:
 
     try:
         with tarfile.open(sdist, "r|gz") as tar:
-            archives.extract(tar, dest, what=str(sdist), select=select, stream=True)
+            archives.extract(
+                tar, dest, what=str(sdist), select=select, stream=True, bounds=archives.SDIST_BOUNDS
+            )
     except archives.ArchiveRefused as exc:
         raise DownloadFailed(str(exc)) from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
