@@ -229,21 +229,28 @@ class Mirror:
     def release(self, version: str) -> Upstream:
         """The PyPI release `version`, fetched once; a second call needs no network."""
         wanted = check_version(version)
-        stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
-        cached = self.get(f"v{versions.spelt_as(wanted, stored) or wanted}")
+        cached = self._cached_release(wanted)
         if cached is not None:
             return cached
-        sdist, sha256, url, version = self._download_sdist(wanted)
-        with (
-            importing(self.cache_dir),
-            progress(f"importing {sdist.name} into the mirror"),
-            fsio.temp_dir("vllm-patchset-sdist-") as root,
-        ):
-            _extract_package(sdist, root, self.package)
-            tree = self.repo.tree_from_directory(root)
-            return self._store(
-                tree, f"v{version}", version, version, f"pypi:{sdist.name} sha256:{sha256} {url}"
-            )
+        # One download and import at a time: two runs never write one `.part`, and a prune
+        # never gc's an object an import has written and not yet tagged.
+        with importing(self.cache_dir):
+            cached = self._cached_release(wanted)  # another run's import, while this one waited
+            if cached is not None:
+                return cached
+            sdist, sha256, url, version = self._download_sdist(wanted)
+            with (
+                progress(f"importing {sdist.name} into the mirror"),
+                fsio.temp_dir("vllm-patchset-sdist-") as root,
+            ):
+                _extract_package(sdist, root, self.package)
+                tree = self.repo.tree_from_directory(root)
+            source = f"pypi:{sdist.name} sha256:{sha256} {url}"
+            return self._store(tree, f"v{version}", version, version, source)
+
+    def _cached_release(self, wanted: str) -> Upstream | None:
+        stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
+        return self.get(f"v{versions.spelt_as(wanted, stored) or wanted}")
 
     def _index_files(self) -> list[index.IndexFile]:
         unreachable = " and the release is not cached"
