@@ -492,6 +492,7 @@ def fetch(entry: IndexFile, folder: Path, auth: Access | Auth | None = None) -> 
             f"the package index gives no sha256 for {entry.filename}: it cannot be verified,"
             " nothing was downloaded"
         )
+    fsio.no_symlink_below(folder.parent, (folder.name,))  # a cache's folder, not a link out
     target = folder / entry.filename
     if entry.sha256 and fsio.is_regular(target) and sha256_file(target) == entry.sha256:
         return target
