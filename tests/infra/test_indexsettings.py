@@ -216,10 +216,12 @@ def test_tls_settings_are_not_used_for_an_http_index(tmp_path: Path) -> None:
     assert resolve(environ=environ).tls == Tls()
 
 
-def test_a_missing_ca_bundle_is_one_line(tmp_path: Path) -> None:
+def test_a_missing_ca_bundle_is_one_line_when_used(tmp_path: Path) -> None:
+    """Only a transfer needs it: `status` reads no index."""
     environ = _env(tmp_path, PIP_INDEX_URL="https://idx.example/simple", PIP_CERT="/nowhere.pem")
+    setting = resolve(environ=environ)
     with pytest.raises(BadInput) as info:
-        resolve(environ=environ)
+        setting.context(setting.url)
     assert str(info.value) == "PIP_CERT: the CA bundle /nowhere.pem does not exist"
 
 

@@ -72,6 +72,12 @@ class Tls:
         """The SSL context for the index's host (pip's rules: a CA bundle replaces the
         system's store; without one, the system's store and SSL_CERT_FILE, as Python reads
         them)."""
+        for path, origin, what in (
+            (self.cafile, self.cafile_from, "CA bundle"),
+            (self.client_cert, self.client_cert_from, "client certificate"),
+        ):
+            if path is not None and not Path(path).exists():
+                raise BadInput(f"{origin}: the {what} {path} does not exist")
         if self.trusted_from:
             context = ssl.create_default_context()
             context.check_hostname = False
@@ -335,9 +341,6 @@ def _tls(parts: Parts, config: PipConfig, env: Mapping[str, str]) -> Tls:
             if names & hosts:
                 trusted = where
                 break
-    for path, where in ((cafile, "CA bundle"), (client, "client certificate")):
-        if path is not None and not Path(path[0]).exists():
-            raise BadInput(f"{path[1]}: the {where} {path[0]} does not exist")
     return Tls(
         cafile[0] if cafile else None,
         cafile[1] if cafile else "",
