@@ -18,6 +18,7 @@ import json
 import re
 import socket
 import socketserver
+import subprocess
 import tarfile
 import threading
 import time
@@ -506,7 +507,8 @@ def test_no_password_is_ever_printed(
     netrc), through every command that reads the index, with --json and --verbose: the canary
     is in no output, no file of the cache and no lock; the URL is either used (without its
     userinfo in what is shown) or refused in one line naming the setting."""
-    server = Hostile({PAGE: page_json([])})
+    server = Hostile({FILE: body(SDIST)})
+    server.routes[PAGE] = listing(f"{server.base}{FILE}")
     outputs: list[str] = []
     try:
         url = server.url.replace("//", f"//user:{password}@")
@@ -543,6 +545,13 @@ def test_no_password_is_ever_printed(
             assert CANARY.encode() not in path.read_bytes(), path
     lock = tiny.root / "overlay" / "overlay.lock.json"
     assert CANARY not in lock.read_text()
+    messages = subprocess.run(  # the mirror's tags: where each tree came from
+        ["git", "--git-dir", str(fresh_cache / "mirror.git"), "log", "--all", "--format=%B"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert CANARY not in messages.stdout
 
 
 UNPARSEABLE = [
