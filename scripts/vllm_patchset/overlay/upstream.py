@@ -229,15 +229,18 @@ class Mirror:
     def release(self, version: str) -> Upstream:
         """The PyPI release `version`, fetched once; a second call needs no network."""
         wanted = check_version(version)
-        cached = self._cached_release(wanted)
+        seen = self.repo.resolve(f"refs/tags/{self._release_tag(wanted)}")
+        cached = self.get(self._release_tag(wanted))
         if cached is not None:
             return cached
         # One download and import at a time: two runs never write one `.part`, and a prune
         # never gc's an object an import has written and not yet tagged.
         with importing(self.cache_dir):
-            cached = self._cached_release(wanted)  # another run's import, while this one waited
-            if cached is not None:
-                return cached
+            tag = self._release_tag(wanted)
+            if seen is None and self.repo.resolve(f"refs/tags/{tag}") is not None:
+                cached = self.get(tag)  # another run imported it while this one waited
+                if cached is not None:
+                    return cached
             sdist, sha256, url, version = self._download_sdist(wanted)
             with (
                 progress(f"importing {sdist.name} into the mirror"),
@@ -248,9 +251,9 @@ class Mirror:
             source = f"pypi:{sdist.name} sha256:{sha256} {url}"
             return self._store(tree, f"v{version}", version, version, source)
 
-    def _cached_release(self, wanted: str) -> Upstream | None:
+    def _release_tag(self, wanted: str) -> str:
         stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
-        return self.get(f"v{versions.spelt_as(wanted, stored) or wanted}")
+        return f"v{versions.spelt_as(wanted, stored) or wanted}"
 
     def _index_files(self) -> list[index.IndexFile]:
         unreachable = " and the release is not cached"
