@@ -100,6 +100,26 @@ def test_a_file_index_is_read_as_pip_reads_it(tmp_path: Path, layout: object) ->
     assert sorted(p.name for p in (tmp_path / "sdists").iterdir()) == sorted(SDISTS)
 
 
+def test_a_killed_run_s_part_is_swept_a_running_one_s_kept(tmp_path: Path) -> None:
+    """`.part`s are one a run (`<file>.<pid>.part`): a fetch removes those of runs that are
+    gone (killed: nothing of theirs removed them), never a running one's, nor anything else."""
+    root = tmp_path / "index"
+    per_project_html(root)
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    dead = sdists / "vllm-1.0.tar.gz.999999999.part"  # over any pid_max
+    alive = sdists / f"vllm-1.0.tar.gz.{os.getppid()}.part"
+    other = sdists / "vllm-1.0.tar.gz.notes.part"
+    for path in (dead, alive, other):
+        path.write_bytes(b"partial")
+    (sdists / "vllm-1.1.tar.gz.999999999.part").symlink_to(alive)
+    entry = next(f for f in index.files(root.as_uri(), "vllm") if f.filename == "vllm-1.0.tar.gz")
+    index.fetch(entry, sdists)
+    assert sorted(p.name for p in sdists.iterdir()) == sorted(
+        ["vllm-1.0.tar.gz", alive.name, other.name, "vllm-1.1.tar.gz.999999999.part"]
+    )
+
+
 def test_a_file_index_with_a_wrong_sha256_keeps_nothing(tmp_path: Path) -> None:
     root = tmp_path / "index"
     per_project_html(root)

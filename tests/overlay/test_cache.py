@@ -226,7 +226,13 @@ LOCKS = [
     ("a reader waits for a prune", CACHE_LOCK, "exclusive", ("status",), CACHE_LOCK),
     ("a listing waits for a prune", CACHE_LOCK, "exclusive", ("cache", "list"), CACHE_LOCK),
     ("an import waits for a prune", CACHE_LOCK, "exclusive", ("fetch", "7.0"), CACHE_LOCK),
-    ("an import waits for an import", IMPORT_LOCK, "exclusive", ("fetch", "7.0"), IMPORT_LOCK),
+    (
+        "an import waits for an import",
+        IMPORT_LOCK,
+        "exclusive",
+        ("fetch", "--git", "{upstream}", "--ref", "v1.2"),
+        IMPORT_LOCK,
+    ),
 ]
 
 
@@ -238,12 +244,14 @@ def test_runs_wait_for_each_other_and_change_nothing(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     tiny: Project,
+    story: Story,
     cache: Path,
     lock: str,
     mode: str,
     command: tuple[str, ...],
     named: str,
 ) -> None:
+    command = tuple(a.format(upstream=story.upstream.path) for a in command)
     with LocalIndex(tmp_path / "index") as index:
         index.publish("vllm-7.0.tar.gz", sdist_bytes("7.0", {"vllm/__init__.py": "x = 7\n"}))
         monkeypatch.setenv("PIP_INDEX_URL", index.url)

@@ -128,9 +128,9 @@ def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
     the index every time the index is reachable, and against the cached check otherwise."""
     setting = indexsettings.for_project(project)
     entry = _index_wheel(project, platform, setting)
-    from vllm_patchset.overlay.upstream import importing
+    from vllm_patchset.overlay.upstream import reading
 
-    with importing(project.cache_dir):  # a prune waits; two runs never share a `.part`
+    with reading(project.cache_dir):  # a prune waits
         wheel = index.fetch(entry, project.cache_dir / "wheels", setting)
     # fetch refuses an entry without a sha256, but from a `file:` index (the user's folder)
     return wheel, entry.sha256 or sha256_file(wheel)

@@ -497,8 +497,10 @@ def fetch(entry: IndexFile, folder: Path, auth: Access | Auth | None = None) -> 
     if entry.sha256 and fsio.is_regular(target) and sha256_file(target) == entry.sha256:
         return target
     fsio.make_dirs(folder)
-    partial = target.with_name(target.name + ".part")
-    fsio.remove_file(partial)  # one a killed run left
+    _sweep_parts(folder, entry.filename)
+    # One `.part` a run (its pid in the name): two runs downloading the same file never write
+    # into one; the last to finish moves its whole, verified file in place.
+    partial = target.with_name(f"{target.name}.{os.getpid()}.part")
     try:
         download(entry.url, partial, entry.filename, auth, size=entry.size)
         got = sha256_file(partial)
@@ -513,6 +515,29 @@ def fetch(entry: IndexFile, folder: Path, auth: Access | Auth | None = None) -> 
     finally:
         fsio.remove_file(partial)
     return target
+
+
+def part_pid(name: str, filename: str) -> int | None:
+    """The pid in `name` when it is a `.part` of `filename` (`<filename>.<pid>.part`)."""
+    pid = name.removeprefix(f"{filename}.").removesuffix(".part")
+    if name == f"{filename}.{pid}.part" and pid.isdigit():
+        return int(pid)
+    return None
+
+
+def _sweep_parts(folder: Path, filename: str) -> None:
+    """Remove the `.part`s of `filename` that killed runs left (SIGKILL: nothing of theirs
+    ran to remove them): regular files only, of a pid that is gone."""
+    for path in folder.iterdir():
+        pid = part_pid(path.name, filename)
+        if pid is None or not fsio.is_regular(path):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            fsio.remove_file(path)
+        except PermissionError:
+            continue
 
 
 def download(

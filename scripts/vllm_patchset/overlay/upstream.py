@@ -126,6 +126,16 @@ def release_shared(cache_dir: Path) -> None:
 
 
 @contextmanager
+def reading(cache_dir: Path) -> Iterator[None]:
+    """The cache held shared by this run for the block (a prune waits)."""
+    hold_shared(cache_dir)
+    try:
+        yield
+    finally:
+        release_shared(cache_dir)
+
+
+@contextmanager
 def importing(cache_dir: Path) -> Iterator[None]:
     """One import into the mirror at a time (and none while a prune runs)."""
     key = cache_dir.absolute()
@@ -233,15 +243,15 @@ class Mirror:
         cached = self.get(self._release_tag(wanted))
         if cached is not None:
             return cached
-        # One download and import at a time: two runs never write one `.part`, and a prune
-        # never gc's an object an import has written and not yet tagged.
+        sdist, sha256, url, version = self._download_sdist(wanted)  # a prune waits
+        # One import at a time, and never during a prune: it would gc the objects an import
+        # has written and not yet tagged.
         with importing(self.cache_dir):
             tag = self._release_tag(wanted)
             if seen is None and self.repo.resolve(f"refs/tags/{tag}") is not None:
-                cached = self.get(tag)  # another run imported it while this one waited
+                cached = self.get(tag)  # another run imported it while this one downloaded
                 if cached is not None:
                     return cached
-            sdist, sha256, url, version = self._download_sdist(wanted)
             with (
                 progress(f"importing {sdist.name} into the mirror"),
                 fsio.temp_dir("vllm-patchset-sdist-") as root,
