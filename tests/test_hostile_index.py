@@ -310,6 +310,12 @@ CASES = [
         f"(the URL of {NAME} is a file: URL, and a remote index never reads this machine's"
         f" files){NOT_CACHED}",
     ),
+    Case(  # a captive portal's HTML page: read as a PEP 503 page listing nothing
+        "captive-portal-html",
+        lambda base: {PAGE: body(b"<html><body>Log in to the Wi-Fi</body></html>", "text/html")},
+        ("fetch", RELEASE),
+        f"vllm {RELEASE} is not available from http://127.0.0.1:",
+    ),
     _file_case("file-1-byte-every-2-s", slow_body, SLOW),
     _file_case("file-endless", endless, BIG.format(size=1 << 20)),
     _file_case("file-endless-chunked", chunked_endless, BIG.format(size=1 << 20)),
