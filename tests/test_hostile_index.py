@@ -280,6 +280,11 @@ CASES = [
         bad_chunk,
         f"(a broken HTTP answer (IncompleteRead: IncompleteRead(0 bytes read))){NOT_CACHED}",
     ),
+    _page_case(
+        "status-line-with-escapes",
+        raw(b"HTTP/1.1 500 \x1b]0;owned\x07\x1b[2J\r\nContent-Length: 0\r\n\r\n"),
+        f"(HTTP 500 ?]0;owned??[2J){NOT_CACHED}",
+    ),
     _page_case("connection-reset", reset, f"(Connection reset by peer){NOT_CACHED}"),
     _page_case(
         "closed-without-answer",

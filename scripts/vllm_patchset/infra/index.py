@@ -310,10 +310,17 @@ def _too_big(limits: Limits) -> str:
     )
 
 
+def _printable(text: object, limit: int = 120) -> str:
+    """What a server sent (a status line, a reason), shown: its first line, at most `limit`
+    characters, each control character (a terminal's escape sequence) as `?`."""
+    line = str(text).splitlines()[0] if str(text) else ""
+    return "".join(c if c.isprintable() else "?" for c in line[:limit])
+
+
 def _words(exc: BaseException) -> str:
     """An error of urllib, http.client, ssl or the OS, in words (one line, no URL)."""
     if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
+        return f"HTTP {exc.code} {_printable(exc.reason)}"
     reason = getattr(exc, "reason", None)
     if isinstance(exc, urllib.error.URLError) and isinstance(reason, BaseException):
         exc = reason
@@ -322,13 +329,13 @@ def _words(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLError):
         return f"TLS: {exc.reason or exc}"
     if isinstance(exc, http.client.HTTPException):
-        detail = str(exc).splitlines()[0][:120] if str(exc) else ""
+        detail = _printable(exc)
         return f"a broken HTTP answer ({type(exc).__name__}{': ' + detail if detail else ''})"
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     if reason is not None:
-        return str(reason).splitlines()[0][:200]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return _printable(reason, 200)
+    return f"{type(exc).__name__}: {_printable(exc, 200)}"
 
 
 # -- pages ----------------------------------------------------------------------------------------
