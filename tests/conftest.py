@@ -114,6 +114,19 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 sys.addaudithook(_audit)
 
 
+# pip's, requests' and uv's TLS settings (a CA bundle, a client certificate, a trusted host):
+# `status --verbose` names them; SSL_CERT_FILE and SSL_CERT_DIR stay (Python's own defaults).
+TLS_SETTINGS = (
+    "PIP_CERT",
+    "PIP_CLIENT_CERT",
+    "PIP_TRUSTED_HOST",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "SSL_CLIENT_CERT",
+    "UV_INSECURE_HOST",
+)
+
+
 @pytest.fixture(autouse=True)
 def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     global _guard_active
@@ -126,7 +139,7 @@ def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
     # to give: none is read unless a test sets it (infra/indexsettings.py reads them all).
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "NETRC"):
+    for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "NETRC", *TLS_SETTINGS):
         monkeypatch.delenv(name, raising=False)
     # Reports fit the terminal ($COLUMNS, else 80 when piped): the exact texts of the tests are
     # a wide terminal's, whose lines a temporary path of any length does not break;

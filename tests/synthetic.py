@@ -31,6 +31,7 @@ import tarfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 
 from support import git
@@ -326,6 +327,12 @@ class _Guarded(_Quiet):
             self.end_headers()
             return
         super().do_GET()
+
+    def guess_type(self, path: str | PathLike[str]) -> str:
+        """The simple pages are JSON (PEP 691), as their Content-Type says."""
+        if str(path).endswith("index.html"):
+            return "application/vnd.pypi.simple.v1+json"
+        return super().guess_type(path)
 
 
 class LocalIndex:

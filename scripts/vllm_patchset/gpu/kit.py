@@ -103,7 +103,7 @@ def _index_wheel(
         setting.url,
         project.package,
         unreachable=f": index-url from {setting.origin}",
-        auth=setting.headers,
+        auth=setting,
     )
     for entry in found:
         if entry.filename.startswith(prefix) and entry.filename.endswith(f"-{platform}.whl"):
@@ -119,9 +119,12 @@ def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
     the index every time the index is reachable, and against the cached check otherwise."""
     setting = indexsettings.for_project(project)
     entry = _index_wheel(project, platform, setting)
-    wheel = index.fetch(entry, project.cache_dir / "wheels", setting.headers)
-    assert entry.sha256 is not None  # fetch refuses an entry without one
-    return wheel, entry.sha256
+    from vllm_patchset.overlay.upstream import reading
+
+    with reading(project.cache_dir):  # a prune waits
+        wheel = index.fetch(entry, project.cache_dir / "wheels", setting)
+    # fetch refuses an entry without a sha256, but from a `file:` index (the user's folder)
+    return wheel, entry.sha256 or sha256_file(wheel)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:

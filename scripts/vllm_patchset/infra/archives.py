@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,8 @@ class Bounds:
 
 
 TREE_BOUNDS = Bounds(member=256 << 20, total=8 << 30, count=200_000)
+# An sdist: every member counted, those outside `vllm/` too (vLLM 0.33's sdist has 9,629).
+SDIST_BOUNDS = Bounds(member=256 << 20, total=8 << 30, count=100_000)
 KIT_BOUNDS = Bounds(member=8 << 30, total=64 << 30, count=200_000)
 CHUNK = 1 << 20
 
@@ -100,19 +102,38 @@ class _Tally:
     count: int = 0
     total: int = 0
 
-    def add(self, member: tarfile.TarInfo) -> None:
+    def seen(self, member: tarfile.TarInfo) -> None:
+        """Count every member of the archive, written or passed over: an archive of a million
+        members beside the expected folder is refused as soon as the count is over."""
         self.count += 1
-        self.total += member.size if member.isreg() else 0
-        if member.isreg() and member.size > self.bounds.member:
-            raise ArchiveRefused(
-                f"{self.what} holds {member.name!r} of {member.size} bytes, over the bound of"
-                f" {self.bounds.member} a member: refused"
-            )
+        self.total += max(member.size, 0) if member.isreg() else 0
         if self.total > self.bounds.total or self.count > self.bounds.count:
             raise ArchiveRefused(
                 f"{self.what} holds more than {self.bounds.total} bytes or"
                 f" {self.bounds.count} members: refused"
             )
+
+    def add(self, member: tarfile.TarInfo) -> None:
+        if member.isreg() and member.size > self.bounds.member:
+            raise ArchiveRefused(
+                f"{self.what} holds {member.name!r} of {member.size} bytes, over the bound of"
+                f" {self.bounds.member} a member: refused"
+            )
+
+
+def members(tar: tarfile.TarFile, tally: _Tally | None = None) -> Iterator[tarfile.TarInfo]:
+    """The members of `tar` one by one, each counted by `tally`, none kept: tarfile's own
+    iteration keeps every member it has read (`tar.members`), memory that grows with an
+    archive of a million members; here each is let go once the next is read."""
+    while True:
+        member = tar.next()
+        if member is None:
+            return
+        if tally is not None:
+            tally.seen(member)
+        yield member
+        kept: list[tarfile.TarInfo] = getattr(tar, "members")  # noqa: B009 - untyped
+        kept.clear()
 
 
 def extract(
@@ -144,17 +165,20 @@ def extract(
             raise ArchiveRefused(f"{what} holds {member.name!r}, not a plain path: refused")
         return out
 
-    members: Iterable[tarfile.TarInfo] = tar
-    if not stream:
-        listed = tar.getmembers()
+    source: Iterable[tarfile.TarInfo]
+    if stream:
+        source = members(tar, _Tally(bounds, what))
+    else:
+        listed = []
         tally = _Tally(bounds, what)
-        for member in listed:
+        for member in members(tar, tally):
+            listed.append(member)
             if plan(member) is not None:
                 tally.add(member)
-        members = listed
+        source = listed
     tally = _Tally(bounds, what)
     written = 0
-    for member in members:
+    for member in source:
         parts = plan(member)
         if parts is None:
             continue
@@ -204,11 +228,14 @@ def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
         os.chmod(path, 0o755)  # whatever the umask
 
 
-def read_member(tar: tarfile.TarFile, name: str, *, what: str, limit: int) -> bytes | None:
+def read_member(
+    tar: tarfile.TarFile, name: str, *, what: str, limit: int, bounds: Bounds = TREE_BOUNDS
+) -> bytes | None:
     """The bytes of the regular member `name`, read in one pass that stops there (a stream
     `r|` is read no further), or None when the archive has none. Checked as `extract` checks
-    a member (a plain path, a regular file) and refused over `limit` bytes."""
-    for member in tar:
+    a member (a plain path, a regular file) and refused over `limit` bytes; the members before
+    it counted against `bounds`."""
+    for member in members(tar, _Tally(bounds, what)):
         if member.name != name:
             continue
         check(member, what=what)

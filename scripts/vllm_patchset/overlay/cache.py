@@ -12,6 +12,13 @@ git). Anything else there is not the tool's, and is listed as `other`, never rem
 - the mirror's unreachable objects (`git gc --prune=now`): every tag is kept, and the commit the
   checkout's lock was built from is kept by a ref of its own first.
 `--dry-run` lists what would go and removes nothing.
+
+Only the cache's own is touched: `list` holds the cache's lock shared and `prune` exclusive
+(`upstream.cache_exclusive`: a fetch, build or matrix running meanwhile finishes first, or
+waits), nothing in it is followed through a symlink (a `mirror.git`, `sdists` or `wheels` that
+is a link is listed as `other`, and `prune` refuses a linked `mirror.git`: it would gc a
+repository that is not the cache's), and a file is removed only when it is a regular file
+named as the tool names its downloads.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from vllm_patchset.console import emit, table
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project, default_cache_dir
 from vllm_patchset.infra.gitrepo import Repo
+from vllm_patchset.overlay import upstream
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
@@ -72,9 +80,14 @@ def human(size: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _is_mirror(path: Path) -> bool:
+    """Whether `path` is the cache's own mirror: a real folder (not a link) with a HEAD."""
+    return path.is_dir() and not path.is_symlink() and fsio.is_regular(path / "HEAD")
+
+
 def _mirror_releases(cache: Path) -> set[str]:
     """The releases whose tree the mirror holds (its `v<version>` tags)."""
-    if not (cache / "mirror.git" / "HEAD").is_file():
+    if not _is_mirror(cache / "mirror.git"):
         return set()
     return {tag[1:] for tag in Repo(cache / "mirror.git").tags("v*")}
 
@@ -87,10 +100,12 @@ def inventory(cache: Path, pin: str | None) -> list[Item]:
     items: list[Item] = []
     others: list[Item] = []
     for entry in sorted(cache.iterdir()):
+        if entry.name in (upstream.CACHE_LOCK, upstream.IMPORT_LOCK):
+            continue  # the cache's locks
         if entry.name in ("sdists", "wheels") and entry.is_dir() and not entry.is_symlink():
             for file in sorted(entry.iterdir()):
                 items.append(_item(cache, file, pin, imported))
-        elif entry.name == "mirror.git" and (entry / "HEAD").is_file():
+        elif entry.name == "mirror.git" and _is_mirror(entry):
             trees = len(Repo(entry).tags("*"))  # one tag a tree: a release, a git ref, an install
             detail = f"{trees} tags"
             items.append(Item("mirror", "git", entry.name, size_of(entry), detail=detail))
@@ -159,26 +174,47 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     fsio.interrupt_leaves("nothing was changed")
     project = _project(args, required=False)
     cache = project.cache_dir if project else (args.cache_dir or default_cache_dir())
-    items = inventory(cache, project.pin if project else None)
+    # Shared: a prune waits. A cache without a lock file yet is read without one (nothing
+    # else has begun to write it; listing writes nothing).
+    with fsio.locked(cache / upstream.CACHE_LOCK, shared=True, holder=_HOLDER):
+        items = inventory(cache, project.pin if project else None)
     body = {"cache": str(cache), "size": sum(i.size for i in items), "items": _json(items)}
     return emit(args, _table(cache, items, "cache"), body)
+
+
+_HOLDER = "another vllm-patchset run (a fetch, build, matrix or cache prune)"
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
     project = _project(args, required=True)
     assert project is not None
+    if not project.cache_dir.is_dir():
+        return _prune(args, project)
+    fsio.no_symlink_below(project.cache_dir, (upstream.CACHE_LOCK,))
+    with upstream.cache_exclusive(project.cache_dir):
+        return _prune(args, project)
+
+
+def _prune(args: argparse.Namespace, project: Project) -> int:
     cache = project.cache_dir
+    mirror = cache / "mirror.git"
+    if mirror.is_symlink():
+        raise fsio.UnsafePath(
+            f"refusing {mirror}: it is a symlink (to {os.readlink(mirror)}), not the cache's own"
+            " mirror; nothing was removed"
+        )
     items = inventory(cache, project.pin)
     gone = [i for i in items if i.prunable]
     freed = sum(i.size for i in gone)
-    mirror = cache / "mirror.git"
     # Each file goes whole and git gc replaces packs atomically: the cache stays usable.
     removing = "some of the files listed removed; the cache is usable as it is"
     fsio.interrupt_leaves("nothing was changed" if args.dry_run else removing)
     if not args.dry_run:
         for item in gone:
-            fsio.remove_file(cache / item.path)
-        if (mirror / "HEAD").is_file():
+            path = fsio.no_symlink_below(cache, item.path.split("/"))
+            if fsio.is_regular(path):  # still what was listed: a regular file of ours
+                fsio.remove_file(path)
+        if _is_mirror(mirror):
             freed += _gc(Repo(mirror), project)
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {len(gone)} file(s), {human(freed)}"]

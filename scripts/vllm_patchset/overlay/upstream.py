@@ -12,8 +12,10 @@ import json
 import re
 import sys
 import tarfile
+import weakref
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -24,7 +26,7 @@ from vllm_patchset.infra import archives, codec, fsio, index, indexsettings, jso
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
 from vllm_patchset.infra.gitrepo import Repo, init_bare
-from vllm_patchset.infra.hashes import record_hash
+from vllm_patchset.infra.hashes import record_hash, sha256_file
 from vllm_patchset.infra.installed import (
     ORIGINALS,
     RECORD,
@@ -85,6 +87,92 @@ def _kept(path: str) -> bool:
     )
 
 
+# -- the cache's locks -----------------------------------------------------------------------------
+# Every run that reads or writes the cache holds flock(2) on CACHE_LOCK in it: shared for as long
+# as it reads (a Mirror's life), exclusive for `cache prune` (`cache_exclusive`), which so waits
+# for every reader and importer and is never met by one. The mirror's imports are one at a time
+# too, exclusive on IMPORT_LOCK (`importing`) while their shared hold keeps a prune out: a reader
+# never waits for an import, so a long `matrix` does not hold a fetch off, nor a fetch a
+# `status`. One shared hold a process however many Mirror objects it makes, given up while that
+# process prunes (flock is per open file: a second open of its own would wait on itself).
+CACHE_LOCK = "vllm-patchset.lock"
+IMPORT_LOCK = "vllm-patchset.import.lock"
+_HOLDER = "another vllm-patchset run (a fetch, build, matrix or cache prune)"
+_shared: dict[Path, tuple[ExitStack, int]] = {}
+
+
+def _made(path: Path) -> Path:
+    """The lock file `path`, made (with its folder) when missing."""
+    if not (path.exists() or path.is_symlink()):
+        with fsio.locked(path, holder=_HOLDER):
+            pass
+    return path
+
+
+def hold_shared(cache_dir: Path) -> None:
+    """Take (or count once more) this process's shared hold on the cache."""
+    key = cache_dir.absolute()
+    if key in _shared:
+        stack, count = _shared[key]
+        _shared[key] = (stack, count + 1)
+        return
+    stack = ExitStack()
+    stack.enter_context(fsio.locked(_made(key / CACHE_LOCK), shared=True, holder=_HOLDER))
+    _shared[key] = (stack, 1)
+
+
+def release_shared(cache_dir: Path) -> None:
+    key = cache_dir.absolute()
+    if key not in _shared:
+        return
+    stack, count = _shared[key]
+    if count > 1:
+        _shared[key] = (stack, count - 1)
+        return
+    del _shared[key]
+    stack.close()
+
+
+@contextmanager
+def reading(cache_dir: Path) -> Iterator[None]:
+    """The cache held shared by this run for the block (a prune waits)."""
+    hold_shared(cache_dir)
+    try:
+        yield
+    finally:
+        release_shared(cache_dir)
+
+
+@contextmanager
+def importing(cache_dir: Path) -> Iterator[None]:
+    """One import into the mirror at a time (and none while a prune runs)."""
+    key = cache_dir.absolute()
+    hold_shared(key)
+    try:
+        with fsio.locked(key / IMPORT_LOCK, holder=_HOLDER):
+            yield
+    finally:
+        release_shared(key)
+
+
+@contextmanager
+def cache_exclusive(cache_dir: Path) -> Iterator[None]:
+    """The cache to this run alone (a prune): other runs' readers and imports finish first,
+    and wait meanwhile. This process's shared hold is given up meanwhile, and taken again."""
+    key = cache_dir.absolute()
+    held = _shared.pop(key, None)
+    if held is not None:
+        held[0].close()
+    try:
+        with fsio.locked(key / CACHE_LOCK, holder=_HOLDER):
+            yield
+    finally:
+        if held is not None:
+            stack = ExitStack()
+            stack.enter_context(fsio.locked(key / CACHE_LOCK, shared=True, holder=_HOLDER))
+            _shared[key] = (stack, held[1])
+
+
 @dataclass(frozen=True)
 class _TagMeta:
     """A mirror tag's commit message after its first line, as JSON: where its tree is from."""
@@ -113,7 +201,16 @@ class Mirror:
             index_url or indexsettings.DEFAULT, "the caller"
         )
         self.index_url = self.index.url
-        self.repo: Repo = init_bare(cache_dir / "mirror.git")
+        # Nothing in the cache is followed through a symlink (a `mirror.git` linked to a
+        # user's repository would be written and gc'd in).
+        for name in ("mirror.git", "sdists"):
+            fsio.no_symlink_below(cache_dir, (name,))
+        hold_shared(cache_dir)
+        weakref.finalize(self, release_shared, cache_dir)
+        self.repo: Repo = Repo(cache_dir / "mirror.git")
+        if not (cache_dir / "mirror.git" / "HEAD").is_file():
+            with importing(cache_dir):
+                self.repo = init_bare(cache_dir / "mirror.git")
         self.sdists = cache_dir / "sdists"
 
     # -- lookups ------------------------------------------------------------------------------
@@ -150,26 +247,35 @@ class Mirror:
     def release(self, version: str) -> Upstream:
         """The PyPI release `version`, fetched once; a second call needs no network."""
         wanted = check_version(version)
-        stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
-        cached = self.get(f"v{versions.spelt_as(wanted, stored) or wanted}")
+        seen = self.repo.resolve(f"refs/tags/{self._release_tag(wanted)}")
+        cached = self.get(self._release_tag(wanted))
         if cached is not None:
             return cached
-        sdist, sha256, url, version = self._download_sdist(wanted)
-        with (
-            progress(f"importing {sdist.name} into the mirror"),
-            fsio.temp_dir("vllm-patchset-sdist-") as root,
-        ):
-            _extract_package(sdist, root, self.package)
-            tree = self.repo.tree_from_directory(root)
-        return self._store(
-            tree, f"v{version}", version, version, f"pypi:{sdist.name} sha256:{sha256} {url}"
-        )
+        sdist, sha256, url, version = self._download_sdist(wanted)  # a prune waits
+        # One import at a time, and never during a prune: it would gc the objects an import
+        # has written and not yet tagged.
+        with importing(self.cache_dir):
+            tag = self._release_tag(wanted)
+            if seen is None and self.repo.resolve(f"refs/tags/{tag}") is not None:
+                cached = self.get(tag)  # another run imported it while this one downloaded
+                if cached is not None:
+                    return cached
+            with (
+                progress(f"importing {sdist.name} into the mirror"),
+                fsio.temp_dir("vllm-patchset-sdist-") as root,
+            ):
+                _extract_package(sdist, root, self.package)
+                tree = self.repo.tree_from_directory(root)
+            source = f"pypi:{sdist.name} sha256:{sha256} {url}"
+            return self._store(tree, f"v{version}", version, version, source)
+
+    def _release_tag(self, wanted: str) -> str:
+        stored = [t.removeprefix("v") for t in self.repo.tags("v*")]
+        return f"v{versions.spelt_as(wanted, stored) or wanted}"
 
     def _index_files(self) -> list[index.IndexFile]:
         unreachable = " and the release is not cached"
-        return index.files(
-            self.index_url, self.package, unreachable=unreachable, auth=self.index.headers
-        )
+        return index.files(self.index_url, self.package, unreachable=unreachable, auth=self.index)
 
     def available_versions(self, *, pre: bool = False) -> list[str]:
         """Releases with an sdist on the index, in PEP 440 order; pre- and dev releases only
@@ -199,28 +305,30 @@ class Mirror:
             name = f"{prefix}{version}{suffix}"
             raise UnknownVersion(self.package, version, f"{self.index_url} (no sdist {name})")
         entry = entries[spelt]
-        target = index.fetch(entry, self.sdists, self.index.headers)
-        assert entry.sha256 is not None  # fetch refuses an entry without one
-        return target, entry.sha256, indexsettings.public(entry.url), spelt
+        target = index.fetch(entry, self.sdists, self.index)
+        # fetch refuses an entry without a sha256, but from a `file:` index (the user's folder)
+        sha256 = entry.sha256 or sha256_file(target)
+        return target, sha256, indexsettings.public(entry.url), spelt
 
     # -- git ----------------------------------------------------------------------------------
     def git_ref(self, url: str, ref: str) -> Upstream:
         """The `vllm/` package of `ref` in the repository at `url` (a path or URL)."""
-        with progress(f"fetching {ref} from {url}"):
+        with importing(self.cache_dir), progress(f"fetching {ref} from {url}"):
             commit = self.repo.fetch(url, ref)
-        subtree = self.repo.subtree(commit, self.package)
-        if subtree is None:
-            raise BadInput(f"{ref} of {url} has no {self.package}/ package")
-        tree = self.repo.wrap_tree(subtree, self.package)
-        version = ref.removeprefix("v") if versions.is_version(ref.removeprefix("v")) else None
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", ref)
-        # A local path names this machine only: the source (written into locks) keeps the
-        # ref and the commit instead.
-        where = url if is_remote_url(url) else f"local:{ref}"
-        upstream = self._store(tree, f"git/{safe}", f"git:{ref}", version, f"git:{where}@{commit}")
-        # Also by the repository's commit: a git pin is found again by it, whatever the ref
-        # names now (see `git_commit`).
-        self.repo.set_tag(f"git-commit/{commit}", upstream.commit)
+            subtree = self.repo.subtree(commit, self.package)
+            if subtree is None:
+                raise BadInput(f"{ref} of {url} has no {self.package}/ package")
+            tree = self.repo.wrap_tree(subtree, self.package)
+            version = ref.removeprefix("v") if versions.is_version(ref.removeprefix("v")) else None
+            safe = re.sub(r"[^A-Za-z0-9._-]+", "-", ref)
+            # A local path names this machine only: the source (written into locks) keeps the
+            # ref and the commit instead.
+            where = url if is_remote_url(url) else f"local:{ref}"
+            source = f"git:{where}@{commit}"
+            upstream = self._store(tree, f"git/{safe}", f"git:{ref}", version, source)
+            # Also by the repository's commit: a git pin is found again by it, whatever the ref
+            # names now (see `git_commit`).
+            self.repo.set_tag(f"git-commit/{commit}", upstream.commit)
         return upstream
 
     def git_commit(self, commit: str) -> Upstream | None:
@@ -236,6 +344,7 @@ class Mirror:
         else:
             site, version, record = _locate_installed(python or sys.executable, self.package)
         with (
+            importing(self.cache_dir),
             progress(f"importing the installed {self.package} {version} into the mirror"),
             fsio.temp_dir("vllm-patchset-installed-") as root,
         ):
@@ -266,7 +375,7 @@ class Mirror:
                 fsio.make_dir(out.parent, parents=True, exist_ok=True)
                 fsio.write_file(out, data)
             tree = self.repo.tree_from_directory(root)
-        return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
+            return self._store(tree, f"installed/{version}", version, version, f"installed:{site}")
 
 
 def _original(
@@ -310,7 +419,9 @@ def _extract_package(sdist: Path, dest: Path, package: str) -> None:
 
     try:
         with tarfile.open(sdist, "r|gz") as tar:
-            archives.extract(tar, dest, what=str(sdist), select=select, stream=True)
+            archives.extract(
+                tar, dest, what=str(sdist), select=select, stream=True, bounds=archives.SDIST_BOUNDS
+            )
     except archives.ArchiveRefused as exc:
         raise DownloadFailed(str(exc)) from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
