@@ -330,10 +330,18 @@ def fix_interpreter() -> None:
 
 
 # -- patch 0002's experts on the CPU -------------------------------------------------------
-# The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py.
-SHAPES = {"h2048": (128, 2048, 768, 8), "h4096": (128, 4096, 1536, 8)}
-# Where the fused launcher keeps its tiles: largest token count of a bucket -> tiles.
-FUSED_CONFIGS = "_CONFIGS"
+# The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py, and a
+# ragged one: both GEMM depths not multiples of the K step (128), so that the masked last
+# step (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2 (intermediate 192, a
+# tensor-parallel shard of Qwen3-30B-A3B), and 192 is no multiple of the wider tiles' rows.
+SHAPES = {
+    "h2048": (128, 2048, 768, 8),
+    "h4096": (128, 4096, 1536, 8),
+    "ragged": (128, 2704, 192, 8),
+}
+# Where the fused launcher keeps its generic tiles, per platform ("cuda", "rocm"): largest
+# token count of a bucket -> tiles.
+FUSED_CONFIGS = "GENERIC_CONFIGS"
 
 
 def is_fused_gemm(spec: Specialization) -> bool:
@@ -410,8 +418,9 @@ class FusedModule:
     @property
     def configs(self) -> Mapping[int, Any]:
         """The table of tiles as the module's platform runs it (its smallest token block)."""
-        table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)
-        least = self.module.platform_min_block_m()
+        platform = self.module.nvfp4_platform()
+        table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)[platform]
+        least = self.module.platform_min_block_m(platform)
         return {
             bound: dataclasses.replace(c, block_m=max(c.block_m, least))
             for bound, c in table.items()
@@ -430,9 +439,11 @@ def forbid_unfused(fused: FusedModule) -> None:
 
 
 def small_fused_sizes(module: types.ModuleType) -> tuple[int, int]:
-    """The smallest (hidden, intermediate), at least (64, 32), that the module's fused path
-    takes (its supports_fused_nvfp4_moe): interpreter cases stay small and fused."""
-    sizes = [(h, i) for h in range(64, 4097, 32) for i in range(32, h + 1, 32)]
+    """The smallest (hidden, intermediate), multiples of 128 (whole K steps of both GEMMs:
+    the masked last step of other depths has tests/test_kernels_ragged.py), that the
+    module's fused path takes (its supports_fused_nvfp4_moe): interpreter cases stay small
+    and fused."""
+    sizes = [(h, i) for h in range(128, 4097, 128) for i in range(128, h + 1, 128)]
     supports = module.supports_fused_nvfp4_moe
     return min((s for s in sizes if supports(*s)), key=lambda s: (s[0] * s[1], s))
 
@@ -444,6 +455,8 @@ def platform(rocm: bool) -> Any:
         is_cuda=lambda: not rocm,
         is_cuda_alike=lambda: True,
         has_device_capability=lambda capability: not rocm and capability <= 90,  # an H200
+        # A name no tuned table carries: the launchers take the generic tables compiled here.
+        get_device_name=lambda: "CPU stand-in for " + ("an MI300" if rocm else "an H200"),
     )
 
 
