@@ -461,11 +461,16 @@ def platform(rocm: bool) -> Any:
 
 
 def load_fused(
-    overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., None], rocm: bool = False
+    overlay_vllm: Path,
+    pristine_vllm: Path,
+    align: Callable[..., None],
+    rocm: bool = False,
+    provides: Mapping[str, Any] = {},
 ) -> FusedModule:
     """Patch 0002's module from the overlay, as on a ROCm or a CUDA machine (a launcher may
     pick a platform's kernel); moe_align_block_size and ref_nvfp4_quant_dequant are vLLM
-    0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op."""
+    0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op; ``provides``:
+    more ``vllm.*`` names answered (a logger that records, another platform)."""
     root = pristine_vllm.parent
     ops = types.SimpleNamespace(moe_align_block_size=align)
     align_module = load(
@@ -496,6 +501,7 @@ def load_fused(
             f"{base}.quantization.utils.nvfp4_emulation_utils.dequantize_to_dtype": (
                 utils.dequantize_to_dtype
             ),
+            **provides,
         },
     )
     experts = module.Nvfp4QuantizationEmulationTritonExperts
