@@ -138,6 +138,8 @@ class PatchSpec:
     regression_test: str = "tests/gpu/test_synthetic.py::test_fix"
     base: str | None = None  # write it on this release instead of the pin (e.g. archived)
     body: str = "Why: a synthetic fix."
+    adds: dict[str, str] = field(default_factory=dict)  # path -> text of a file it adds
+    deletes: tuple[str, ...] = ()  # paths of files it deletes
 
     @property
     def message(self) -> str:
@@ -231,6 +233,11 @@ def _edit(work: Path, spec: PatchSpec) -> None:
         text = (work / path).read_text()
         assert text.count(old) == 1, f"{spec.name}: {old!r} is not once in {path}"
         (work / path).write_text(text.replace(old, new))
+    for path, text in spec.adds.items():
+        (work / path).write_text(text)
+        git(work, "add", path)
+    for path in spec.deletes:
+        git(work, "rm", "-q", path)
 
 
 def make_project(

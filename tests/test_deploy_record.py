@@ -109,7 +109,7 @@ def test_a_damaged_record_says_what_is_wrong(tmp_path: Path, doc: object, why: s
 # (the record's JSON values, the whole message after "<path>: ")
 BAD_LOCKS_IN_RECORDS = [
     (RECORD_DOC | {"schema": 2}, "record schema 2 is not 1"),
-    (RECORD_DOC | {"lock": LOCK_DOC | {"schema": 3}}, "lock schema 3 is not 1"),
+    (RECORD_DOC | {"lock": LOCK_DOC | {"schema": 3}}, "lock schema 3 is not one of 1, 2"),
     (RECORD_DOC | {"lock": _without(LOCK_DOC, "files")}, "not a valid overlay lock (no 'files')"),
     (
         RECORD_DOC | {"lock": LOCK_DOC | {"version": 24}},

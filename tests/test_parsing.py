@@ -45,8 +45,10 @@ def diff(path: str, hunk: str = ONE_LINE, index: str = "index 1111111..2222222 1
     return f"diff --git a/{path} b/{path}\n{index}--- a/{path}\n+++ b/{path}\n{hunk}"
 
 
-def file_patch(path: str, *hunks: Hunk, old: str | None = "1111111") -> FilePatch:
-    return FilePatch(path, old, "2222222", hunks)
+def file_patch(
+    path: str, *hunks: Hunk, old: str | None = "1111111", change: str = "modified"
+) -> FilePatch:
+    return FilePatch(path, old, "2222222", hunks, change)
 
 
 A_TO_B = Hunk(1, 1, ("-a", "+b"))
@@ -72,7 +74,7 @@ PATCHES = [
         + diff(
             "vllm/n.py", "@@ -0,0 +1 @@\n+x\n", "new file mode 100644\nindex 0000000..2222222\n"
         ),
-        (file_patch("vllm/n.py", Hunk(0, 1, ("+x",)), old=None),),
+        (file_patch("vllm/n.py", Hunk(0, 1, ("+x",)), old=None, change="added"),),
     ),
 ]
 
@@ -251,7 +253,7 @@ LOCK = Lock(
 )
 LOCK_JSON = """\
 {
-  "schema": 1,
+  "schema": 2,
   "package": "vllm",
   "version": "0.24.0",
   "source": "pypi:vllm-0.24.0.tar.gz sha256:ab https://x/vllm-0.24.0.tar.gz",
@@ -295,7 +297,7 @@ BAD_LOCKS = [
     ("[]", "a JSON array, not a JSON object"),
     ('{"schema": 1}', "no 'files'"),
     (LOCK_JSON.replace('"files": {', '"files": ["'), "not JSON"),
-    (LOCK_JSON.replace('"schema": 1', '"schema": 2'), None),
+    (LOCK_JSON.replace('"schema": 2', '"schema": 3'), None),
     # Every value is checked against the lock's fields (infra/codec.py).
     (
         LOCK_JSON.replace('"version": "0.24.0"', '"version": 24'),
@@ -317,7 +319,7 @@ def test_bad_locks(text: str, why: str | None) -> None:
     with pytest.raises(BadInput) as error:
         Lock.from_json(text, "overlay/overlay.lock.json")
     if why is None:
-        assert str(error.value) == "overlay/overlay.lock.json: lock schema 2 is not 1"
+        assert str(error.value) == "overlay/overlay.lock.json: lock schema 3 is not one of 1, 2"
     else:
         assert str(error.value).startswith(
             f"overlay/overlay.lock.json: not a valid overlay lock ({why}"

@@ -30,17 +30,32 @@ def cmd_overlay_build(args: argparse.Namespace) -> int:
     lines = [
         f"overlay for {project.package} {lock.version}: {len(lock.entries)} file(s) in {where}"
     ]
-    lines += [f"  {e.path} {e.patched_sha256[:12]} <- {', '.join(e.patches)}" for e in lock.entries]
+    lines += [
+        f"  {e.path} {_sha_words(e.patched_sha256, e.change)} <- {', '.join(e.patches)}"
+        for e in lock.entries
+    ]
     body = {
         "version": lock.version,
         "dir": str(where),
         "patches": list(lock.patches),
         "files": [
-            {"path": e.path, "patched_sha256": e.patched_sha256, "patches": list(e.patches)}
+            {
+                "path": e.path,
+                "change": e.change,
+                "patched_sha256": e.patched_sha256,
+                "patches": list(e.patches),
+            }
             for e in lock.entries
         ],
     }
     return emit(args, "\n".join(lines), body)
+
+
+def _sha_words(sha: str | None, change: str) -> str:
+    """A file's patched sha256, short; an added file says so, a deleted one has none."""
+    if sha is None:
+        return "(deleted)"
+    return f"{sha[:12]} (added)" if change == "added" else sha[:12]
 
 
 def register_cli(sub: Subcommands) -> None:

@@ -73,7 +73,7 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         lock = doc["lock"]
         locked_version = str(lock["version"])
         patches = [str(p) for p in lock["patches"]]
-        files = {str(k): str(v["patched_sha256"]) for k, v in lock["files"].items()}
+        files = {str(k): _sha_of(v["patched_sha256"]) for k, v in lock["files"].items()}
         sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
         sizes = {str(k): v for k, v in sizes.items() if isinstance(v, int)}
     except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -98,7 +98,8 @@ def check(root: Path, package: str = "vllm") -> Outcome:
     unpatched = [
         rel.rsplit("/", 1)[-1]
         for rel, sha in files.items()
-        if _sha256(root, package, rel, sizes.get(rel)) != sha
+        if (_sha256(root, package, rel, sizes.get(rel)) if sha else _there(root, package, rel))
+        != sha
     ]
     if unpatched and len(unpatched) == len(files):
         return Outcome(
@@ -114,7 +115,7 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             f" ({', '.join(unpatched)}): its fixes are NOT active (run"
             " `vllm-patchset overlay status`, then apply)",
         )
-    stale = [pyc for rel in files for pyc in _stale_of(root, package, rel)]
+    stale = [pyc for rel, sha in files.items() if sha for pyc in _stale_of(root, package, rel)]
     if stale:
         return Outcome(
             False,
@@ -128,6 +129,18 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         f"vllm-patchset: overlay active on {package} {version}:"
         f" {', '.join(patches) or 'no patches'} ({len(files)} files)",
     )
+
+
+def _sha_of(value: object) -> str | None:
+    """A record's patched sha256: a string, or None (null) for a file the overlay deletes."""
+    return None if value is None else str(value)
+
+
+def _there(root: Path, package: str, rel: str) -> str | None:
+    """For a file the overlay deletes: None where nothing is at its path (patched), else
+    "there"."""
+    parts = path_parts(package, rel)
+    return "there" if parts is None or os.path.lexists(root.joinpath(*parts)) else None
 
 
 def _sha256(root: Path, package: str, rel: str, size: int | None) -> str | None:

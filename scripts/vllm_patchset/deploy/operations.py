@@ -23,7 +23,7 @@ from vllm_patchset.deploy.plan import (
     plan_apply,
     plan_revert,
 )
-from vllm_patchset.deploy.record import Record, Step, read_record, write_record
+from vllm_patchset.deploy.record import ABSENT, Record, Step, read_record, write_record
 from vllm_patchset.deploy.report import (
     FileState,
     Report,
@@ -98,12 +98,15 @@ def _apply_plan(
         originals = {path: sha for path, sha in kept.items() if path in paths}
         originals.update(_save_originals(target, plan.steps, kept, current_bytes))
         for step in plan.steps:
-            fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
+            if step.after_sha256 == ABSENT:  # a file the overlay deletes
+                fsio.remove_file(paths[step.path])
+            else:
+                fsio.atomic_write(paths[step.path], overlay[step.path], like=paths[step.path])
             remove_bytecode(paths[step.path])
             transaction.mark_done(step.path)
         for path in paths.values():  # also pycs left beside files that were patched already
             remove_bytecode(path)
-        sizes = {e.path: len(overlay[e.path]) for e in plan.lock.entries}
+        sizes = {path: len(data) for path, data in overlay.items()}
         write_record(target, plan.lock, originals, transaction.id, sizes)
         fsio.remove_tree(target.state_path(UNDO))
     return notes
@@ -116,6 +119,10 @@ def _save_originals(
     there from the first apply (then in undo/, for a rollback only); the new originals."""
     originals = {}
     for step in steps:
+        if step.before_sha256 == ABSENT:  # no file there before: nothing to save
+            if kept.get(step.path, ABSENT) == ABSENT:
+                originals[step.path] = ABSENT
+            continue
         if kept.get(step.path, step.before_sha256) == step.before_sha256:
             where = ORIGINALS  # saved for revert (or there already)
             originals[step.path] = step.before_sha256
@@ -337,8 +344,9 @@ def diff(
         files.append(FileState(entry.path, state, sha, None if state == "patched" else "patch"))
         if pristine:
             data = data if state == "pristine" else _saved_pristine(target, entry, state)
-        same = sha256_bytes(data) == entry.patched_sha256 if data is not None else False
-        diffs[entry.path] = "" if same else unified_diff(entry.path, data, overlay[entry.path])
+        same = (None if data is None else sha256_bytes(data)) == entry.patched_sha256
+        after = overlay.get(entry.path)  # None: a file the overlay deletes
+        diffs[entry.path] = "" if same else unified_diff(entry.path, data, after)
     outcome = "differs" if any(diffs.values()) else "no difference"
     notes = []
     if not pristine and outcome == "no difference" and lock.entries:
@@ -349,8 +357,11 @@ def diff(
     return make_report("diff", outcome, target, lock, files, notes), diffs
 
 
-def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes:
-    """The pristine bytes of a file that is not pristine, as apply saved them."""
+def _saved_pristine(target: Target, entry: LockEntry, state: str) -> bytes | None:
+    """The pristine bytes of a file that is not pristine, as apply saved them (None: no file,
+    one the overlay adds)."""
+    if entry.pristine_sha256 is None:
+        return None
     record = read_record(target)
     if record is not None and record.originals.get(entry.path) == entry.pristine_sha256:
         return target.saved_original(entry.path, entry.pristine_sha256)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from vllm_patchset.deploy.record import Record, Step
+from vllm_patchset.deploy.record import ABSENT, Record, Step, step_sha
 from vllm_patchset.deploy.report import FileState, state_of
 from vllm_patchset.deploy.target import HashMismatch
 from vllm_patchset.errors import Finding
@@ -115,8 +115,8 @@ def _other_overlay_reverted(
     if record is None or record.lock == lock:
         return record
     for entry in record.lock.entries:
-        saved = record.originals.get(entry.path, entry.pristine_sha256)
-        if installed.file_sha(entry.path) != saved:
+        saved = record.originals.get(entry.path, step_sha(entry.pristine_sha256))
+        if step_sha(installed.file_sha(entry.path)) != saved:
             raise HashMismatch(
                 f"refusing to apply, nothing changed: {installed.root / entry.path} holds"
                 f" another overlay ({', '.join(record.lock.patches)}): run `vllm-patchset"
@@ -143,8 +143,8 @@ def _plan_patch(
     if state == "patched":
         draft.files.append(FileState(entry.path, state, sha))
         return
-    assert sha is not None
     if state == "modified":
+        assert sha is not None
         why = f"neither the pristine nor the patched {installed.package} {lock.version}"
         if not force:
             draft.refused.append(f"{entry.path} (sha256 {sha[:12]}: {why})")
@@ -159,7 +159,7 @@ def _plan_patch(
                 else " its bytes are kept for revert"
             )
         )
-    draft.steps.append(Step(entry.path, sha, entry.patched_sha256))
+    draft.steps.append(Step(entry.path, step_sha(sha), step_sha(entry.patched_sha256)))
     draft.files.append(FileState(entry.path, state, sha, "patch"))
 
 
@@ -186,7 +186,9 @@ def _plan_restore(
 ) -> None:
     sha = installed.file_sha(entry.path)
     original = record.originals.get(entry.path) if record else None
-    if sha == (original or entry.pristine_sha256):
+    if original is None and entry.pristine_sha256 is None:
+        original = ABSENT  # a file the overlay adds: its original is no file
+    if step_sha(sha) == (original if original is not None else step_sha(entry.pristine_sha256)):
         draft.files.append(FileState(entry.path, "pristine", sha))
         return
     state = state_of(entry, sha)
@@ -198,8 +200,9 @@ def _plan_restore(
             f"no saved original for {installed.path(entry.path)} (this overlay was not applied"
             f" by vllm-patchset): reinstall {installed.package}=={installed.version} to undo it"
         )
-    installed.check_original(entry.path, original)  # checked before anything is changed
+    if original != ABSENT:  # (an added file's original is no file)
+        installed.check_original(entry.path, original)  # checked before anything is changed
     if state != "patched":
         draft.notes.append(f"--force: restored the original over {entry.path} ({state})")
-    draft.steps.append(Step(entry.path, sha or "", original))
+    draft.steps.append(Step(entry.path, step_sha(sha), original))
     draft.files.append(FileState(entry.path, state, sha, "restore"))

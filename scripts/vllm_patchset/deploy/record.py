@@ -46,11 +46,19 @@ class Record:
         return codec.from_doc(Record, doc)
 
 
+ABSENT = ""  # a step's sha256 (and a record's original) of no file: one the overlay adds, deletes
+
+
+def step_sha(sha: str | None) -> str:
+    """A lock's sha256 (None: no file) as a step's."""
+    return ABSENT if sha is None else sha
+
+
 @dataclass(frozen=True)
 class Step:
     path: str
-    before_sha256: str
-    after_sha256: str
+    before_sha256: str  # ABSENT: no file before (the overlay adds it)
+    after_sha256: str  # ABSENT: no file after (the overlay deletes it)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,14 +80,18 @@ def patch_states(lock: Lock, files: Iterable[FileState]) -> tuple[PatchState, ..
 
 
 def state_of(entry: LockEntry, sha: str | None) -> str:
-    if sha is None:
-        return "missing"
-    return {entry.pristine_sha256: "pristine", entry.patched_sha256: "patched"}.get(sha, "modified")
+    """The state of an installed file of sha256 `sha` (None: no file there): a file the
+    overlay adds is pristine when absent, one it deletes patched when absent."""
+    if sha == entry.patched_sha256:
+        return "patched"
+    if sha == entry.pristine_sha256:
+        return "pristine"
+    return "missing" if sha is None else "modified"
 
 
 def files_after(files: Iterable[FileState], lock: Lock, steps: Iterable[Step]) -> list[FileState]:
     """The files as the steps left them (what a report shows after a change)."""
-    done = {s.path: s.after_sha256 for s in steps}
+    done = {s.path: s.after_sha256 or None for s in steps}
     return [
         FileState(f.path, state_of(entry, done[f.path]), done[f.path], f.action)
         if f.path in done and entry is not None
@@ -121,13 +125,16 @@ def make_report(
     )
 
 
-def unified_diff(path: str, before: bytes | None, after: bytes) -> str:
-    """`before` (None: missing) to `after` as a unified diff that `patch -p1` applies in the
+def unified_diff(path: str, before: bytes | None, after: bytes | None) -> str:
+    """`before` to `after` (None: no file) as a unified diff that `patch -p1` applies in the
     target dir."""
     old = [] if before is None else before.decode("utf-8", "surrogateescape").splitlines(True)
-    new = after.decode("utf-8", "surrogateescape").splitlines(True)
+    new = [] if after is None else after.decode("utf-8", "surrogateescape").splitlines(True)
     lines = difflib.unified_diff(
-        old, new, "/dev/null" if before is None else f"a/{path}", f"b/{path}"
+        old,
+        new,
+        "/dev/null" if before is None else f"a/{path}",
+        "/dev/null" if after is None else f"b/{path}",
     )
     out = []
     for line in lines:

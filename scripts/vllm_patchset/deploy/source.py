@@ -53,6 +53,8 @@ def overlay_files(lock: Lock, overlay_dir: Path) -> dict[str, bytes]:
     """The overlay's patched files (in `overlay_dir`/vllm/…), each checked against the lock."""
     files = {}
     for entry in lock.entries:
+        if entry.patched_sha256 is None:  # a file the overlay deletes
+            continue
         parts = path_parts(lock.package, entry.path)
         if parts is None:
             raise UnsafePath(

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from vllm_patchset.deploy.bytecode import remove_bytecode
-from vllm_patchset.deploy.record import Journal, Record, Step, read_journal, read_record
+from vllm_patchset.deploy.record import ABSENT, Journal, Record, Step, read_journal, read_record
 from vllm_patchset.deploy.target import UNDO, Target
 from vllm_patchset.errors import Finding, PatchsetError
 from vllm_patchset.infra import fsio
@@ -150,13 +150,16 @@ def _restore(target: Target, step: Step, *, want: str, other: str) -> bool:
     True when it had to restore the file."""
     path = target.path(step.path)
     data = fsio.read_regular(path)
-    current = "" if data is None else sha256_bytes(data)  # "": missing (a forced revert)
+    current = ABSENT if data is None else sha256_bytes(data)  # a file added, deleted, missing
     if current != want:
         if current != other:
             raise Finding(
-                f"{path} changed during an interrupted run (sha256 {current}): reinstall"
-                f" {target.package}=={target.version} and remove {target.state}"
+                f"{path} changed during an interrupted run (sha256 {current or 'none'}):"
+                f" reinstall {target.package}=={target.version} and remove {target.state}"
             )
-        fsio.atomic_write(path, target.saved_original(step.path, want), like=path)
+        if want == ABSENT:  # a file the overlay adds: no file before it
+            fsio.remove_file(path)
+        else:
+            fsio.atomic_write(path, target.saved_original(step.path, want), like=path)
     remove_bytecode(path, strict=False)
     return current != want

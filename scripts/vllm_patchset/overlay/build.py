@@ -26,7 +26,7 @@ from vllm_patchset.overlay.upstream import (
     resolve_base,
 )
 from vllm_patchset.series.patches import Patch, load_series, parse_patch_bytes
-from vllm_patchset.series.states import Reason, State, Verdict, classify
+from vllm_patchset.series.states import WHOLE_HEADERS, Reason, State, Verdict, classify
 
 TREE_INFO = "vllm-patchset-tree.json"
 
@@ -106,17 +106,22 @@ def require_no_conflict(result: Walk) -> None:
         if archived and not verdict.bug_present:
             continue  # fixed upstream in other words: nothing to apply, nothing lost
         if verdict.state == State.CONFLICT:
-            hunk = next(h for h in verdict.hunks if h.applies_at is None and not h.result_present)
-            where = (
-                f"differs at line {hunk.found_at}"
-                if verdict.reason == Reason.CONFLICT
-                else f"is not there ({verdict.reason.value})"
+            hunk = next(
+                (h for h in verdict.hunks if h.applies_at is None and not h.result_present), None
             )
+            if hunk is None or hunk.header in WHOLE_HEADERS.values():  # a whole file's
+                what = verdict.warnings[0]
+            else:
+                where = (
+                    f"differs at line {hunk.found_at}"
+                    if verdict.reason == Reason.CONFLICT
+                    else f"is not there ({verdict.reason.value})"
+                )
+                what = f"hunk {hunk.number} ({hunk.file} {hunk.header}) {where}"
             raise PatchDoesNotApply(
                 verdict.patch,
                 result.upstream.label,
-                f"hunk {hunk.number} ({hunk.file} {hunk.header}) {where}"
-                f" (leave it out with --skip {verdict.patch})",
+                f"{what} (leave it out with --skip {verdict.patch})",
             )
 
 
@@ -129,9 +134,22 @@ def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
     for path, keys in sorted(touched.items()):
         pristine = mirror.repo.read_blob(result.upstream.commit, path)
         patched = mirror.repo.read_blob(result.tree, path)
-        if pristine is None or patched is None:
-            raise BadInput(f"{path}: patches that add or delete files are not supported")
-        entries.append(LockEntry(path, sha256_bytes(pristine), sha256_bytes(patched), tuple(keys)))
+        if pristine is None and patched is None:
+            continue  # added by one patch, deleted by a later one: nothing to deploy
+        folder = path.rsplit("/", 1)[0]
+        if pristine is None and mirror.repo.subtree(result.upstream.commit, folder) is None:
+            raise BadInput(
+                f"{path}: {keys[0]} adds a file in a folder {result.upstream.label} does not"
+                f" have ({folder}/): a patch adds files only in the package's own folders"
+            )
+        entries.append(
+            LockEntry(
+                path,
+                None if pristine is None else sha256_bytes(pristine),
+                None if patched is None else sha256_bytes(patched),
+                tuple(keys),
+            )
+        )
     return Lock(
         package=package,
         version=result.upstream.version or result.upstream.label,
@@ -231,8 +249,8 @@ def build_overlay(
     with fsio.staging_dir(target, "overlay") as staging:
         for entry in lock.entries:
             data = mirror.repo.read_blob(result.tree, entry.path)
-            assert data is not None
-            fsio.atomic_write(staging.joinpath(*entry.path.split("/")), data)
+            if data is not None:  # a deleted file: in the lock only
+                fsio.atomic_write(staging.joinpath(*entry.path.split("/")), data)
         fsio.make_dir(staging / project.package, exist_ok=True)
         with fsio.deferred_signals():  # the overlay and its lock change together, or neither
             fsio.replace_dir(staging / project.package, target / project.package)

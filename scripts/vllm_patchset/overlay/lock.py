@@ -1,5 +1,9 @@
 """The overlay lock: which upstream the overlay was built from, and for every
-overlaid file its pristine and patched sha256 and the patches that touch it."""
+overlaid file its pristine and patched sha256 and the patches that touch it.
+
+Schema 2 (this tool writes it) lets a file be absent on one side: `pristine_sha256` is null
+for a file the patches add, `patched_sha256` null for one they delete. Schema 1 (no nulls) is
+still read: a deploy record written by an earlier version keeps its copy of the lock."""
 
 from __future__ import annotations
 
@@ -12,15 +16,23 @@ from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import codec, jsonfile
 from vllm_patchset.infra.fsio import read_regular
 
-LOCK_SCHEMA = 1
+LOCK_SCHEMA = 2
+READ_SCHEMAS = (1, 2)
 
 
 @dataclass(frozen=True)
 class LockEntry:
     path: str  # relative to the directory holding the `vllm` package, e.g. "vllm/.../triton_moe.py"
-    pristine_sha256: str
-    patched_sha256: str
+    pristine_sha256: str | None  # None: the file is absent upstream (the patches add it)
+    patched_sha256: str | None  # None: the patches delete the file
     patches: tuple[str, ...]
+
+    @property
+    def change(self) -> str:
+        """ "added", "deleted" or "modified" (by the patches, on the pristine tree)."""
+        if self.pristine_sha256 is None:
+            return "added"
+        return "deleted" if self.patched_sha256 is None else "modified"
 
 
 @dataclass(frozen=True)
@@ -57,12 +69,26 @@ class Lock:
         """The inverse of `to_doc`; BadInput saying what is wrong, after `where`."""
         try:
             if isinstance(doc, dict):
-                if jsonfile.field(doc, "schema", object) != LOCK_SCHEMA:
-                    raise BadInput(f"{where}: lock schema {doc['schema']} is not {LOCK_SCHEMA}")
+                if jsonfile.field(doc, "schema", object) not in READ_SCHEMAS:
+                    raise BadInput(
+                        f"{where}: lock schema {doc['schema']} is not one of"
+                        f" {', '.join(map(str, READ_SCHEMAS))}"
+                    )
                 jsonfile.field(doc, "files", object)  # a lock cut short: its files are missing
-            return codec.from_doc(Lock, doc)
+            lock = codec.from_doc(Lock, doc)
         except jsonfile.BadJson as exc:
             raise BadInput(f"{where}: not a valid overlay lock ({exc})") from None
+        for entry in lock.entries:
+            why = (
+                "absent on both sides"
+                if entry.pristine_sha256 is None and entry.patched_sha256 is None
+                else "a null sha256 in a schema 1 lock"
+                if doc["schema"] == 1 and entry.change != "modified"
+                else None
+            )
+            if why:
+                raise BadInput(f"{where}: not a valid overlay lock (files[{entry.path!r}]: {why})")
+        return lock
 
     @staticmethod
     def load(path: Path) -> Lock:

@@ -53,7 +53,18 @@ class FilePatch:
     path: str
     old_blob: str | None  # None for a new file
     new_blob: str | None  # None for a deleted file
-    hunks: tuple[Hunk, ...]
+    hunks: tuple[Hunk, ...]  # none for an empty file added or deleted
+    change: str = "modified"  # "added" (`new file mode`) or "deleted" (`deleted file mode`)
+
+    @property
+    def whole(self) -> bytes | None:
+        """The file an added (deleted) file's diff creates (removes), whole; None for a file
+        the patch modifies."""
+        if self.change == "modified":
+            return None
+        lines = [h.post if self.change == "added" else h.pre for h in self.hunks]
+        text = "".join(line + "\n" for group in lines for line in group)
+        return text.encode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)
@@ -182,39 +193,65 @@ def _parse_file(patch: Path, chunk: str) -> FilePatch:
         raise MalformedPatch(patch, f"bad diff header {header!r}")
     path = _check_path(patch, match.group(2))
     _check_path(patch, match.group(1))
-    i, old_blob, new_blob = _extended_header(patch, path, match, lines)
+    i, old_blob, new_blob, change = _extended_header(patch, path, match, lines)
+    if change != "modified" and match.group(1) != match.group(2):
+        raise MalformedPatch(patch, f"{path}: {change} under another name than {match.group(1)}")
     hunks: list[Hunk] = []
     while i < len(lines):
         hunk, i = _hunk(patch, path, lines, i)
         if hunk is None:
             break
         hunks.append(hunk)
-    if not hunks:
+    if not hunks and change == "modified":
         raise MalformedPatch(patch, f"{path}: no hunks")
-    return FilePatch(path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks))
+    if change != "modified":
+        _check_whole(patch, path, change, hunks, lines)
+    return FilePatch(
+        path=path, old_blob=old_blob, new_blob=new_blob, hunks=tuple(hunks), change=change
+    )
+
+
+def _check_whole(patch: Path, path: str, change: str, hunks: list[Hunk], lines: list[str]) -> None:
+    """An added (deleted) file's diff: one hunk from (to) nothing, ending with a newline (the
+    tool compares whole files: a file with no final newline is refused)."""
+    other = "-" if change == "added" else "+"
+    if len(hunks) > 1 or any(line[0] in (other, " ") for h in hunks for line in h.lines):
+        raise MalformedPatch(patch, f"{path}: a file {change} whole takes one hunk of its lines")
+    if any(line.startswith("\\") for line in lines):
+        raise MalformedPatch(
+            patch, f"{path}: {change} with no newline at its end (end the file with one)"
+        )
 
 
 def _extended_header(
     patch: Path, path: str, names: re.Match[str], lines: list[str]
-) -> tuple[int, str | None, str | None]:
+) -> tuple[int, str | None, str | None, str]:
     """The lines between the `diff --git` line and the first hunk: where the first hunk is,
-    and the blobs of the `index` line (None: none, or the file is new or deleted)."""
+    the blobs of the `index` line (None: none, or the file is new or deleted), and the change
+    ("added", "deleted", "modified")."""
     old_blob: str | None = None
     new_blob: str | None = None
+    change = "modified"
     i = 1
     while i < len(lines) and not lines[i].startswith("@@"):
-        blobs = _header_line(patch, path, names, lines[i])
+        if lines[i] == "" or lines[i] == "-- ":  # an empty file's diff: no hunk
+            break
+        if whole := re.fullmatch(r"(new|deleted) file mode 100(644|755)", lines[i]):
+            change = "added" if whole.group(1) == "new" else "deleted"
+        blobs = _header_line(patch, path, names, lines[i], change)
         if blobs is not None:
             old_blob, new_blob = blobs
         i += 1
-    return i, _blob(old_blob), _blob(new_blob)
+    return i, _blob(old_blob), _blob(new_blob), change
 
 
 def _blob(blob: str | None) -> str | None:
     return None if re.fullmatch(r"0+", blob or "") else blob
 
 
-def _header_line(patch: Path, path: str, names: re.Match[str], line: str) -> tuple[str, str] | None:
+def _header_line(
+    patch: Path, path: str, names: re.Match[str], line: str, change: str
+) -> tuple[str, str] | None:
     """The blobs of an `index` line; a diff this tool refuses, refused; else None."""
     if index := _INDEX_RE.match(line):
         return index.group(1), index.group(2)
@@ -225,6 +262,9 @@ def _header_line(patch: Path, path: str, names: re.Match[str], line: str) -> tup
         raise MalformedPatch(patch, f"{path}: {line}: a link or a submodule, refused")
     if line.startswith(("--- ", "+++ ")):
         side, named = ("a", names.group(1)) if line[0] == "-" else ("b", names.group(2))
+        nothing = {"-": "added", "+": "deleted"}[line[0]]  # the side `/dev/null` stands for
+        if line[4:] == "/dev/null" and change == nothing:
+            return None
         if line[4:] != f"{side}/{named}":
             raise MalformedPatch(
                 patch, f"{path}: {line!r} names another file than its 'diff --git' line"

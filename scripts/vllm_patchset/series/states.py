@@ -711,7 +711,21 @@ def classify(
     path -> new path). Code that is not where the patch says is searched for across the
     package: found in one place, the patch is classified there (`moved`).
 
+    A file the patch adds or deletes whole is judged as a file (`_with_whole_files`).
+
     The steps below, in order; the first that gives a verdict gives it."""
+    if any(f.change != "modified" for f in patch.files):
+        return _with_whole_files(
+            repo,
+            tree,
+            patch,
+            base=base,
+            version=version,
+            was_applied=was_applied,
+            three_way=three_way,
+            renames=renames,
+            follow_moves=follow_moves,
+        )
     case = _case(
         repo, tree, patch, base, version, was_applied, three_way, renames or {}, follow_moves
     )
@@ -1033,3 +1047,201 @@ def _relocation(
     if candidates:
         return (), tuple(sorted(candidates))
     return tuple(moves), ()
+
+
+# -- files a patch adds or deletes whole ---------------------------------------------------------
+WHOLE_HEADERS = {"added": "new file", "deleted": "deleted file"}  # a whole file's hunk header
+
+
+def _whole_state(repo: Repo, tree: str, file_patch: FilePatch, base: str) -> tuple[State, str]:
+    """A file the patch adds: applies where the path is free, upstream where the tree has the
+    very file, a conflict where it has another one. A file it deletes: applies where the tree
+    has the very file, upstream where it is gone, a conflict where the file differs."""
+    there = repo.read_blob(tree, file_patch.path)
+    if there == file_patch.whole:
+        state = State.UPSTREAM if file_patch.change == "added" else State.APPLIES
+        return state, ""
+    if there is None:
+        state = State.APPLIES if file_patch.change == "added" else State.UPSTREAM
+        return state, ""
+    if file_patch.change == "added":
+        return State.CONFLICT, f"{file_patch.path}: {base} has another file at the path it adds"
+    return State.CONFLICT, f"{file_patch.path}: the file it deletes differs on {base}"
+
+
+def _whole_findings(file_patch: FilePatch, state: State, number: int) -> tuple[HunkFinding, ...]:
+    """The findings of a whole file's hunk (none for an empty file)."""
+    header = WHOLE_HEADERS[file_patch.change]
+    applies = state == State.APPLIES
+    return tuple(
+        HunkFinding(
+            file=file_patch.path,
+            number=number + i,
+            header=header,
+            applies_at=hunk.old_start if applies else None,
+            offset=0 if applies else None,
+            result_present=state == State.UPSTREAM,
+            located=state != State.UPSTREAM,
+            expected=hunk.pre,
+            found=(),
+            found_at=1 if state == State.CONFLICT else None,
+        )
+        for i, hunk in enumerate(file_patch.hunks)
+    )
+
+
+def _sections(patch: Patch) -> tuple[str, list[str]]:
+    """The patch's head (the message), and each file's `diff --git` section, in order."""
+    head, _, diff = patch.raw.decode("utf-8", "surrogateescape").partition("\ndiff --git ")
+    return head, ["diff --git " + chunk for chunk in diff.split("\ndiff --git ")]
+
+
+def _joined(head: str, sections: list[str]) -> bytes:
+    body = "\n".join(section.removesuffix("\n") for section in sections)
+    return f"{head}\n{body}\n".encode("utf-8", "surrogateescape")
+
+
+def _with_whole_files(
+    repo: Repo,
+    tree: str,
+    patch: Patch,
+    *,
+    base: str,
+    version: str | None,
+    was_applied: bool | None,
+    three_way: bool,
+    renames: Mapping[str, str] | None,
+    follow_moves: bool,
+) -> Verdict:
+    """`classify` of a patch that adds or deletes files: each such file judged whole
+    (`_whole_state`), the files it modifies classified as a patch of their own; a conflict of
+    either is the patch's; a file already there (partly upstream) is left out of the patch as
+    placed on this tree."""
+    head, sections = _sections(patch)
+    states = [
+        _whole_state(repo, tree, f, base) if f.change != "modified" else (State.APPLIES, "")
+        for f in patch.files
+    ]
+    modified = [s for s, f in zip(sections, patch.files, strict=True) if f.change == "modified"]
+    inner = None
+    if modified:
+        sub = parse_patch_bytes(_joined(head, modified), patch.path, patch.key)
+        inner = classify(
+            repo,
+            tree,
+            sub,
+            base=base,
+            version=version,
+            was_applied=was_applied,
+            three_way=three_way,
+            renames=renames,
+            follow_moves=follow_moves,
+        )
+    whole = [
+        (f, section, state, note)
+        for f, section, (state, note) in zip(patch.files, sections, states, strict=True)
+        if f.change != "modified"
+    ]
+    hunks = _merged_findings(patch, whole, inner)
+    notes = tuple(note for _, _, _, note in whole if note)
+    kept = [section for f, section, state, _ in whole if state == State.APPLIES]
+    there = [
+        f"{f.path}: there already (partly upstream); the patch as placed here leaves it out"
+        for f, _, state, _ in whole
+        if state == State.UPSTREAM
+    ]
+    wholes = {state for _, _, state, _ in whole}
+    expected = trailer_state(patch, version)
+    pending = not patch.trailers.applied_upstream
+    fields: dict[str, Any] = {"patch": patch.key, "base": base, "hunks": hunks}
+    fields["trailer_state"] = expected
+    if State.CONFLICT in wholes or (inner is not None and inner.state == State.CONFLICT):
+        state, reason, text = State.CONFLICT, Reason.CONFLICT, State.CONFLICT
+        if inner is not None and inner.state == State.CONFLICT:
+            reason = inner.reason
+        warnings = (*notes, *(inner.warnings if inner else ()))
+        extra = _inner_extra(inner)
+        return Verdict(
+            state=state, reason=reason, text_state=text, warnings=warnings, **fields, **extra
+        )
+    if inner is None:
+        text = State.UPSTREAM if wholes == {State.UPSTREAM} else State.APPLIES
+        state, reason, warnings = decide(
+            text, expected, was_applied=was_applied, pending=pending, base=base
+        )
+        refreshed = _joined(head, kept).decode("utf-8", "surrogateescape") if there else ""
+        if refreshed and state == State.APPLIES:
+            reason = Reason.REFRESHED
+        return Verdict(
+            state=state,
+            reason=reason,
+            text_state=text,
+            warnings=(*there, *warnings) if state == State.APPLIES else warnings,
+            refreshed=refreshed if state == State.APPLIES else "",
+            **fields,
+        )
+    if inner.state == State.UPSTREAM and State.APPLIES in wholes:
+        missing = [f.path for f, _, state, _ in whole if state == State.APPLIES]
+        return Verdict(
+            state=State.CONFLICT,
+            reason=Reason.CONFLICT,
+            text_state=State.CONFLICT,
+            warnings=(
+                "its changes to the files it modifies are upstream, the file(s) it adds or"
+                f" deletes are not: {', '.join(missing)}; decide",
+                *inner.warnings,
+            ),
+            **fields,
+            **_inner_extra(inner),
+        )
+    if inner.state != State.APPLIES:  # upstream (with every whole file), or absent
+        return replace(inner, patch=patch.key, hunks=hunks)
+    refreshed = inner.refreshed
+    if refreshed or there:
+        placed = refreshed or _joined(head, modified).decode("utf-8", "surrogateescape")
+        own = placed.removesuffix("\n-- \n").partition("\ndiff --git ")
+        refreshed = _joined(own[0], ["diff --git " + own[2], *kept]).decode(
+            "utf-8", "surrogateescape"
+        )
+    return replace(
+        inner,
+        patch=patch.key,
+        hunks=hunks,
+        reason=Reason.REFRESHED if there and inner.reason == Reason.APPLIES else inner.reason,
+        refreshed=refreshed,
+        warnings=(*there, *inner.warnings),
+    )
+
+
+def _inner_extra(inner: Verdict | None) -> dict[str, Any]:
+    """What a conflict keeps of the verdict on the files the patch modifies."""
+    if inner is None:
+        return {}
+    return {
+        "cosmetic": inner.cosmetic,
+        "three_way": inner.three_way,
+        "moved_to": inner.moved_to,
+        "candidates": inner.candidates,
+        "bug_present": inner.bug_present,
+    }
+
+
+def _merged_findings(
+    patch: Patch,
+    whole: list[tuple[FilePatch, str, State, str]],
+    inner: Verdict | None,
+) -> tuple[HunkFinding, ...]:
+    """Every hunk's finding in the patch's order, numbered in it."""
+    states = {f.path: state for f, _, state, _ in whole}
+    inner_hunks = iter(inner.hunks if inner else ())
+    out: list[HunkFinding] = []
+    for file_patch in patch.files:
+        number = len(out) + 1
+        if file_patch.change != "modified":
+            out += _whole_findings(file_patch, states[file_patch.path], number)
+            continue
+        for i, _ in enumerate(file_patch.hunks):
+            found = next(inner_hunks, None)
+            if found is not None:
+                out.append(replace(found, number=number + i))
+    return tuple(out)
