@@ -48,6 +48,10 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# Patch 0002's kernels, launchers and tile tables: a module of their own beside FUSED_MOE,
+# which imports them (its public names are importable from FUSED_MOE too).
+FUSED_KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
+FUSED_KERNELS_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_kernels"
 # vLLM 0.24.0's own Triton MoE kernel, which TritonExperts (triton_moe.py, overlaid) launches.
 VLLM_FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 ALIGN = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
@@ -486,9 +490,12 @@ def load_fused(
         {"vllm.platforms.current_platform": platform(rocm), "vllm.scalar_type.scalar_types": e2m1},
     )
     base = "vllm.model_executor.layers"
+    answers = {"vllm.platforms.current_platform": platform(rocm), **provides}
+    kernels_module = load(overlay_vllm.parent / FUSED_KERNELS, answers)
     module = load(
         overlay_vllm.parent / FUSED_MOE,
         {
+            FUSED_KERNELS_MODULE: kernels_module,
             "vllm.platforms.current_platform": platform(rocm),
             f"{base}.fused_moe.experts.triton_moe.TritonExperts": ExpertsBase,
             f"{base}.fused_moe.moe_align_block_size.moe_align_block_size": (

@@ -1,9 +1,10 @@
 """Patch 0002's tile tables as data, its platform switch and what its experts say in vLLM's log,
 on the CPU (the overlaid module loaded without vLLM, tests/kernels.py, its logger recording):
 
-- a tuned table is a JSON file per device and shape (``E=..,H=..,I=..,device_name=...json``,
-  then ``device_name=...json``) in the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR or beside
-  the module; a file with a tile whose K step is not 128 is refused at load, one error naming
+- a tuned table is a JSON file per device and shape
+  (``nvfp4_emulation_moe,E=..,H=..,I=..,device_name=...json``, then
+  ``nvfp4_emulation_moe,device_name=...json``) in the folder named by
+  VLLM_PATCHSET_NVFP4_CONFIG_DIR or beside the module (patch 0002 ships the H200's there); a file with a tile whose K step is not 128 is refused at load, one error naming
   the file and the entry; no file: the platform's generic table, said once in the log;
 - VLLM_PATCHSET_NVFP4_PLATFORM=rocm gives ROCm's generic table and blocks of 16 tokens on an
   NVIDIA GPU (the configuration an MI300 runs, measurable on an H200);
@@ -32,7 +33,8 @@ from vllm_install import Overlay, Pristine
 
 SHAPE = (8, 256, 192)  # experts, hidden, intermediate
 DEVICE = "NVIDIA H200"
-FILE = "E=8,H=256,I=192,device_name=NVIDIA_H200.json"
+FILE = "nvfp4_emulation_moe,E=8,H=256,I=192,device_name=NVIDIA_H200.json"
+DEVICE_FILE = "nvfp4_emulation_moe,device_name=NVIDIA_H200.json"
 
 
 @dataclasses.dataclass
@@ -59,13 +61,13 @@ class Log:
         pass
 
 
-def cuda_platform(rocm: bool = False) -> Any:
+def cuda_platform(rocm: bool = False, device: str = DEVICE) -> Any:
     return types.SimpleNamespace(
         is_rocm=lambda: rocm,
         is_cuda=lambda: not rocm,
         is_cuda_alike=lambda: True,
         has_device_capability=lambda capability: not rocm and capability <= 90,
-        get_device_name=lambda: "AMD Instinct MI300X" if rocm else DEVICE,
+        get_device_name=lambda: "AMD Instinct MI300X" if rocm else device,
     )
 
 
@@ -78,7 +80,7 @@ def load(
     monkeypatch.setenv("VLLM_PATCHSET_NVFP4_CONFIG_DIR", str(tmp_path / "tables"))
     (tmp_path / "tables").mkdir()
 
-    def make(rocm: bool = False) -> tuple[kernels.FusedModule, Log]:
+    def make(rocm: bool = False, device: str = DEVICE) -> tuple[kernels.FusedModule, Log]:
         log = Log()
         fused = kernels.load_fused(
             overlay.project.overlay_dir / "vllm",
@@ -86,7 +88,7 @@ def load(
             standins.moe_align_block_size,
             provides={
                 "vllm.logger.init_logger": lambda name: log,
-                "vllm.platforms.current_platform": cuda_platform(rocm),
+                "vllm.platforms.current_platform": cuda_platform(rocm, device),
             },
         )
         return fused, log
@@ -100,16 +102,34 @@ def entry(block_k: int = 128) -> dict[str, Any]:
 
 
 def test_generic_table_without_a_file_said_once(load: Any) -> None:
-    fused, log = load()
+    """A GPU without a table (none shipped, none in the folder): the generic table, said once
+    however many layers ask."""
+    fused, log = load(device="NVIDIA H100 80GB HBM3")
     module = fused.module
     for _ in range(3):
         assert module.nvfp4_moe_configs(*SHAPE) is module.GENERIC_CONFIGS["cuda"]
+    h100 = "NVIDIA_H100_80GB_HBM3"
     assert log.lines == [
         (
             "info",
-            "NVFP4 emulation MoE (E=8 H=256 I=192, NVIDIA_H200): no tuned tile table"
-            f" ({FILE} or device_name=NVIDIA_H200.json); using the generic cuda table",
+            f"NVFP4 emulation MoE (E=8 H=256 I=192, {h100}): no tuned tile table"
+            f" (nvfp4_emulation_moe,E=8,H=256,I=192,device_name={h100}.json or"
+            f" nvfp4_emulation_moe,device_name={h100}.json); using the generic cuda table",
         )
+    ]
+
+
+def test_shipped_h200_table(load: Any, overlay: Overlay) -> None:
+    """Patch 0002 ships the H200's table beside the module (its generic CUDA table, as data):
+    an H200 without a table of its own for the shape takes it."""
+    fused, log = load()
+    module = fused.module
+    shipped = overlay.project.overlay_dir / kernels.FUSED_KERNELS
+    shipped = shipped.parent / DEVICE_FILE
+    assert module.nvfp4_moe_configs(*SHAPE) == module.CUDA_CONFIGS
+    assert module.parse_table(shipped.read_text(), "x") == module.CUDA_CONFIGS
+    assert log.lines == [
+        ("info", f"NVFP4 emulation MoE (E=8 H=256 I=192, NVIDIA_H200): tile table {shipped}")
     ]
 
 
@@ -130,7 +150,7 @@ def test_table_file_taken(load: Any, tmp_path: Path) -> None:
 
 def test_device_table_for_any_shape(load: Any, tmp_path: Path) -> None:
     fused, _ = load()
-    (tmp_path / "tables" / "device_name=NVIDIA_H200.json").write_text(json.dumps({"64": entry()}))
+    (tmp_path / "tables" / DEVICE_FILE).write_text(json.dumps({"64": entry()}))
     assert list(fused.module.nvfp4_moe_configs(*SHAPE)) == [64]
 
 
