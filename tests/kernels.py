@@ -491,7 +491,8 @@ def load_fused(
     )
     base = "vllm.model_executor.layers"
     answers = {"vllm.platforms.current_platform": platform(rocm), **provides}
-    kernels_module = load(overlay_vllm.parent / FUSED_KERNELS, answers)
+    moved = overlay_vllm.parent / FUSED_KERNELS  # absent from an overlay before the move
+    kernels_module = load(moved, answers) if moved.exists() else None
     module = load(
         overlay_vllm.parent / FUSED_MOE,
         {
