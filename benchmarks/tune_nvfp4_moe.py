@@ -522,18 +522,19 @@ def main(argv: list[str] | None = None) -> int:
     tables: dict[str, dict[int, tuple]] = {"": {}, **{n: {} for n in names}}
     picks = []
     for bound, (t, groups) in BUCKETS.items():
-        for name in names:
-            tables[name][bound] = pick(results, [name], t, groups)[1]
-        totals, choice = pick(results, names, t, groups)
-        tables[""][bound] = choice
+        tables[""][bound] = pick(results, names, t, groups)[1]
         for shape in shapes:
+            totals, choice = pick(results, [shape.name], t, groups)
+            tables[shape.name][bound] = choice
             c = cases[shape.name, t]
-            naive, bm, qdq, w13, w2 = choice = tables[shape.name][bound]
+            naive, bm, qdq, w13, w2 = choice
             cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
             got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg, shape.experts, c.emap).float()
             tw, tids = c.tw, c.tids
-            if c.emap is not None:
-                tw, tids = moe_setup.local_routing(shape, tw, tids)
+            if c.emap is not None:  # the ids and weights the rank's experts see
+                local_routing = getattr(moe_setup, "local_routing", None)
+                assert local_routing is not None  # moe_setup's expert_map comes with it
+                tw, tids = local_routing(shape, tw, tids)
             want = nvfp4_moe_reference(c.rows, c.hidden, tw, tids, exact_weights=True).float()
             rel = ((got - want).norm() / want.norm()).item()
             picks.append(
