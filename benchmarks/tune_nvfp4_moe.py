@@ -3,23 +3,25 @@
     python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--write-table [DIR]]
                                         [--out DIR]
 
-DIR holds a vLLM tree with patch 0002 applied (the kernel lives in
-vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py; without vLLM's
-compiled extensions the stand-ins of tests/gpu/standins.py are installed). The weights are laid
-out as the experts' process_weights_after_loading leaves them (the module's tiles, where it
-has them; ``laid_out``), the reference reads the checkpoint's rows. Times each GEMM
-(w13 with silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on both
---shapes (tests/gpu/moe_setup.SHAPES names, default the two the generic table was tuned on) and
-token counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before each replay, median of
-20), checks the picked configs against the pure-torch reference
-(tests/gpu/nvfp4_reference.py), and with --write-table writes the picks as the kernel module's
-tile tables (JSON, as its nvfp4_moe_configs reads them): one per shape,
-``E=<experts held>,H=<hidden>,I=<intermediate>,device_name=<GPU>.json``, and one for any
-shape of this GPU, ``device_name=<GPU>.json`` (the pick over all the shapes), into DIR
-(default benchmarks/results/nvfp4_moe_tables/). The kernel reads them from the folder named by
-VLLM_PATCHSET_NVFP4_CONFIG_DIR, or from nvfp4_emulation_configs/ beside it where patch 0002
-ships them. Candidates compile in parallel processes first. Time: about 15 s of timing per
-shape on an H200 after a minute of compiling (every shape shares the compiled variants).
+DIR holds a vLLM tree with patch 0002 applied (the kernels live in
+vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
+nvfp4_emulation_moe.py; without vLLM's compiled extensions the stand-ins of
+tests/gpu/standins.py are installed). The weights are laid out as the experts'
+process_weights_after_loading leaves them (the module's tiles, where it has them;
+``laid_out``), the reference reads the checkpoint's rows. Times each GEMM (w13 with
+silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on the --shapes
+(tests/gpu/moe_setup.SHAPES names; default the two the generic table was tuned on) and token
+counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before each replay, median of 20),
+checks the picked configs against the pure-torch reference (tests/gpu/nvfp4_reference.py),
+and with --write-table writes the picks as the kernel module's tile tables (JSON, as its
+nvfp4_moe_configs reads them) into DIR (default benchmarks/results/nvfp4_moe_tables/): one per
+shape, ``nvfp4_emulation_moe,E=<experts held>,H=<hidden>,I=<intermediate>,device_name=<GPU>
+.json``, and one for any shape of this GPU, ``nvfp4_emulation_moe,device_name=<GPU>.json`` (the
+pick over all the shapes). The kernel reads them from the folder named by
+VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
+Candidates compile in parallel processes first (one per variant: token counts and shapes do not
+specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
+shape.
 
 Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
 (time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
@@ -425,8 +427,8 @@ def moe_configs(table: dict[int, tuple]) -> dict:
 
 
 def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
-    """Each table as the JSON file the kernel module reads (its table_json); names: the
-    module's table_file_names (shape tables) and device_name=<GPU>.json (key "")."""
+    """Each table as the JSON file the kernel module reads (its table_json), named as the
+    module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
     device = torch.cuda.get_device_name().replace(" ", "_")
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -437,7 +439,7 @@ def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict)
                 held_experts(shape), shape.hidden, shape.intermediate, device
             )[0]
         else:
-            file = f"device_name={device}.json"
+            file = K.table_file_names(0, 0, 0, device)[1]  # any shape of this GPU
         text = K.table_json(moe_configs(table), {**notes, "shapes": name or "all tuned"})
         K.parse_table(text, file)  # what the kernel will read: refused here first
         (folder / file).write_text(text)
@@ -518,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
 
     names = [s.name for s in shapes]
-    # "" -> the pick over every shape (device_name=<GPU>.json); each shape -> its own pick.
+    # "" -> the pick over every shape (the GPU's table); each shape -> its own pick.
     tables: dict[str, dict[int, tuple]] = {"": {}, **{n: {} for n in names}}
     picks = []
     for bound, (t, groups) in BUCKETS.items():
