@@ -587,9 +587,11 @@ def token_counts(bounds: list[int]) -> list[int]:
 
 
 def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple[list[Launch], Any]:
-    """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over both shapes,
+    """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over the shapes,
     dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
-    reads; and the table of tiles the launcher chose from. BF16 takes the weights as laid
+    reads; and the tables of tiles the launcher chose from, keyed (platform, token bound). On
+    a CUDA machine also with ROCm's table and token block forced (PLATFORM_ENV=rocm, what the
+    ROCm configuration measured on an NVIDIA GPU compiles). BF16 takes the weights as laid
     out by the experts' ``process_weights_after_loading`` (their record of it, set here:
     ``tests/test_kernels_interpret.py`` runs the hook itself), with block scales that the
     hook found fit for the PTX decode's one-operation conversion, and (with the expert map)
@@ -597,36 +599,67 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
     fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
-    tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
+    forced = [None] if rocm or not hasattr(fused.module, PLATFORM_ENV_NAME) else [None, "rocm"]
+    tables: dict[tuple[str, int], Any] = {}
     with recording_launches() as launches:
-        for e, h, i, top_k in SHAPES.values():
-            for dtype in (torch.bfloat16, torch.float16):
-                for m in tokens:
-                    config = quant_config(
-                        torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
-                        torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
-                        torch.ones(e),
-                        torch.ones(e),
-                        torch.tensor(1.0),
-                        torch.tensor(1.0),
-                    )
-                    experts = fused.experts(None, config)
-                    w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
-                    w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
-                    if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
-                        experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
-                        # are read here: moving 1.2 GB of them would only cost time)
-                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
-                    weights = torch.rand(m, top_k)
-                    hidden = torch.zeros(m, h, dtype=dtype)
-                    emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
-                    for expert_map in (None, emap):
-                        # The hook's record of the block scales: fit for the PTX decode's
-                        # one-operation conversion, and (with the expert map) not, so that
-                        # both conversions compile.
-                        experts.fast_scales = expert_map is None
-                        fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
-    return launches, fused.configs
+        for platform_forced in forced:
+            with _environ(fused.module.PLATFORM_ENV if platform_forced else "", platform_forced):
+                configs = fused.configs
+                tables |= {(platform_forced or "native", b): c for b, c in configs.items()}
+                _drive(fused, token_counts(list(configs)))  # (the table's keys: token bounds)
+    return launches, tables
+
+
+# The module's name of the platform switch (an overlay before it has none).
+PLATFORM_ENV_NAME = "PLATFORM_ENV"
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """os.environ[name] = value for the block (nothing where name or value is empty)."""
+    old = os.environ.get(name) if name else None
+    if name and value:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if name and value:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+
+
+def _drive(fused: FusedModule, tokens: list[int]) -> None:
+    """The experts' apply over the shapes, dtypes, token counts, with and without an expert
+    map (fused_launches)."""
+    for e, h, i, top_k in SHAPES.values():
+        for dtype in (torch.bfloat16, torch.float16):
+            for m in tokens:
+                config = quant_config(
+                    torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
+                    torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
+                    torch.ones(e),
+                    torch.ones(e),
+                    torch.tensor(1.0),
+                    torch.tensor(1.0),
+                )
+                experts = fused.experts(None, config)
+                w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
+                w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
+                if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
+                    experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
+                    # are read here: moving 1.2 GB of them would only cost time)
+                ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
+                weights = torch.rand(m, top_k)
+                hidden = torch.zeros(m, h, dtype=dtype)
+                emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
+                for expert_map in (None, emap):
+                    # The hook's record of the block scales: fit for the PTX decode's
+                    # one-operation conversion, and (with the expert map) not, so that
+                    # both conversions compile.
+                    experts.fast_scales = expert_map is None
+                    fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
 
 
 # -- ISA facts ---------------------------------------------------------------------------------
