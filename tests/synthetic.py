@@ -234,6 +234,7 @@ def _edit(work: Path, spec: PatchSpec) -> None:
         assert text.count(old) == 1, f"{spec.name}: {old!r} is not once in {path}"
         (work / path).write_text(text.replace(old, new))
     for path, text in spec.adds.items():
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
         (work / path).write_text(text)
         git(work, "add", path)
     for path in spec.deletes:

@@ -22,7 +22,17 @@ from pathlib import Path
 import pytest
 from support import export_committed
 from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
-from vllm_install import EDITED, OVERLAID, PATCHES, Overlay, Pristine, by_patch, replace_file
+from vllm_install import (
+    ADDED,
+    CHANGED,
+    EDITED,
+    OVERLAID,
+    PATCHES,
+    Overlay,
+    Pristine,
+    by_patch,
+    replace_file,
+)
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
 from vllm_patchset.gpu.kit import write_kit
 from vllm_patchset.infra.config import Project
@@ -332,10 +342,14 @@ def test_overlay_diff_is_what_apply_changes(
         "  shows: installed -> overlay (what `overlay apply` would change)",
     )
     headers = [line for line in diff.splitlines() if line.startswith(("--- ", "+++ "))]
-    assert headers == [h for rel in OVERLAID for h in (f"--- a/{rel}", f"+++ b/{rel}")]
+    assert headers == [
+        h
+        for rel in OVERLAID
+        for h in ("--- /dev/null" if rel in ADDED else f"--- a/{rel}", f"+++ b/{rel}")
+    ]
     # The diff is a patch: applied to a copy of the installed files, it gives the overlay's.
     copy = tmp_path / "copy"
-    for rel in OVERLAID:
+    for rel in CHANGED:
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(target / rel, copy / rel)
     subprocess.run(["git", "apply", "-p1"], input=diff, text=True, cwd=copy, check=True)
@@ -550,8 +564,9 @@ def test_status_and_revert_need_only_the_record(
         + "\n",
         "",
     )
-    for rel in OVERLAID:
+    for rel in CHANGED:
         assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes()
+    assert [rel for rel in ADDED if (target / rel).exists()] == []
     assert not (target / ".vllm-patchset").exists()
 
 

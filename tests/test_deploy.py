@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from killable import KILL_ENV
 from vllm_install import (
+    ADDED,
+    APPLY_POINTS,
+    CHANGED,
     EDITED,
     EDITED_DIR,
     EDITED_MODULE,
@@ -32,6 +35,7 @@ from vllm_install import (
     LOCK,
     OVERLAID,
     PATCHES,
+    REVERT_POINTS,
     Overlay,
     Pristine,
     by_patch,
@@ -41,6 +45,8 @@ from vllm_install import (
     record_doc,
     record_mismatches,
     replace_file,
+    replaced_at,
+    restored_at,
     run_cli,
     tree_state,
 )
@@ -79,8 +85,9 @@ def header(command: str, outcome: str, target: Path) -> str:
 
 
 def assert_pristine(target: Path, pristine: Pristine) -> None:
-    for rel in OVERLAID:
+    for rel in CHANGED:
         assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes(), rel
+    assert [rel for rel in ADDED if (target / rel).exists()] == []
     assert not journal_path(target).exists()
 
 
@@ -88,6 +95,12 @@ def assert_patched(target: Path, overlay: Overlay) -> None:
     for rel in OVERLAID:
         assert (target / rel).read_bytes() == overlay.patched(rel), rel
     assert not journal_path(target).exists()
+
+
+def originals(pristine: Pristine) -> dict[str, str]:
+    """The record's originals once applied: the wheel's sha256 of each changed file, "" (no
+    file) for each added one."""
+    return {rel: pristine.record[rel] if rel in CHANGED else "" for rel in OVERLAID}
 
 
 def no_temp_files(target: Path) -> bool:
@@ -137,15 +150,18 @@ def test_apply_verify_reapply_revert_round_trip(
         "",
     )
     assert_patched(target, overlay)
-    for rel in OVERLAID:
+    for rel in CHANGED:
         assert (target / STATE / "originals" / rel).read_bytes() == (
             pristine.root / rel
         ).read_bytes()
         assert (target / rel).stat().st_mode == (pristine.root / rel).stat().st_mode
+    for rel in ADDED:  # no original: the file was not there
+        assert not (target / STATE / "originals" / rel).exists()
+        assert (target / rel).stat().st_mode & 0o777 == 0o644
     assert sorted(os.listdir(target / STATE)) == ["applied.json", "lock", "originals"]
     doc = record_doc(target)
     assert doc["lock"] == json.loads(overlay.lock.to_json())
-    assert doc["originals"] == {rel: pristine.record[rel] for rel in OVERLAID}
+    assert doc["originals"] == originals(pristine)
 
     code, out, err = cli("verify", "--target", t)
     assert (code, out.splitlines()[0], err) == (0, header("verify", "verified", target), "")
@@ -251,9 +267,10 @@ def test_hand_edited_file_refused_then_forced_and_reverted_to_the_edit(
 
     assert cli("revert", "--target", str(target))[0] == 0
     assert (target / EDITED).read_bytes() == edited  # the user's edit is back, byte for byte
-    for rel in OVERLAID:
+    for rel in CHANGED:
         if rel != EDITED:
             assert (target / rel).read_bytes() == (pristine.root / rel).read_bytes(), rel
+    assert [rel for rel in ADDED if (target / rel).exists()] == []
 
 
 def test_missing_file_refused(cli: Cli, target: Path) -> None:
@@ -298,7 +315,7 @@ def test_revert_without_saved_originals_refused(cli: Cli, target: Path, overlay:
     assert cli("revert", "--target", str(target)) == (
         1,
         "",
-        f"vllm-patchset: no saved original for {target / OVERLAID[0]} (this overlay was not applied"
+        f"vllm-patchset: no saved original for {target / FIRST} (this overlay was not applied"
         " by vllm-patchset): reinstall vllm==0.24.0 to undo it\n",
     )
     assert tree_state(target) == before
@@ -613,10 +630,8 @@ def test_default_is_the_vllm_of_this_interpreter(overlay: Overlay, target: Path)
 
 
 # -- killed runs -------------------------------------------------------------------------------
-# Write points of an apply of the N overlaid files: journal, N originals, N files, record; two
-# each (temp file complete, replaced). The record's replace (the last) commits; one more is
-# never reached.
-APPLY_POINTS = 2 * (1 + N + N + 1)
+# Write points (vllm_install.APPLY_POINTS, REVERT_POINTS): two a file written (temp file
+# complete, replaced); one more than APPLY_POINTS is never reached.
 RECOVERED_BY = ("apply", "revert", "status")
 
 
@@ -625,8 +640,7 @@ def expected_repair_note(point: int) -> str | None:
         return None  # killed before its journal existed: only a temp file to sweep
     if point == APPLY_POINTS:
         return "finished an interrupted apply (it had committed)"
-    # the i-th file (from 1) is replaced at the second point of its write: 2 + 2 * N + 2 * i
-    replaced = min(max(point - 2 - 2 * N, 0) // 2, N)
+    replaced = replaced_at(point)
     return f"rolled back an interrupted apply ({replaced} of {N} files had been replaced)"
 
 
@@ -660,9 +674,6 @@ def test_apply_killed_at_each_write_then_recovered(
             assert not [p for p in (left / STATE).rglob("*") if p.is_file() and p.name != "lock"]
 
 
-REVERT_POINTS = 2 * (1 + N)  # journal, N files
-
-
 @pytest.mark.parametrize("point", range(1, REVERT_POINTS + 1))
 def test_revert_killed_at_each_write_then_finished(
     cli: Cli, overlay: Overlay, target: Path, pristine: Pristine, point: int
@@ -676,7 +687,7 @@ def test_revert_killed_at_each_write_then_finished(
         assert (code, out.splitlines()[0]) == (0, header("status", "applied", target))
         assert_patched(target, overlay)
         return
-    restored = min((point - 2) // 2, N)  # the i-th file (from 1) at point 2 + 2 * i
+    restored = restored_at(point)
     assert (code, out.splitlines()) == (
         0,
         [
@@ -697,7 +708,8 @@ def test_recovery_killed_too_is_recovered_by_the_next_run(
         overlay, "apply", "--target", str(target), env={KILL_ENV: str(KILLED_MID_APPLY)}
     )
     assert killed.returncode == -signal.SIGKILL
-    # the repair restores the first overlaid file... and is killed in the middle of that write
+    # the repair removes the files added before the first changed one (no write point), restores
+    # that one... and is killed in the middle of that write
     killed = run_cli(overlay, "status", "--target", str(target), env={KILL_ENV: "1"})
     assert killed.returncode == -signal.SIGKILL
     assert journal_path(target).exists()
@@ -761,7 +773,7 @@ def test_concurrent_applies_apply_once(
     outcomes = sorted(json.loads(out)["outcome"] for out in outputs)
     assert outcomes == ["already applied", "already applied", "applied"]
     assert_patched(target, overlay)
-    assert record_doc(target)["originals"] == {rel: pristine.record[rel] for rel in OVERLAID}
+    assert record_doc(target)["originals"] == originals(pristine)
 
 
 # -- stale bytecode ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from vllm_install import (
     EDITED,
+    FIRST,
     OVERLAID,
     PATCHES,
     Overlay,
@@ -113,8 +114,8 @@ def test_symlinked_install_is_read_through_and_never_written(
     assert code == 0 and f"--- a/{EDITED}\n+++ b/{EDITED}\n" in diff
 
     refusal = (
-        f"vllm-patchset: refusing to apply, nothing changed: {site / OVERLAID[0]} is a symlink"
-        f" (to {os.readlink(site / OVERLAID[0])}), as `uv pip install --link-mode symlink`"
+        f"vllm-patchset: refusing to apply, nothing changed: {site / FIRST} is a symlink"
+        f" (to {os.readlink(site / FIRST)}), as `uv pip install --link-mode symlink`"
         " installs; reinstall vllm with `--link-mode copy` (or hardlink) to apply the overlay\n"
     )
     assert cli("apply", "--target", t) == (1, "", refusal)

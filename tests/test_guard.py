@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from killable import KILL_ENV
 from vllm_install import (
+    CHANGED,
     EDITED,
     EDITED_MODULE,
     KILLED_MID_APPLY,
@@ -106,7 +107,7 @@ def partial(target: Path, overlay: Overlay) -> str:
 
 def reinstalled(target: Path, overlay: Overlay) -> str:
     applied(overlay, target)
-    for rel in OVERLAID:  # `pip install --force-reinstall vllm==0.24.0`
+    for rel in CHANGED:  # `pip install --force-reinstall vllm==0.24.0` (it leaves added files)
         replace_file(target / rel, (target / ".vllm-patchset/originals" / rel).read_bytes())
     return (
         f"vllm-patchset: the overlay applied to vllm 0.24.0 at {target / 'vllm'} is GONE (vllm"

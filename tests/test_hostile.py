@@ -25,16 +25,22 @@ from killable import KILL_ENV, KILLABLE
 from support import REPO, git, snapshot
 from synthetic import MOE, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import (
+    ADDED,
+    APPLY_POINTS,
+    CHANGED,
     EDITED,
     EDITED_DIR,
     EDITED_MODULE,
     OVERLAID,
     PATCHES,
+    REVERT_POINTS,
     Overlay,
     Pristine,
-    by_patch,
+    by_patch_of,
     record_mismatches,
     replace_file,
+    replaced_at,
+    restored_at,
 )
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
@@ -611,10 +617,12 @@ def test_pip_force_reinstall_under_an_applied_overlay(
     assert record_mismatches(site, pristine.record) == []  # pip put the wheel's files back
     code, out, err = run(*deploy_args(overlay, "status", "--python", python))
     assert (code, err) == (1, "")
+    # pip leaves a file the overlay added (its RECORD does not list it): patched still
+    words = {rel: "patched" if rel in ADDED else "pristine" for rel in OVERLAID}
     assert out.splitlines() == [
         header("status", "gone", site),
-        *(f"  pristine   {rel}" for rel in OVERLAID),
-        *by_patch("not applied"),
+        *(f"  {words[rel]:10} {rel}" for rel in OVERLAID),
+        *by_patch_of(words),
         GONE_NOTE.format(patches=", ".join(PATCHES)),
     ]
     assert (
@@ -630,6 +638,7 @@ def test_pip_force_reinstall_under_an_applied_overlay(
     else:
         assert out.splitlines()[0] == header("revert", "stale record removed", site)
     assert record_mismatches(site, pristine.record) == []
+    assert [rel for rel in ADDED if (site / rel).exists()] == []
     assert not (site / STATE).exists()
 
 
@@ -640,7 +649,7 @@ def test_pip_uninstall_leaves_no_silent_orphan(
     python, site = venv
     assert run(*deploy_args(overlay, "apply", "--python", python))[0] == 0
     pip(python, "uninstall", "-y", "vllm")
-    assert sorted(os.listdir(site)) == [STATE]
+    assert sorted(os.listdir(site)) == [STATE, *(["vllm"] if ADDED else [])]  # (pip leaves them)
     option = str(python) if where == "--python" else str(site)
     why = (
         f"{python} has no vllm package installed"
@@ -688,7 +697,7 @@ def upgrade_to_0_25_0(target: Path, mirror: Mirror) -> None:
     """What `pip install -U vllm==0.25.0` does to the files at stake: the overlaid modules and
     the dist-info replaced by 0.25.0's."""
     commit = mirror.release("0.25.0").commit
-    for rel in OVERLAID:
+    for rel in CHANGED:  # (a file the overlay added stays: pip knows nothing of it)
         data = mirror.repo.read_blob(commit, rel)
         assert data is not None
         replace_file(target / rel, data)
@@ -720,10 +729,14 @@ def test_upgraded_vllm_and_rebased_project_can_apply_and_revert(
     code, out, _ = run(*args, "verify", "--target", target)
     assert (code, out.splitlines()[0]) == (1, f"overlay verify: NOT verified {where}")
     before = snapshot(target)
+    words = {rel: "patched" if rel in ADDED else "modified" for rel in OVERLAID}
+    added_note = (
+        f"  note: removed what the overlay had added: {', '.join(ADDED)}\n" if ADDED else ""
+    )
     assert run(*args, "revert", "--target", target, "--dry-run") == (
         0,
         f"overlay revert: would remove a stale record ({target}/vllm, 0.25.0; overlay for 0.24.0:"
-        f" {', '.join(PATCHES)})\n" + "".join(f"  modified   {rel}\n" for rel in OVERLAID),
+        f" {', '.join(PATCHES)})\n" + "".join(f"  {words[rel]:10} {rel}\n" for rel in OVERLAID),
         "",
     )
     assert snapshot(target) == before
@@ -732,15 +745,18 @@ def test_upgraded_vllm_and_rebased_project_can_apply_and_revert(
             0,
             f"overlay revert: stale record removed ({target}/vllm, 0.25.0; overlay for 0.24.0:"
             f" {', '.join(PATCHES)})\n"
-            + "".join(f"  modified   {rel}\n" for rel in OVERLAID)
-            + f"  note: {gone}: removed its stale record\n",
+            + "".join(f"  {words[rel]:10} {rel}\n" for rel in OVERLAID)
+            + f"  note: {gone}: removed its stale record\n"
+            + added_note,
             "",
         )
-        assert snapshot(target) == {k: v for k, v in before.items() if not k.startswith(STATE)}
+        assert snapshot(target) == {
+            k: v for k, v in before.items() if not k.startswith(STATE) and k not in ADDED
+        }
         return
     assert run(*args, "apply", "--target", target) == (
         0,
-        f"overlay apply: applied {where}\n  note: {gone}: removed its stale record\n",
+        f"overlay apply: applied {where}\n  note: {gone}: removed its stale record\n" + added_note,
         "",
     )
     assert run(*args, "verify", "--target", target) == (
@@ -766,7 +782,7 @@ def test_revert_json_reports_the_files_as_left_and_a_refused_apply_prints_json(
     code, out, _ = run(*deploy_args(overlay, "revert", "--target", target, "--json"))
     assert code == 0
     assert json.loads(out)["files"] == [
-        {"path": rel, "state": "pristine", "sha256": pristine.record[rel], "action": "restore"}
+        {"path": rel, "state": "pristine", "sha256": pristine.record.get(rel), "action": "restore"}
         for rel in OVERLAID
     ]
     edited = (pristine.root / EDITED).read_bytes() + b"# local\n"
@@ -786,8 +802,6 @@ def test_revert_json_reports_the_files_as_left_and_a_refused_apply_prints_json(
 
 
 # -- 7. interrupted and concurrent runs -----------------------------------------------------------
-APPLY_POINTS = 2 * (1 + N + N + 1)  # journal, originals, files, record: two points each
-REVERT_POINTS = 2 * (1 + N)  # journal, files
 
 
 def apply_interrupted_note(point: int) -> str:
@@ -795,7 +809,7 @@ def apply_interrupted_note(point: int) -> str:
         return "nothing was changed"
     if point == APPLY_POINTS:  # the record is in place: the apply had committed
         return "finished an interrupted apply (it had committed): the overlay is applied"
-    replaced = min(max(point - 2 - 2 * N, 0) // 2, N)
+    replaced = replaced_at(point)
     return (
         f"rolled back an interrupted apply ({replaced} of {N} files had been replaced): the"
         " target is as it was"
@@ -832,7 +846,7 @@ def test_revert_interrupted_at_each_write_is_finished_and_says_so(
     assert run(*deploy_args(overlay, "apply", "--target", target))[0] == 0
     applied = snapshot(target)
     done = cli(*deploy_args(overlay, "revert", "--target", target), env={KILL_ENV: f"{point}:TERM"})
-    restored = (point - 2) // 2
+    restored = restored_at(point)
     note = (
         "nothing was changed"  # the journal's temp file: the revert had not begun
         if point == 1
@@ -990,7 +1004,7 @@ def test_output_the_terminal_cannot_encode(
     shown: bytes,
 ) -> None:
     site = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), os.fsencode(name))))
-    for part in ("vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", *OVERLAID):
+    for part in ("vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", *CHANGED):
         (site / part).parent.mkdir(parents=True, exist_ok=True)
         os.link(pristine.root / part, site / part)
     done = subprocess.run(
@@ -1121,7 +1135,7 @@ def test_disk_full_names_the_file_and_changes_nothing(
     site.mkdir()
     files = {
         part: (pristine.root / part).read_text()
-        for part in ("vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", *OVERLAID)
+        for part in ("vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", *CHANGED)
     }
     command = [sys.executable, "-m", "vllm_patchset", *map(str, deploy_args(overlay, "apply"))]
     done = subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_install import OVERLAID, Pristine, replace_file
+from vllm_install import FIRST, Pristine, replace_file
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.upstream import Mirror
@@ -52,7 +52,7 @@ def test_installed_wheel_agrees_with_sdist(
 def test_modified_install_is_refused(
     target: Path, tiny: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = target / OVERLAID[0]
+    path = target / FIRST
     replace_file(path, path.read_bytes() + b"# local edit\n")
     mirror = Mirror(tiny.cache_dir)
     before = mirror.repo.tags("*")

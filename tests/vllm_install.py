@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -47,16 +47,46 @@ LOCK_PATH = "overlay/overlay.lock.json"
 LOCK = Lock.from_json(committed(LOCK_PATH).decode(), f"HEAD:{LOCK_PATH}")
 PATCHES = LOCK.patches  # the series, in order: every report and guard line names them all
 OVERLAID = tuple(e.path for e in LOCK.entries)  # the lock's order (sorted), that of the reports
-# The overlaid file the tests edit, damage or replace (the last in the lock's order), its
+# The files the overlay adds (no pristine file: no original saved, none once reverted), and the
+# wheel's files it changes. (The series deletes no file.)
+ADDED = tuple(e.path for e in LOCK.entries if e.pristine_sha256 is None)
+CHANGED = tuple(rel for rel in OVERLAID if rel not in ADDED)
+# The changed file the tests edit, damage or replace (the last in the lock's order), its
 # module name, its folder; and the first one.
-EDITED = OVERLAID[-1]
+EDITED = CHANGED[-1]
 EDITED_MODULE = PurePosixPath(EDITED).stem
 EDITED_DIR = str(PurePosixPath(EDITED).parent)
-FIRST = OVERLAID[0]
+FIRST = CHANGED[0]
 # Write points of an apply (fsio.observed, tests/killable.py: two per file written): journal, then one
-# original per file, then the files. Killed here, the first overlaid file has just been
-# replaced and the others not: a journal is pending, nothing is committed.
-KILLED_MID_APPLY = 2 + 2 * len(OVERLAID) + 2
+# original per changed file, then the files in the lock's order. Killed here, the first changed
+# file (and any added before it) has just been written and the others not: a journal is
+# pending, nothing is committed; REPLACED_MID_APPLY files had been written.
+REPLACED_MID_APPLY = OVERLAID.index(FIRST) + 1
+KILLED_MID_APPLY = 2 + 2 * len(CHANGED) + 2 * REPLACED_MID_APPLY
+# All of an apply's: journal, originals, files, record; the record's replace (the last) commits.
+APPLY_POINTS = 2 * (1 + len(CHANGED) + len(OVERLAID) + 1)
+# A revert's: journal, the changed files restored (a file the overlay added is removed: no point).
+REVERT_POINTS = 2 * (1 + len(CHANGED))
+
+
+def replaced_at(point: int) -> int:
+    """The files an apply stopped at write point `point` had replaced: the i-th (from 1) at the
+    second point of its write, 2 + 2 * len(CHANGED) + 2 * i."""
+    return min(max(point - 2 - 2 * len(CHANGED), 0) // 2, len(OVERLAID))
+
+
+def restored_at(point: int) -> int:
+    """The files a revert stopped at write point `point` had restored: each changed file at
+    the second point of its write, a file the overlay added removed (no write point) right
+    after the point before it."""
+    done, last = 0, 2  # the journal's points
+    for rel in OVERLAID:
+        if rel in ADDED:
+            done += point > last
+        else:
+            last += 2
+            done += point >= last
+    return done
 
 
 # Besides the overlaid files' folders, the files of the package the tests damage.
@@ -235,8 +265,9 @@ def tree_state(root: Path) -> dict[str, tuple[object, ...]]:
 
 
 def replace_file(path: Path, data: bytes) -> None:
-    """Change a file the way an editor or pip would: a new file, never the shared inode."""
-    path.unlink()
+    """Change a file the way an editor or pip would: a new file, never the shared inode (or
+    a file where there is none: one the overlay adds)."""
+    path.unlink(missing_ok=True)
     path.write_bytes(data)
 
 
@@ -286,6 +317,19 @@ def journal_path(target: Path) -> Path:
 def record_doc(target: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads((target / ".vllm-patchset" / "applied.json").read_text())
     return data
+
+
+def by_patch_of(states: Mapping[str, str]) -> list[str]:
+    """The per-patch lines of `overlay status` with each overlaid file in its state (path ->
+    state): a patch is applied when all its files are patched, partly when some are."""
+    lines = ["  by patch (the lock's map of files to patches):"]
+    for patch in PATCHES:
+        found = {states[e.path] for e in LOCK.entries if patch in e.patches}
+        state = (
+            "applied" if found == {"patched"} else "partly" if "patched" in found else "not applied"
+        )
+        lines.append(f"    {state:11} {patch}")
+    return lines
 
 
 def by_patch(state: str) -> list[str]:

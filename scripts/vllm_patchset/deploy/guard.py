@@ -74,6 +74,8 @@ def check(root: Path, package: str = "vllm") -> Outcome:
         locked_version = str(lock["version"])
         patches = [str(p) for p in lock["patches"]]
         files = {str(k): _sha_of(v["patched_sha256"]) for k, v in lock["files"].items()}
+        # The files vLLM ships (a reinstall replaces them; it leaves a file the overlay added).
+        shipped = {str(k) for k, v in lock["files"].items() if v["pristine_sha256"] is not None}
         sizes = doc.get("patched_sizes") or {}  # records of before 0.x have none
         sizes = {str(k): v for k, v in sizes.items() if isinstance(v, int)}
     except (PatchsetError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -95,13 +97,13 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             f" {package} {version} is installed at {where} now (upgraded?): its fixes are NOT"
             f" active (rebase the patch set onto {version} and apply it)",
         )
-    unpatched = [
-        rel.rsplit("/", 1)[-1]
+    unpatched = {
+        rel: rel.rsplit("/", 1)[-1]
         for rel, sha in files.items()
         if (_sha256(root, package, rel, sizes.get(rel)) if sha else _there(root, package, rel))
         != sha
-    ]
-    if unpatched and len(unpatched) == len(files):
+    }
+    if unpatched and set(unpatched) >= (shipped or set(files)):
         return Outcome(
             False,
             f"vllm-patchset: the overlay applied to {package} {version} at {where} is GONE"
@@ -112,7 +114,7 @@ def check(root: Path, package: str = "vllm") -> Outcome:
             False,
             f"vllm-patchset: the overlay on {package} {version} at {where} is PARTIAL:"
             f" {len(unpatched)} of {len(files)} files are not patched"
-            f" ({', '.join(unpatched)}): its fixes are NOT active (run"
+            f" ({', '.join(unpatched.values())}): its fixes are NOT active (run"
             " `vllm-patchset overlay status`, then apply)",
         )
     stale = [pyc for rel, sha in files.items() if sha for pyc in _stale_of(root, package, rel)]

@@ -4,6 +4,7 @@ target's lock where it writes), then carries the plan out in a `Transaction`."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -89,6 +90,7 @@ def _apply_plan(
     notes = list(plan.notes)
     if plan.stale is not None:
         notes.insert(0, f"{gone_note(target, plan.stale)}: removed its stale record")
+        notes[1:1] = remove_added(target, plan.stale.lock, keep=plan.lock)
         target.forget()
     if not plan.steps and plan.lock.entries:
         notes.append("recorded the overlay found in place (no originals: revert cannot undo it)")
@@ -133,6 +135,41 @@ def _save_originals(
         if data_saved is None or sha256_bytes(data_saved) != step.before_sha256:
             fsio.atomic_write(saved, data[step.path])
     return originals
+
+
+def remove_added(target: Target, lock: Lock, keep: Lock | None = None) -> list[str]:
+    """The files `lock`'s overlay added, where they still hold its bytes, removed with their
+    bytecode and the folders that leaves empty (`keep`'s files stay): vLLM reinstalled,
+    upgraded or uninstalled under an applied overlay leaves them, pip knows nothing of them.
+    Each removal is whole and the record goes after them: a run stopped half-way leaves the
+    rest to the next one. The note, if any."""
+    removed = []
+    for entry in lock.entries:
+        if entry.pristine_sha256 is not None or (keep is not None and keep.entry(entry.path)):
+            continue
+        if target.file_sha(entry.path) != entry.patched_sha256:
+            continue  # not the overlay's bytes: not the tool's to remove
+        path = target.path(entry.path)
+        fsio.remove_file(path)
+        remove_bytecode(path, strict=False)
+        _remove_empty_folders(target.root, path.parent)
+        removed.append(entry.path)
+    return [f"removed what the overlay had added: {', '.join(removed)}"] if removed else []
+
+
+def _remove_empty_folders(root: Path, folder: Path) -> None:
+    """`folder` and those above it, up to `root`, while nothing is left in them (an empty
+    `__pycache__` aside)."""
+    while folder != root and folder.is_dir() and not folder.is_symlink():
+        names = os.listdir(folder)
+        cache = folder / "__pycache__"
+        if names == ["__pycache__"] and cache.is_dir() and not os.listdir(cache):
+            fsio.remove_dir(cache)
+            names = []
+        if names:
+            return
+        fsio.remove_dir(folder)
+        folder = folder.parent
 
 
 def _remove_stale(target: Target, lock: Lock) -> list[str]:
@@ -201,9 +238,11 @@ def _revert_plan(target: Target, plan: Plan) -> tuple[str, list[str | None]]:
     """Carry out `plan` (the lock held): restore the originals, then drop the record (the
     commit point), or drop a stale record."""
     if plan.stale is not None:
+        removed = remove_added(target, plan.stale.lock)
         target.forget()
         return "stale record removed", [
-            f"{gone_note(target, plan.stale)}: removed its stale record"
+            f"{gone_note(target, plan.stale)}: removed its stale record",
+            *removed,
         ]
     notes: list[str | None] = list(plan.notes)
     if plan.steps:
@@ -396,8 +435,9 @@ def orphaned(root: Path, package: str, lock: Lock | None, command: str, why: str
         with target.locked():
             fsio.sweep_temp([state])
             fsio.remove_file(target.state_path(JOURNAL))
+            removed = remove_added(target, record.lock) if record is not None else []
             target.forget()
-            notes += [f"{found}: removed it", target.remove_state_dir()]
+            notes += [f"{found}: removed it", *removed, target.remove_state_dir()]
         outcome, ok = "orphaned state removed", True
     kept = tuple(n for n in notes if n)
     return Report(

@@ -59,13 +59,17 @@ class _Draft:
 
 
 def overlay_gone(installed: Installed, record: Record | None) -> bool:
-    """Is nothing of the recorded overlay left in the files? (vllm reinstalled or upgraded
-    over it: `pip install --force-reinstall` or `-U` replaces the files, not the record)"""
+    """Is nothing of the recorded overlay left in the files vLLM ships? (vllm reinstalled or
+    upgraded over it: `pip install --force-reinstall` or `-U` replaces its files, not the record,
+    and leaves a file the overlay added)"""
     if record is None:
         return False
     if not record.lock.entries:
         return record.lock.version != installed.version
-    return all(installed.file_sha(e.path) != e.patched_sha256 for e in record.lock.entries)
+    shipped = [e for e in record.lock.entries if e.pristine_sha256 is not None]
+    return all(
+        installed.file_sha(e.path) != e.patched_sha256 for e in shipped or record.lock.entries
+    )
 
 
 def gone_note(installed: Installed, record: Record) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_patchset.console import table
-from vllm_patchset.series.states import Verdict
+from vllm_patchset.series.states import WHOLE_HEADERS, Verdict
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
@@ -165,6 +165,10 @@ def conflict_report(verdict: Verdict) -> str:
     out = [f"{verdict.patch} on {verdict.base}: {verdict.state.value}{reason}"]
     for h in verdict.hunks:
         if h.applies_at is not None or h.result_present:
+            continue
+        if h.header in WHOLE_HEADERS.values():  # a file the patch adds or deletes whole
+            other = "another file at its path" if h.header == "new file" else "another file"
+            out.append(f"  hunk {h.number} {h.file} ({h.header}): {verdict.base} has {other}")
             continue
         out.append(f"  hunk {h.number} {h.file} {h.header}: expected")
         out += [f"    | {line}" for line in h.expected]
