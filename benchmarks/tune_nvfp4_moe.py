@@ -15,8 +15,8 @@ counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before each replay, med
 checks the picked configs against the pure-torch reference (tests/gpu/nvfp4_reference.py),
 and with --write-table writes the picks as the kernel module's tile tables (JSON, as its
 nvfp4_moe_configs reads them) into DIR (default benchmarks/results/nvfp4_moe_tables/): one per
-shape, ``nvfp4_emulation_moe,E=<experts held>,H=<hidden>,I=<intermediate>,device_name=<GPU>
-.json``, and one for any shape of this GPU, ``nvfp4_emulation_moe,device_name=<GPU>.json`` (the
+shape, ``nvfp4_emulation_moe_tiles.E<experts held>_H<hidden>_I<intermediate>.<GPU>.json``,
+and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
 pick over all the shapes). The kernel reads them from the folder named by
 VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
@@ -35,6 +35,7 @@ import argparse
 import importlib
 import json
 import multiprocessing as mp
+import re
 import sys
 import time
 import types
@@ -429,7 +430,7 @@ def moe_configs(table: dict[int, tuple]) -> dict:
 def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
     """Each table as the JSON file the kernel module reads (its table_json), named as the
     module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
-    device = torch.cuda.get_device_name().replace(" ", "_")
+    device = re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())  # as the module
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, table in tables.items():

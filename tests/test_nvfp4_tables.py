@@ -2,8 +2,8 @@
 on the CPU (the overlaid module loaded without vLLM, tests/kernels.py, its logger recording):
 
 - a tuned table is a JSON file per device and shape
-  (``nvfp4_emulation_moe,E=..,H=..,I=..,device_name=...json``, then
-  ``nvfp4_emulation_moe,device_name=...json``) in the folder named by
+  (``nvfp4_emulation_moe_tiles.E.._H.._I.....json``, then
+  ``nvfp4_emulation_moe_tiles.<device>.json``) in the folder named by
   VLLM_PATCHSET_NVFP4_CONFIG_DIR or beside the module (patch 0002 ships the H200's there); a file with a tile whose K step is not 128 is refused at load, one error naming
   the file and the entry; no file: the platform's generic table, said once in the log;
 - VLLM_PATCHSET_NVFP4_PLATFORM=rocm gives ROCm's generic table and blocks of 16 tokens on an
@@ -33,8 +33,8 @@ from vllm_install import Overlay, Pristine
 
 SHAPE = (8, 256, 192)  # experts, hidden, intermediate
 DEVICE = "NVIDIA H200"
-FILE = "nvfp4_emulation_moe,E=8,H=256,I=192,device_name=NVIDIA_H200.json"
-DEVICE_FILE = "nvfp4_emulation_moe,device_name=NVIDIA_H200.json"
+FILE = "nvfp4_emulation_moe_tiles.E8_H256_I192.NVIDIA_H200.json"
+DEVICE_FILE = "nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
 
 
 @dataclasses.dataclass
@@ -113,8 +113,8 @@ def test_generic_table_without_a_file_said_once(load: Any) -> None:
         (
             "info",
             f"NVFP4 emulation MoE (E=8 H=256 I=192, {h100}): no tuned tile table"
-            f" (nvfp4_emulation_moe,E=8,H=256,I=192,device_name={h100}.json or"
-            f" nvfp4_emulation_moe,device_name={h100}.json); using the generic cuda table",
+            f" (nvfp4_emulation_moe_tiles.E8_H256_I192.{h100}.json or"
+            f" nvfp4_emulation_moe_tiles.{h100}.json); using the generic cuda table",
         )
     ]
 

@@ -45,7 +45,7 @@ EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py
 # Files 0002 adds beside it: its kernels' module and the H200's tile table.
 KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 H200_TABLE = (
-    "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe,device_name=NVIDIA_H200.json"
+    "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
 )
 TOUCHED_BY = {EMULATION: (FIX2, NVFP4), TRITON: (FIX2,), KERNELS: (NVFP4,), H200_TABLE: (NVFP4,)}
 GPU_FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
