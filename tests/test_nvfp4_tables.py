@@ -265,3 +265,35 @@ def test_unfused_path_said_once_with_why(load: Any) -> None:
             " unfused path (every expert's weights dequantized on every call: slow)",
         )
     ]
+
+
+@pytest.mark.parametrize("depth", [16, 48, 128, 144, 192, 704, 2704])
+def test_tiled_layout_at_ragged_depths(load: Any, depth: int) -> None:
+    """The tiled layout the kernel addresses (TILED): byte c of row n at
+    (n // 16) * 16 * C + (c // W) * 16 * W + (n % 16) * w + c % W, where C = depth // 2 bytes a
+    row, W = 64 (128 weights) and w = W, or C % W in the last, narrower tile of a row block
+    (no padding). Untiled, the checkpoint's rows again, byte for byte: what the unfused path
+    dequantizes."""
+    module = load()[0].module
+    relayout = module.tile_nvfp4_weights.__globals__["_relayout"]  # the kernels module's
+    rows, c, width = 32, depth // 2, 64
+    index = torch.arange(rows * c, dtype=torch.int32).view(1, rows, c)
+    tiled = index.clone()
+    relayout(tiled, width, to_tiles=True)
+    n = torch.arange(rows)[:, None]
+    col = torch.arange(c)[None, :]
+    full = c - c % width
+    w = torch.where(col < full, width, c - full)
+    where = (n // 16) * 16 * c + (col // width) * 16 * width + (n % 16) * w + col % width
+    assert torch.equal(tiled.flatten()[where.flatten()], index.flatten())
+    back = tiled.clone()
+    relayout(back, width, to_tiles=False)
+    assert torch.equal(back, index)
+    # The experts' own copies back (untiled_nvfp4_weights), weights and block scales.
+    packed = torch.randint(0, 256, (2, rows, c), dtype=torch.uint8)
+    scales = torch.randint(0, 256, (2, rows, depth // 16), dtype=torch.uint8)
+    laid = packed.clone(), scales.clone().view(torch.float8_e4m3fn)
+    module.tile_nvfp4_weights(*laid)
+    assert depth <= 128 or not torch.equal(laid[0], packed)  # one tile a row block: rows
+    again = module.untiled_nvfp4_weights(*laid)
+    assert torch.equal(again[0], packed) and torch.equal(again[1].view(torch.uint8), scales)
