@@ -69,7 +69,7 @@ def markdown(rows: list[dict[str, Any]], triton_version: str, source_sha256: str
         "for every configuration the fused experts' launcher uses. `shared`: triton's shared",
         "memory (LDS) per program, bytes; `mfma` / `mma`: matrix instructions in the code",
         "(v_mfma_*; HMMA/HGMMA); spills and scratch/local bytes: what a change costs first.",
-        f"The fused MoE file's sha256 (the lock's patched_sha256): `{source_sha256[:12]}`.",
+        f"The fused MoE kernels file's sha256 (the lock's patched_sha256): `{source_sha256[:12]}`.",
         "",
     ]
     for backend, columns in (("hip", HIP_COLUMNS), ("cuda", CUDA_COLUMNS)):
@@ -109,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import kernels
 
-    # Which kernels these are: the overlaid file's sha256 (the lock's patched_sha256).
-    fused = hashlib.sha256((args.overlay.parent / kernels.FUSED_MOE).read_bytes()).hexdigest()
+    # Which kernels these are: the overlaid files' sha256 (the lock's patched_sha256).
+    sources = {
+        rel: hashlib.sha256((args.overlay.parent / rel).read_bytes()).hexdigest()
+        for rel in (kernels.FUSED_KERNELS, kernels.FUSED_MOE)
+    }
+    fused = sources[kernels.FUSED_KERNELS]
     document = {
         "triton": triton.__version__,
         "vllm": PIN,
-        "sources": {kernels.FUSED_MOE: fused},
+        "sources": sources,
         "kernels": rows,
     }
     (args.out / "isa_facts.json").write_text(json.dumps(document, indent=1) + "\n")

@@ -1,19 +1,29 @@
 """Tile sweep for the fused NVFP4 emulation MoE kernel (patch 0002), and its bucket table.
 
-    python benchmarks/tune_nvfp4_moe.py --tree DIR [--write-table] [--out DIR]
+    python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--write-table [DIR]]
+                                        [--out DIR]
 
-DIR holds a vLLM tree with patch 0002 applied (the kernel lives in
-vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py; without vLLM's
-compiled extensions the stand-ins of tests/gpu/standins.py are installed). The weights are laid
-out as the experts' process_weights_after_loading leaves them (the module's tiles, where it
-has them; ``laid_out``), the reference reads the checkpoint's rows. Times each GEMM
-(w13 with silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on both
-benchmark shapes and token counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before
-each replay, median of 20), checks the picked configs against the pure-torch
-reference (tests/gpu/nvfp4_reference.py), and with --write-table rewrites the kernel module's
-``_CONFIGS`` table with the picks. Candidates compile in parallel processes first.
+DIR holds a vLLM tree with patch 0002 applied (the kernels live in
+vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
+nvfp4_emulation_moe.py; without vLLM's compiled extensions the stand-ins of
+tests/gpu/standins.py are installed). The weights are laid out as the experts'
+process_weights_after_loading leaves them (the module's tiles, where it has them;
+``laid_out``), the reference reads the checkpoint's rows. Times each GEMM (w13 with
+silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on the --shapes
+(tests/gpu/moe_setup.SHAPES names; default the two the generic table was tuned on) and token
+counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before each replay, median of 20),
+checks the picked configs against the pure-torch reference (tests/gpu/nvfp4_reference.py),
+and with --write-table writes the picks as the kernel module's tile tables (JSON, as its
+nvfp4_moe_configs reads them) into DIR (default benchmarks/results/nvfp4_moe_tables/): one per
+shape, ``nvfp4_emulation_moe_tiles.E<experts held>_H<hidden>_I<intermediate>.<GPU>.json``,
+and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
+pick over all the shapes). The kernel reads them from the folder named by
+VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
+Candidates compile in parallel processes first (one per variant: token counts and shapes do not
+specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
+shape.
 
-Pick per token bucket: for each GEMM the tile with the least sum over the two shapes of
+Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
 (time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
 states inside the GEMM or in a pass of its own) with the least such sum. Output:
 ``tune.json`` (every timing) under --out.
@@ -40,6 +50,33 @@ import moe_setup  # noqa: E402
 import standins  # noqa: E402
 from cuda_graphs import l2_flush_buffer, time_us  # noqa: E402
 from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, quant_dequant  # noqa: E402
+
+# The shapes tuned without --shapes: the two the generic table was tuned on.
+DEFAULT_SHAPES = ("qwen3-30b-a3b", "e128-h4096-i1536")
+DEFAULT_TABLES = REPO / "benchmarks" / "results" / "nvfp4_moe_tables"
+
+
+def shape_named(name: str) -> moe_setup.MoeShape:
+    """A moe_setup shape by name (its shape_named where it has one: aliases, a clear error)."""
+    if hasattr(moe_setup, "shape_named"):
+        return moe_setup.shape_named(name)  # type: ignore[no-any-return]
+    for shape in moe_setup.SHAPES:
+        if shape.name == name:
+            return shape
+    known = ", ".join(s.name for s in moe_setup.SHAPES)
+    raise SystemExit(f"unknown MoE shape {name!r}; known: {known}")
+
+
+def held_experts(shape: moe_setup.MoeShape) -> int:
+    """The experts whose weights one GPU holds (expert parallelism: fewer than E)."""
+    return int(getattr(shape, "held_experts", shape.experts))
+
+
+def expert_map(shape: moe_setup.MoeShape) -> torch.Tensor | None:
+    """moe_setup's expert map for an expert-parallel shape (None: every expert held)."""
+    make = getattr(moe_setup, "expert_map", None)
+    return None if make is None else make(shape)
+
 
 # Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
 GROUPS = {
@@ -151,7 +188,7 @@ def load_kernel_module(tree: Path) -> types.ModuleType:
 K: types.ModuleType  # the kernel module, set by main() and by each compile process
 
 
-def align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
     """moe_align_block_size through the stand-in op (same buffers as vLLM's wrapper)."""
     numel = topk_ids.numel()
     padded = numel + num_experts * (block_m - 1)
@@ -162,20 +199,21 @@ def align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     expert_ids = torch.empty(triton.cdiv(padded, block_m), dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
     standins.moe_align_block_size(
-        topk_ids, num_experts, block_m, sorted_ids, expert_ids, post_pad, None
+        topk_ids, num_experts, block_m, sorted_ids, expert_ids, post_pad, emap
     )
     return sorted_ids, expert_ids, post_pad
 
 
-def fused_forward(moe, hidden, topk_weights, topk_ids, cfg):
+def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
     """The MoE as Nvfp4QuantizationEmulationTritonExperts.apply runs it (the QDQ pass for the
-    hidden states where the config does not fuse it)."""
+    hidden states where the config does not fuse it); experts: E (the router's), emap: the
+    expert map of an expert-parallel shape (naive blocks then aligned, as apply does)."""
     tokens, top_k = topk_ids.shape
     pairs = tokens * top_k
-    if cfg.naive:
+    if cfg.naive and emap is None:
         sorted_ids, expert_ids, post_pad = None, topk_ids.view(-1), None
     else:
-        sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, moe.w13.size(0))
+        sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, experts, emap)
     a1, a1_gscale = hidden, moe.a13_gscale
     if not cfg.fuse_a1_qdq:
         a1, a1_gscale = K.invoke_nvfp4_qdq(hidden, moe.a13_gscale), None
@@ -233,16 +271,19 @@ class Case:
         # moe: as the GEMMs read it (laid_out); rows: the checkpoint's, for the reference.
         self.moe, self.shape, self.tokens, self.rows = moe, shape, tokens, rows
         self.hidden, self.tw, self.tids = moe_setup.random_inputs(tokens, shape, seed=tokens)
+        self.emap = expert_map(shape)
         self.hidden_qdq = quant_dequant(self.hidden, moe.a13_gscale).to(torch.bfloat16)
         self.pairs = tokens * shape.top_k
         self.act = torch.randn(self.pairs, shape.intermediate, device="cuda").to(torch.bfloat16)
         self.act_out = torch.empty_like(self.act)
         self.y = torch.empty(self.pairs, shape.hidden, dtype=torch.bfloat16, device="cuda")
-        self.aligned = {bm: align(self.tids, bm, shape.experts) for bm in (8, 16, 32, 64)}
+        self.aligned = {
+            bm: align(self.tids, bm, shape.experts, self.emap) for bm in (8, 16, 32, 64)
+        }
 
     def gemm(self, kind, bm, naive, qdq, tile):
         m, g = self.moe, K.GemmConfig(*tile)
-        if naive:
+        if naive and self.emap is None:
             sorted_ids, expert_ids, post_pad = None, self.tids.view(-1), None
         else:
             sorted_ids, expert_ids, post_pad = self.aligned[bm]
@@ -310,9 +351,9 @@ def layout_kwargs() -> dict[str, bool]:
     return kwargs
 
 
-def all_tasks() -> list[tuple]:
+def all_tasks(shapes: list[moe_setup.MoeShape]) -> list[tuple]:
     tasks = []
-    for shape in moe_setup.SHAPES:
+    for shape in shapes:
         for t, groups in GROUPS.items():
             for bm, naive, qdq in groups:
                 tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
@@ -320,21 +361,21 @@ def all_tasks() -> list[tuple]:
     return list(dict.fromkeys(tasks))
 
 
-def make_cases(names=None) -> dict:
+def make_cases(names) -> dict:
     cases = {}
-    for shape in moe_setup.SHAPES:
-        if names is None or shape.name in names:
-            rows = moe_setup.make_moe(shape)
-            moe = laid_out(rows)
-            for t in GROUPS:
-                cases[shape.name, t] = Case(moe, shape, t, rows)
+    for name in names:
+        shape = shape_named(name)
+        rows = moe_setup.make_moe(shape)
+        moe = laid_out(rows)
+        for t in GROUPS:
+            cases[shape.name, t] = Case(moe, shape, t, rows)
     return cases
 
 
 def compile_some(tree: Path, tasks: list[tuple]) -> None:
     global K
     K = load_kernel_module(tree)
-    cases = make_cases({t[0] for t in tasks})
+    cases = make_cases(sorted({t[0] for t in tasks}))
     for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
             cases[name, t].gemm(kind, bm, naive, qdq, tile)()
@@ -378,48 +419,73 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
     return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
 
 
-def table_source(table: dict[int, tuple]) -> str:
-    lines = ["_CONFIGS: dict[int, MoeConfig] = {"]
-    for bound, (naive, bm, qdq, w13, w2) in table.items():
-        key = "1 << 62" if bound == 1 << 62 else str(bound)
-        lines += [
-            f"    {key}: MoeConfig(",
-            f"        {naive}, {bm}, {qdq}, GemmConfig{tuple(w13)}, GemmConfig{tuple(w2)}",
-            "    ),",
-        ]
-    return "\n".join([*lines, "}"])
+def moe_configs(table: dict[int, tuple]) -> dict:
+    """The picks as the kernel module's table: bucket bound -> MoeConfig."""
+    return {
+        bound: K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
+        for bound, (naive, bm, qdq, w13, w2) in table.items()
+    }
 
 
-def write_table(kernel: Path, table: dict[int, tuple]) -> None:
-    text = kernel.read_text()
-    new, n = re.subn(
-        r"_CONFIGS: dict\[int, MoeConfig\] = \{\n.*?\n\}",
-        table_source(table),
-        text,
-        count=1,
-        flags=re.S,
-    )
-    if n != 1:
-        raise SystemExit(f"{kernel}: no _CONFIGS table found")
-    kernel.write_text(new)
+def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
+    """Each table as the JSON file the kernel module reads (its table_json), named as the
+    module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
+    device = re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())  # as the module
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in tables.items():
+        if name:
+            shape = shape_named(name)
+            file = K.table_file_names(
+                held_experts(shape), shape.hidden, shape.intermediate, device
+            )[0]
+        else:
+            file = K.table_file_names(0, 0, 0, device)[1]  # any shape of this GPU
+        text = K.table_json(moe_configs(table), {**notes, "shapes": name or "all tuned"})
+        K.parse_table(text, file)  # what the kernel will read: refused here first
+        (folder / file).write_text(text)
+        written.append(folder / file)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     global K
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, required=True, help="vLLM tree with patch 0002")
-    parser.add_argument("--write-table", action="store_true")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help="comma-separated tests/gpu/moe_setup.SHAPES names (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--write-table",
+        type=Path,
+        nargs="?",
+        const=DEFAULT_TABLES,
+        default=None,
+        metavar="DIR",
+        help=f"write the JSON tile tables into DIR (default {DEFAULT_TABLES.relative_to(REPO)})",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--jobs", type=int, default=14, help="compile processes")
     args = parser.parse_args(argv)
     tree = args.tree.resolve()
+    shapes = [shape_named(n) for n in args.shapes.split(",") if n]
     K = load_kernel_module(tree)
+    if not hasattr(K, "table_json"):
+        raise SystemExit(f"{tree}: patch 0002's module reads no JSON tile tables")
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 
-    tasks = all_tasks()
-    # One task per compiled variant: shapes and token counts do not specialize the kernel.
-    variants = list({t[2:]: t for t in tasks}.values())
+    tasks = all_tasks(shapes)
+
+    # One task per compiled variant: token counts do not specialize the kernel, and shapes
+    # only by whether each GEMM's depth ends with a masked step (K_TAIL).
+    def tails(name: str) -> tuple[bool, bool]:
+        shape = shape_named(name)
+        return shape.hidden % K.GEMM_BLOCK_K != 0, shape.intermediate % K.GEMM_BLOCK_K != 0
+
+    variants = list({(tails(t[0]), t[2:]): t for t in tasks}.values())
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=compile_some, args=(tree, variants[i :: args.jobs]))
@@ -431,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         p.join()
     print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
 
-    cases = make_cases()
+    cases = make_cases([s.name for s in shapes])
     results, rows = {}, []
     for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
@@ -454,17 +520,25 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
 
-    shapes = [s.name for s in moe_setup.SHAPES]
-    table, picks = {}, []
+    names = [s.name for s in shapes]
+    # "" -> the pick over every shape (the GPU's table); each shape -> its own pick.
+    tables: dict[str, dict[int, tuple]] = {"": {}, **{n: {} for n in names}}
+    picks = []
     for bound, (t, groups) in BUCKETS.items():
-        totals, choice = pick(results, shapes, t, groups)
-        table[bound] = choice
-        naive, bm, qdq, w13, w2 = choice
-        cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
-        for shape in moe_setup.SHAPES:
+        tables[""][bound] = pick(results, names, t, groups)[1]
+        for shape in shapes:
+            totals, choice = pick(results, [shape.name], t, groups)
+            tables[shape.name][bound] = choice
             c = cases[shape.name, t]
-            got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg).float()
-            want = nvfp4_moe_reference(c.rows, c.hidden, c.tw, c.tids, exact_weights=True).float()
+            naive, bm, qdq, w13, w2 = choice
+            cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
+            got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg, shape.experts, c.emap).float()
+            tw, tids = c.tw, c.tids
+            if c.emap is not None:  # the ids and weights the rank's experts see
+                local_routing = getattr(moe_setup, "local_routing", None)
+                assert local_routing is not None  # moe_setup's expert_map comes with it
+                tw, tids = local_routing(shape, tw, tids)
+            want = nvfp4_moe_reference(c.rows, c.hidden, tw, tids, exact_weights=True).float()
             rel = ((got - want).norm() / want.norm()).item()
             picks.append(
                 dict(
@@ -493,17 +567,21 @@ def main(argv: list[str] | None = None) -> int:
                 device=torch.cuda.get_device_name(),
                 results=rows,
                 picks=picks,
-                table={str(k): v for k, v in table.items()},
+                tables={n or "all": {str(k): v for k, v in t.items()} for n, t in tables.items()},
             ),
             indent=1,
         )
         + "\n"
     )
-    if args.write_table:
-        assert K.__file__ is not None  # a module loaded from its file
-        write_table(Path(K.__file__), table)
-        print(f"wrote the table into {K.__file__}")
-    print(table_source(table))
+    if args.write_table is not None:
+        notes = {
+            "tuned": f"benchmarks/tune_nvfp4_moe.py on {torch.cuda.get_device_name()}",
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        }
+        for path in write_tables(args.write_table, tables, notes):
+            print(f"wrote {path}")
+    print(K.table_json(moe_configs(tables[""])))
     print(f"done in {time.time() - t0:.0f}s")
     return 0
 

@@ -48,6 +48,10 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# Patch 0002's kernels, launchers and tile tables: a module of their own beside FUSED_MOE,
+# which imports them (its public names are importable from FUSED_MOE too).
+FUSED_KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
+FUSED_KERNELS_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_kernels"
 # vLLM 0.24.0's own Triton MoE kernel, which TritonExperts (triton_moe.py, overlaid) launches.
 VLLM_FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 ALIGN = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
@@ -330,10 +334,18 @@ def fix_interpreter() -> None:
 
 
 # -- patch 0002's experts on the CPU -------------------------------------------------------
-# The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py.
-SHAPES = {"h2048": (128, 2048, 768, 8), "h4096": (128, 4096, 1536, 8)}
-# Where the fused launcher keeps its tiles: largest token count of a bucket -> tiles.
-FUSED_CONFIGS = "_CONFIGS"
+# The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py, and a
+# ragged one: both GEMM depths not multiples of the K step (128), so that the masked last
+# step (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2 (intermediate 192, a
+# tensor-parallel shard of Qwen3-30B-A3B), and 192 is no multiple of the wider tiles' rows.
+SHAPES = {
+    "h2048": (128, 2048, 768, 8),
+    "h4096": (128, 4096, 1536, 8),
+    "ragged": (128, 2704, 192, 8),
+}
+# Where the fused launcher keeps its generic tiles, per platform ("cuda", "rocm"): largest
+# token count of a bucket -> tiles.
+FUSED_CONFIGS = "GENERIC_CONFIGS"
 
 
 def is_fused_gemm(spec: Specialization) -> bool:
@@ -410,8 +422,9 @@ class FusedModule:
     @property
     def configs(self) -> Mapping[int, Any]:
         """The table of tiles as the module's platform runs it (its smallest token block)."""
-        table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)
-        least = self.module.platform_min_block_m()
+        platform = self.module.nvfp4_platform()
+        table: Mapping[int, Any] = getattr(self.module, FUSED_CONFIGS)[platform]
+        least = self.module.platform_min_block_m(platform)
         return {
             bound: dataclasses.replace(c, block_m=max(c.block_m, least))
             for bound, c in table.items()
@@ -430,9 +443,11 @@ def forbid_unfused(fused: FusedModule) -> None:
 
 
 def small_fused_sizes(module: types.ModuleType) -> tuple[int, int]:
-    """The smallest (hidden, intermediate), at least (64, 32), that the module's fused path
-    takes (its supports_fused_nvfp4_moe): interpreter cases stay small and fused."""
-    sizes = [(h, i) for h in range(64, 4097, 32) for i in range(32, h + 1, 32)]
+    """The smallest (hidden, intermediate), multiples of 128 (whole K steps of both GEMMs:
+    the masked last step of other depths has tests/test_kernels_ragged.py), that the
+    module's fused path takes (its supports_fused_nvfp4_moe): interpreter cases stay small
+    and fused."""
+    sizes = [(h, i) for h in range(128, 4097, 128) for i in range(128, h + 1, 128)]
     supports = module.supports_fused_nvfp4_moe
     return min((s for s in sizes if supports(*s)), key=lambda s: (s[0] * s[1], s))
 
@@ -444,15 +459,22 @@ def platform(rocm: bool) -> Any:
         is_cuda=lambda: not rocm,
         is_cuda_alike=lambda: True,
         has_device_capability=lambda capability: not rocm and capability <= 90,  # an H200
+        # A name no tuned table carries: the launchers take the generic tables compiled here.
+        get_device_name=lambda: "CPU stand-in for " + ("an MI300" if rocm else "an H200"),
     )
 
 
 def load_fused(
-    overlay_vllm: Path, pristine_vllm: Path, align: Callable[..., None], rocm: bool = False
+    overlay_vllm: Path,
+    pristine_vllm: Path,
+    align: Callable[..., None],
+    rocm: bool = False,
+    provides: Mapping[str, Any] = {},
 ) -> FusedModule:
     """Patch 0002's module from the overlay, as on a ROCm or a CUDA machine (a launcher may
     pick a platform's kernel); moe_align_block_size and ref_nvfp4_quant_dequant are vLLM
-    0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op."""
+    0.24.0's own Python (``pristine_vllm``), over ``align`` for the C++ op; ``provides``:
+    more ``vllm.*`` names answered (a logger that records, another platform)."""
     root = pristine_vllm.parent
     ops = types.SimpleNamespace(moe_align_block_size=align)
     align_module = load(
@@ -468,9 +490,13 @@ def load_fused(
         {"vllm.platforms.current_platform": platform(rocm), "vllm.scalar_type.scalar_types": e2m1},
     )
     base = "vllm.model_executor.layers"
+    answers = {"vllm.platforms.current_platform": platform(rocm), **provides}
+    moved = overlay_vllm.parent / FUSED_KERNELS  # absent from an overlay before the move
+    kernels_module = load(moved, answers) if moved.exists() else None
     module = load(
         overlay_vllm.parent / FUSED_MOE,
         {
+            FUSED_KERNELS_MODULE: kernels_module,
             "vllm.platforms.current_platform": platform(rocm),
             f"{base}.fused_moe.experts.triton_moe.TritonExperts": ExpertsBase,
             f"{base}.fused_moe.moe_align_block_size.moe_align_block_size": (
@@ -483,6 +509,7 @@ def load_fused(
             f"{base}.quantization.utils.nvfp4_emulation_utils.dequantize_to_dtype": (
                 utils.dequantize_to_dtype
             ),
+            **provides,
         },
     )
     experts = module.Nvfp4QuantizationEmulationTritonExperts
@@ -560,9 +587,11 @@ def token_counts(bounds: list[int]) -> list[int]:
 
 
 def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple[list[Launch], Any]:
-    """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over both shapes,
+    """Every launch of the fused experts' apply on a ROCm or a CUDA machine, over the shapes,
     dtypes, token buckets, with and without an expert map (-1 entries), on CPU tensors nobody
-    reads; and the table of tiles the launcher chose from. BF16 takes the weights as laid
+    reads; and the tables of tiles the launcher chose from, keyed (platform, token bound). On
+    a CUDA machine also with ROCm's table and token block forced (PLATFORM_ENV=rocm, what the
+    ROCm configuration measured on an NVIDIA GPU compiles). BF16 takes the weights as laid
     out by the experts' ``process_weights_after_loading`` (their record of it, set here:
     ``tests/test_kernels_interpret.py`` runs the hook itself), with block scales that the
     hook found fit for the PTX decode's one-operation conversion, and (with the expert map)
@@ -570,36 +599,67 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
     import standins  # tests/gpu: the C++ alignment op in plain torch
 
     fused = load_fused(overlay_vllm, pristine_vllm, standins.moe_align_block_size, rocm)
-    tokens = token_counts(list(fused.configs))  # (the table's keys: token bounds)
+    forced = [None] if rocm or not hasattr(fused.module, PLATFORM_ENV_NAME) else [None, "rocm"]
+    tables: dict[tuple[str, int], Any] = {}
     with recording_launches() as launches:
-        for e, h, i, top_k in SHAPES.values():
-            for dtype in (torch.bfloat16, torch.float16):
-                for m in tokens:
-                    config = quant_config(
-                        torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
-                        torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
-                        torch.ones(e),
-                        torch.ones(e),
-                        torch.tensor(1.0),
-                        torch.tensor(1.0),
-                    )
-                    experts = fused.experts(None, config)
-                    w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
-                    w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
-                    if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
-                        experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
-                        # are read here: moving 1.2 GB of them would only cost time)
-                    ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
-                    weights = torch.rand(m, top_k)
-                    hidden = torch.zeros(m, h, dtype=dtype)
-                    emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
-                    for expert_map in (None, emap):
-                        # The hook's record of the block scales: fit for the PTX decode's
-                        # one-operation conversion, and (with the expert map) not, so that
-                        # both conversions compile.
-                        experts.fast_scales = expert_map is None
-                        fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
-    return launches, fused.configs
+        for platform_forced in forced:
+            with _environ(fused.module.PLATFORM_ENV if platform_forced else "", platform_forced):
+                configs = fused.configs
+                tables |= {(platform_forced or "native", b): c for b, c in configs.items()}
+                _drive(fused, token_counts(list(configs)))  # (the table's keys: token bounds)
+    return launches, tables
+
+
+# The module's name of the platform switch (an overlay before it has none).
+PLATFORM_ENV_NAME = "PLATFORM_ENV"
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """os.environ[name] = value for the block (nothing where name or value is empty)."""
+    old = os.environ.get(name) if name else None
+    if name and value:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if name and value:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+
+
+def _drive(fused: FusedModule, tokens: list[int]) -> None:
+    """The experts' apply over the shapes, dtypes, token counts, with and without an expert
+    map (fused_launches)."""
+    for e, h, i, top_k in SHAPES.values():
+        for dtype in (torch.bfloat16, torch.float16):
+            for m in tokens:
+                config = quant_config(
+                    torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
+                    torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
+                    torch.ones(e),
+                    torch.ones(e),
+                    torch.tensor(1.0),
+                    torch.tensor(1.0),
+                )
+                experts = fused.experts(None, config)
+                w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
+                w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
+                if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
+                    experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
+                    # are read here: moving 1.2 GB of them would only cost time)
+                ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
+                weights = torch.rand(m, top_k)
+                hidden = torch.zeros(m, h, dtype=dtype)
+                emap = torch.where(torch.arange(e) % 2 == 0, torch.arange(e) // 2, -1).int()
+                for expert_map in (None, emap):
+                    # The hook's record of the block scales: fit for the PTX decode's
+                    # one-operation conversion, and (with the expert map) not, so that
+                    # both conversions compile.
+                    experts.fast_scales = expert_map is None
+                    fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
 
 
 # -- ISA facts ---------------------------------------------------------------------------------

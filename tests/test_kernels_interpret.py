@@ -54,8 +54,9 @@ from vllm_install import Overlay, Pristine
 
 # Shapes by name: four experts, and enough experts for one block per (token, expert) pair at
 # 1 and 2 tokens (TritonExperts' naive-assignment rule: tokens * top_k * 4 <= experts); hidden
-# and intermediate sizes are the smallest the fused path takes (kernels.small_fused_sizes:
-# 64 and 32 where any multiple of 32 is taken), found in the child from the module itself.
+# and intermediate sizes are the smallest multiples of 128 the fused path takes
+# (kernels.small_fused_sizes: depths of whole K steps; tests/test_kernels_ragged.py has the
+# others), found in the child from the module itself.
 EXPERTS = {"small": 4, "sparse": 16}
 SMALL, SPARSE = EXPERTS
 # With -ep: this rank holds the even experts; the odd ones map to -1.

@@ -42,7 +42,12 @@ NVFP4 = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 ARCHIVED_FIX1 = f"upstreamed/{FIX1}"
 TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
-TOUCHED_BY = {EMULATION: (FIX2, NVFP4), TRITON: (FIX2,)}
+# Files 0002 adds beside it: its kernels' module and the H200's tile table.
+KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
+H200_TABLE = (
+    "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
+)
+TOUCHED_BY = {EMULATION: (FIX2, NVFP4), TRITON: (FIX2,), KERNELS: (NVFP4,), H200_TABLE: (NVFP4,)}
 GPU_FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
 GPU_FIX2 = (
     "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
@@ -166,7 +171,7 @@ def test_overlay_matches_the_committed_lock(
 ) -> None:
     assert main(["--project", str(project.root), "overlay", "build"]) == 0
     files = overlay_files(project.root)
-    assert sorted(files) == [EMULATION, TRITON]
+    assert sorted(files) == [KERNELS, EMULATION, H200_TABLE, TRITON]
     lock = Lock.load(project.lock_path)
     assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
     assert (lock.version, lock.patches) == ("0.24.0", (FIX2, NVFP4))
@@ -191,8 +196,8 @@ def test_overlay_for_a_nightly_like_base(
     # The fused kernel (0002) is written for 0.24.0 and conflicts with this older base.
     assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 1
     assert capsys.readouterr().err == (
-        f"vllm-patchset: {NVFP4} does not apply to git:nightly: hunk 2 ({EMULATION} @@ -21 +70 @@)"
-        f" differs at line 21 (leave it out with --skip {NVFP4})\n"
+        f"vllm-patchset: {NVFP4} does not apply to git:nightly: hunk 3 ({EMULATION} @@ -20 +26 @@)"
+        f" differs at line 20 (leave it out with --skip {NVFP4})\n"
     )
     assert not out.exists()
     assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly", "--skip", NVFP4]) == 0

@@ -1,0 +1,237 @@
+"""Patch 0002's fused NVFP4 MoE at GEMM depths that are not multiples of its K step (128): the
+intermediate sizes of released checkpoints and their tensor-parallel shards (16, 48, 96, 192,
+704, 1856) and a hidden size of 21 * 128 + 16, which the fused path takes since every depth that
+is a multiple of the NVFP4 block (16) does (before: vLLM 0.24.0's unfused path, up to 36x
+slower than Marlin).
+
+- against the pure-torch reference (tests/gpu/nvfp4_reference.py, exact weights), eagerly and
+  replayed from a CUDA graph, under test_fused_nvfp4_emulation.py's tolerance (its docstring);
+- the same bits as the same layer with both depths zero-padded to multiples of 128 (zero E2M1
+  codes, zero block scales, zero hidden columns): the masked last K step sums exactly what a
+  full step over zeros sums;
+- batch invariance, bitwise: a token alone and at a random row of batches of 2 to 600 tokens,
+  through the experts' apply and FusedMoEKernel.apply, eager and replayed from CUDA graphs;
+- the configuration ROCm runs (VLLM_PATCHSET_NVFP4_PLATFORM=rocm: ROCm's tile table and blocks
+  of 16 tokens; with VLLM_PATCHSET_NVFP4_PORTABLE=1 the portable decode too) gives the same
+  bits as the default one: tiles differ in their token and row extents, never in the K walk.
+
+The vLLM under test must fuse such depths (patch 0002's supports_fused_nvfp4_moe): elsewhere
+(the pristine pin) the module is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+pytest.importorskip("torch")
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA or ROCm GPU", allow_module_level=True)
+pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
+
+import cuda_graphs
+import moe_setup
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from test_fused_nvfp4_emulation import assert_agree  # one tolerance for every path
+from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
+
+supports = getattr(nvfp4_emulation_moe, "supports_fused_nvfp4_moe", None)
+if supports is None or not supports(2048, 192):
+    pytest.skip(
+        "the vLLM under test does not fuse depths that are not multiples of 128",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.gpu
+
+PLATFORM_ENV = getattr(nvfp4_emulation_moe, "PLATFORM_ENV", "VLLM_PATCHSET_NVFP4_PLATFORM")
+# (name, E, hidden, intermediate, top-k): Qwen3-30B-A3B's hidden size with ragged
+# intermediate sizes (192: its TP4 shard and Qwen3-235B-A22B's TP8; 704: Gemma-4-26B-A4B;
+# 1856: Nemotron-3-Nano-30B-A3B), and a ragged hidden size.
+SHAPES = {
+    s[0]: moe_setup.MoeShape(*s)
+    for s in (
+        ("e128-h2048-i16", 128, 2048, 16, 8),
+        ("e128-h2048-i48", 128, 2048, 48, 8),
+        ("e128-h2048-i96", 128, 2048, 96, 8),
+        ("e128-h2048-i192", 128, 2048, 192, 8),
+        ("e128-h2816-i704", 128, 2816, 704, 8),
+        ("e128-h2688-i1856", 128, 2688, 1856, 6),
+        ("e128-h2704-i192", 128, 2704, 192, 8),
+    )
+}
+TOKENS = (1, 32, 512)
+CASES = [(shape, tokens) for shape in SHAPES for tokens in TOKENS]
+INVARIANCE_SHAPES = ("e128-h2048-i192", "e128-h2704-i192", "e128-h2688-i1856")
+BATCHES = (2, 3, 5, 9, 17, 33, 65, 129, 257, 600)
+MODES = [("kernel", False), ("kernel", True), ("experts", False), ("experts", True)]
+PROBE_SEED = 1_000_003
+
+_MOES: dict[str, Nvfp4Moe] = {}
+
+
+def _moe(name: str) -> Nvfp4Moe:
+    if name not in _MOES:
+        _MOES.clear()  # one shape's weights at a time
+        _MOES[name] = moe_setup.make_moe(SHAPES[name])
+    return _MOES[name]
+
+
+def up128(n: int) -> int:
+    return -(-n // 128) * 128
+
+
+def padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
+    """``moe`` with both depths zero-padded (zero codes, zero block scales): w13's gate and up
+    halves each to ``inter`` rows, every row to ``hidden`` weights; w2 to ``hidden`` rows of
+    ``inter`` weights."""
+    e, two_i, _ = moe.w13.shape
+    i, h = two_i // 2, moe.w2.size(1)
+
+    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
+        raw = t.view(torch.uint8)
+        out = torch.zeros(e, n, cols, dtype=torch.uint8, device=t.device)
+        for src, dst, count in blocks:
+            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
+        return out.view(t.dtype)
+
+    halves = [(0, 0, i), (i, inter, i)]
+    return dataclasses.replace(
+        moe,
+        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
+        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
+        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
+        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
+    )
+
+
+def layer(name: str, tokens: int, moe: Nvfp4Moe | None = None) -> moe_setup.MoeLayer:
+    shape = SHAPES[name]
+    moe = moe or _moe(name)
+    experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
+    return moe_setup.MoeLayer(moe, shape, tokens, experts)
+
+
+def reference(moe_layer: moe_setup.MoeLayer) -> torch.Tensor:
+    return nvfp4_moe_reference(
+        moe_layer.moe,
+        moe_layer.hidden,
+        moe_layer.topk_weights,
+        moe_layer.topk_ids,
+        exact_weights=True,
+    )
+
+
+@pytest.mark.parametrize(("shape", "tokens"), CASES)
+def test_ragged_matches_reference_eager(shape: str, tokens: int) -> None:
+    moe_layer = layer(shape, tokens)
+    assert_agree(moe_layer.apply(), reference(moe_layer))
+
+
+@pytest.mark.parametrize(("shape", "tokens"), CASES)
+def test_ragged_matches_reference_cuda_graph(shape: str, tokens: int, capture_graph) -> None:
+    moe_layer = layer(shape, tokens)
+    graph, output = capture_graph(moe_layer.apply)
+    moe_layer.refill(seed=2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_agree(output, reference(moe_layer))
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize(("shape", "tokens"), CASES)
+def test_ragged_same_bits_as_zero_padded(
+    shape: str, tokens: int, portable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if portable:
+        monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+    s = SHAPES[shape]
+    ragged = layer(shape, tokens)
+    got = ragged.apply().clone()
+    wide_shape = dataclasses.replace(s, hidden=up128(s.hidden), intermediate=up128(s.intermediate))
+    wide_moe = padded(_moe(shape), wide_shape.hidden, wide_shape.intermediate)
+    experts = moe_setup.nvfp4_emulation_experts(wide_moe, wide_shape, tokens)
+    wide = moe_setup.MoeLayer(wide_moe, wide_shape, tokens, experts)
+    wide.hidden.zero_()
+    wide.hidden[:, : s.hidden] = ragged.hidden
+    wide.topk_weights.copy_(ragged.topk_weights)
+    wide.topk_ids.copy_(ragged.topk_ids)
+    want = wide.apply()[:, : s.hidden]
+    differ = int((got != want).sum())
+    assert differ == 0, f"{differ} of {got.numel()} elements differ from the zero-padded layer"
+
+
+def _probe_outputs(name: str, entry: str, graph: bool) -> tuple[torch.Tensor, list]:
+    """The probe token's output alone (eager), and at a random row of each batch."""
+    shape, moe = SHAPES[name], _moe(name)
+    experts = moe_setup.nvfp4_emulation_experts(moe, shape, max(BATCHES))
+    kernel = moe_setup.emulation_or_bf16_kernel(experts)
+    probe = moe_setup.random_inputs(1, shape, PROBE_SEED)
+
+    def output(tokens: int, use_graph: bool) -> tuple[int, torch.Tensor]:
+        rng = random.Random(tokens)
+        moe_layer = moe_setup.MoeLayer(moe, shape, tokens, kernel.experts, seed=tokens)
+
+        def place(row: int) -> None:
+            moe_layer.hidden[row] = probe[0][0]
+            moe_layer.topk_weights[row] = probe[1][0]
+            moe_layer.topk_ids[row] = probe[2][0]
+
+        row = rng.randrange(tokens)
+        place(row)
+        run = moe_setup.KernelCall(kernel, moe_layer).run if entry == "kernel" else moe_layer.run
+        if not use_graph:
+            return row, run()[row].clone()
+        captured, out = cuda_graphs.capture(run)
+        moe_layer.refill(seed=tokens + 1)
+        row = rng.randrange(tokens)
+        place(row)
+        captured.replay()
+        torch.cuda.synchronize()
+        return row, out[row].clone()
+
+    alone = output(1, False)[1]
+    return alone, [(t, *output(t, graph)) for t in (1, *BATCHES)]
+
+
+@pytest.mark.parametrize(("entry", "graph"), MODES)
+@pytest.mark.parametrize("shape", INVARIANCE_SHAPES)
+def test_ragged_batch_invariant(shape: str, entry: str, graph: bool) -> None:
+    alone, outputs = _probe_outputs(shape, entry, graph)
+    assert not alone.isnan().any()
+    differ = [
+        f"{tokens} tokens, row {row}: {int((out != alone).sum())} elements differ"
+        for tokens, row, out in outputs
+        if not torch.equal(out, alone)
+    ]
+    assert not differ, f"{shape}, {entry}.apply, graph={graph}: " + "; ".join(differ)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 128, 512])
+@pytest.mark.parametrize("shape", ["e128-h2048-i192", "e128-h2688-i1856"])
+def test_rocm_configuration_same_bits(
+    shape: str, tokens: int, portable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ROCm's tile table and token block, forced on this GPU, give the default
+    configuration's bits (and so do the portable decode's)."""
+    monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    default = layer(shape, tokens)
+    want = default.apply().clone()
+    monkeypatch.setenv(PLATFORM_ENV, "rocm")
+    if portable:
+        monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+    forced = layer(shape, tokens)
+    assert forced.experts.experts.min_block_m == 16
+    for name in ("hidden", "topk_weights", "topk_ids"):
+        getattr(forced, name).copy_(getattr(default, name))
+    got = forced.apply()
+    differ = int((got != want).sum())
+    assert differ == 0, f"{differ} of {got.numel()} elements differ from the default tiles"

@@ -1,0 +1,281 @@
+"""Patch 0002's fused NVFP4 MoE at GEMM depths that are not multiples of its K step (128), under
+Triton's interpreter (TRITON_INTERPRET=1) on the CPU: the depths of released checkpoints and
+their tensor-parallel shards (intermediate 16, 48, 96, 192, 704, 1856; hidden 144 and
+2704 = 21 * 128 + 16), which the fused path takes since every depth that is a multiple of the
+NVFP4 block (16) does.
+
+Each case runs the experts' own ``apply`` (as tests/test_kernels_interpret.py does: the
+portable kernels, ROCm's tiles, the interpreter's faults mended) three ways, and the three
+outputs are the same bits (``torch.equal``):
+
+- on the weights as ``process_weights_after_loading`` lays them out (tiles of 16 rows by 128
+  weights, each block of 16 rows ending with a narrower tile of the last K % 128 weights);
+- on the checkpoint's rows (no layout);
+- on weights padded to depths of a multiple of 128 with zero E2M1 codes and zero block
+  scales (the hidden states with zero columns, the intermediate rows of w13 with zero rows):
+  the masked last step sums exactly what a full step over zeros sums.
+
+And the output is compared with the pure-torch reference (tests/gpu/nvfp4_reference.py, exact
+weights) under the bounds of tests/test_kernels_interpret.py (relative Frobenius error under
+1e-2, 99.5% of the elements within atol 1e-2 + 2 ulps: the GEMMs' FP32 sums run in another
+order than torch's, and an activation on an E2M1 rounding boundary may take the other
+neighbour); and bitwise equal to it in the cases of EXACT, up to two K steps a GEMM
+(measured with triton 3.9.0 and torch 2.13.0: the interpreter's FP32 sums then give the
+reference's bits; with more steps they part now and then by an FP16 ulp: at intermediate 704,
+one element of 384, relative error 1e-6; at hidden 2704 and intermediate 1856 at once, 9 of
+2704, 2e-5: a summation order, not a lost column).
+
+``test_nothing_beyond_k_enters``: the weights and block scales end where a buffer of NaN
+(E2M1 code 0xF, block scale 0x7F: FP8 NaN) begins, and the hidden states' rows are followed by
+NaN in the workspaces: the masked step reads none of it (0 * NaN would be NaN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the kernels run on torch tensors (pip install torch)")
+pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip install triton)")
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import kernels
+import moe_setup
+import standins
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from vllm_install import Overlay, Pristine
+
+# name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)
+CASES = {
+    "i16": (4, 128, 16, 2, 5, "fp16", False),
+    "i48": (4, 128, 48, 2, 17, "fp16", False),
+    "i96": (4, 128, 96, 2, 1, "fp16", False),
+    "h144-i192": (4, 144, 192, 2, 5, "fp16", False),
+    "h144-i192-ep": (4, 144, 192, 2, 5, "fp16", True),
+    "h144-i192-bf16-sparse": (16, 144, 192, 2, 2, "bf16", False),
+    "i704": (4, 128, 704, 2, 3, "fp16", False),
+    # Many K steps then the tail, one GEMM at a time (both at once: minutes interpreted).
+    "h2704-i192": (2, 2704, 192, 1, 2, "fp16", False),
+    "i1856": (2, 128, 1856, 1, 2, "fp16", False),
+}
+NAN_CASE = "h144-i192"
+EXACT = ["i16", "i48", "i96", "h144-i192", "h144-i192-ep", "h144-i192-bf16-sparse"]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+REL_FROBENIUS = 1e-2  # module docstring (tests/test_kernels_interpret.py's bounds)
+ATOL, MIN_CLOSE = 1e-2, 0.995
+RTOL = {"fp16": 2e-3, "bf16": 1.6e-2}
+PATHS = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "gpu")]
+
+
+@pytest.fixture(scope="module")
+def results(
+    overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Every case run once, in a child process (the interpreter must be on before triton's
+    first import; see tests/test_kernels_interpret.py)."""
+    out = tmp_path_factory.mktemp("ragged") / "results.pt"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(PATHS)}
+    args = [str(overlay.project.overlay_dir / "vllm"), str(full_pristine.root / "vllm"), str(out)]
+    child = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ragged_depth_layouts_and_padding_give_the_same_bits(
+    results: dict[str, Any], case: str
+) -> None:
+    got = results["outputs"][case]
+    assert not got["tiled"].isnan().any(), "output elements left unwritten (NaN)"
+    assert torch.equal(got["tiled"], got["rows"]), "tiled layout != checkpoint rows"
+    assert torch.equal(got["tiled"], got["padded"]), "ragged depth != zero-padded depth"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ragged_depth_matches_reference(results: dict[str, Any], case: str) -> None:
+    got, want = (results["outputs"][case][k].float() for k in ("tiled", "reference"))
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < REL_FROBENIUS, f"relative Frobenius error {rel:.2e}"
+    rtol = RTOL[CASES[case][5]]
+    close = ((got - want).abs() <= ATOL + rtol * want.abs()).float().mean().item()
+    assert close >= MIN_CLOSE, f"only {close:.4f} of the elements within atol/rtol"
+
+
+@pytest.mark.parametrize("case", EXACT)
+def test_ragged_depth_bits_of_reference(results: dict[str, Any], case: str) -> None:
+    got, want = (results["outputs"][case][k] for k in ("tiled", "reference"))
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {got.numel()} elements differ"
+
+
+def test_ragged_cases_take_the_masked_step(results: dict[str, Any]) -> None:
+    """The cases run the masked last step (K_TAIL) in both GEMMs where both depths are
+    ragged, and in w2 alone where only the intermediate size is."""
+    tails = results["tails"]
+    assert tails["h144-i192"] == [True, True]
+    assert tails["i48"] == [False, True]
+
+
+def test_nothing_beyond_k_enters(results: dict[str, Any]) -> None:
+    got, clean = results["nan"]
+    assert not got.isnan().any()
+    assert torch.equal(got, clean)
+
+
+# -- the child process ------------------------------------------------------------------------
+def padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
+    """``moe`` with depths padded to ``hidden`` and ``inter``: zero codes, zero block scales;
+    w13's gate and up halves each padded to ``inter`` rows."""
+    e, two_i, _ = moe.w13.shape
+    i, h = two_i // 2, moe.w2.size(1)
+
+    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
+        """t's rows [src, src + count) at rows [dst, dst + count) of zeros [E, n, cols]."""
+        raw = t.view(torch.uint8)
+        out = torch.zeros(e, n, cols, dtype=torch.uint8)
+        for src, dst, count in blocks:
+            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
+        return out.view(t.dtype)
+
+    halves = [(0, 0, i), (i, inter, i)]
+    return dataclasses.replace(
+        moe,
+        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
+        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
+        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
+        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
+    )
+
+
+def up128(n: int) -> int:
+    return -(-n // 128) * 128
+
+
+def apply(
+    fused: kernels.FusedModule,
+    moe: Nvfp4Moe,
+    hidden: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    ep: bool,
+    layout: bool,
+) -> torch.Tensor:
+    experts_total = moe.w13.size(0)
+    pick: Any = slice(None)
+    emap = None
+    if ep:
+        pick = torch.arange(0, experts_total, 2)
+        emap = torch.full((experts_total,), -1, dtype=torch.int32)
+        emap[pick] = torch.arange(pick.numel(), dtype=torch.int32)
+    config = kernels.quant_config(
+        moe.w13_scale[pick].clone(),
+        moe.w2_scale[pick].clone(),
+        moe.w13_gscale[pick],
+        moe.w2_gscale[pick],
+        moe.a13_gscale,
+        moe.a2_gscale,
+    )
+    experts = fused.experts(None, config)
+    w13, w2 = moe.w13[pick].clone(), moe.w2[pick].clone()
+    if layout:
+        w13, w2 = kernels.laid_out(experts, w13, w2)
+    return kernels.fused_apply(fused, experts, hidden, w13, w2, weights, ids, emap, experts_total)
+
+
+def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
+    e, h, i, top_k, tokens, dtype_name, ep = CASES[case]
+    shape = moe_setup.MoeShape(case, e, h, i, top_k)
+    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
+    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
+    hidden = hidden.to(DTYPES[dtype_name])
+    out = {
+        "tiled": apply(fused, moe, hidden, weights, ids, ep, layout=True),
+        "rows": apply(fused, moe, hidden, weights, ids, ep, layout=False),
+    }
+    wide = torch.zeros(tokens, up128(h), dtype=hidden.dtype)
+    wide[:, :h] = hidden
+    big = padded(moe, up128(h), up128(i))
+    out["padded"] = apply(fused, big, wide, weights, ids, ep, layout=True)[:, :h].contiguous()
+    if ep:
+        weights = weights * (ids % 2 == 0)  # the odd experts live on other ranks: zeros
+    out["reference"] = nvfp4_moe_reference(moe, hidden, weights, ids, exact_weights=True)
+    out["exact"] = torch.tensor(torch.equal(out["tiled"], out["reference"]))
+    return out
+
+
+def nan_beyond(t: torch.Tensor, fill: int) -> torch.Tensor:
+    """A copy of ``t`` (contiguous) at the start of a buffer whose bytes after it are
+    ``fill``."""
+    raw = t.contiguous().view(torch.uint8).flatten()
+    buf = torch.full((raw.numel() + 4096,), fill, dtype=torch.uint8)
+    buf[: raw.numel()] = raw
+    return buf[: raw.numel()].view(t.dtype).view(t.shape)
+
+
+def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
+    e, h, i, top_k, tokens, dtype_name, _ = CASES[NAN_CASE]
+    shape = moe_setup.MoeShape(NAN_CASE, e, h, i, top_k)
+    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
+    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
+    hidden = hidden.to(DTYPES[dtype_name])
+    clean = apply(fused, moe, hidden, weights, ids, False, layout=False)
+    poisoned = dataclasses.replace(
+        moe,
+        w13=nan_beyond(moe.w13, 0xFF),
+        w2=nan_beyond(moe.w2, 0xFF),
+        w13_scale=nan_beyond(moe.w13_scale, 0x7F),
+        w2_scale=nan_beyond(moe.w2_scale, 0x7F),
+    )
+    config = kernels.quant_config(
+        poisoned.w13_scale,
+        poisoned.w2_scale,
+        moe.w13_gscale,
+        moe.w2_gscale,
+        moe.a13_gscale,
+        moe.a2_gscale,
+    )
+    experts = fused.experts(None, config)
+    got = kernels.fused_apply(fused, experts, hidden, poisoned.w13, poisoned.w2, weights, ids)
+    return got, clean
+
+
+def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    kernels.fix_interpreter()
+    fused = kernels.load_fused(
+        Path(overlay_vllm), Path(pristine_vllm), standins.moe_align_block_size, rocm=True
+    )
+    kernels.forbid_unfused(fused)
+    tails: dict[str, list[bool]] = {}
+    original = InterpretedFunction.run
+    outputs = {}
+    for case in CASES:
+        seen: list[bool] = []
+
+        def spy(self: Any, *args: Any, _seen: list[bool] = seen, **kwargs: Any) -> Any:
+            if "K_TAIL" in kwargs:
+                _seen.append(bool(kwargs["K_TAIL"]))
+            return original(self, *args, **kwargs)
+
+        InterpretedFunction.run = spy  # type: ignore[method-assign]
+        try:
+            result = run_case(fused, case)
+        finally:
+            InterpretedFunction.run = original  # type: ignore[method-assign]
+        tails[case] = seen[:2]  # the first apply's w13 and w2 GEMMs
+        outputs[case] = result
+    torch.save({"outputs": outputs, "tails": tails, "nan": nan_case(fused)}, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

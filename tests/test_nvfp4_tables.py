@@ -1,0 +1,299 @@
+"""Patch 0002's tile tables as data, its platform switch and what its experts say in vLLM's log,
+on the CPU (the overlaid module loaded without vLLM, tests/kernels.py, its logger recording):
+
+- a tuned table is a JSON file per device and shape
+  (``nvfp4_emulation_moe_tiles.E.._H.._I.....json``, then
+  ``nvfp4_emulation_moe_tiles.<device>.json``) in the folder named by
+  VLLM_PATCHSET_NVFP4_CONFIG_DIR or beside the module (patch 0002 ships the H200's there); a file with a tile whose K step is not 128 is refused at load, one error naming
+  the file and the entry; no file: the platform's generic table, said once in the log;
+- VLLM_PATCHSET_NVFP4_PLATFORM=rocm gives ROCm's generic table and blocks of 16 tokens on an
+  NVIDIA GPU (the configuration an MI300 runs, measurable on an H200);
+- a layer that takes the unfused path says so once, with why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the experts take torch tensors (pip install torch)")
+pytest.importorskip("triton", reason="the module defines triton kernels (pip install triton)")
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import kernels
+import standins
+from vllm_install import Overlay, Pristine
+
+SHAPE = (8, 256, 192)  # experts, hidden, intermediate
+DEVICE = "NVIDIA H200"
+FILE = "nvfp4_emulation_moe_tiles.E8_H256_I192.NVIDIA_H200.json"
+DEVICE_FILE = "nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
+
+
+@dataclasses.dataclass
+class Log:
+    """vLLM's logger, recording: (level, message with its arguments)."""
+
+    lines: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def _say(self, level: str, msg: str, *args: Any) -> None:
+        text = msg % args if args else msg
+        if text.startswith("NVFP4 emulation MoE"):  # the patch's lines, not vLLM's own
+            self.lines.append((level, text))
+
+    def info(self, msg: str, *args: Any) -> None:
+        self._say("info", msg, *args)
+
+    def warning(self, msg: str, *args: Any) -> None:
+        self._say("warning", msg, *args)
+
+    def warning_once(self, msg: str, *args: Any) -> None:
+        self._say("warning", msg, *args)
+
+    def debug(self, msg: str, *args: Any) -> None:
+        pass
+
+
+def cuda_platform(rocm: bool = False, device: str = DEVICE) -> Any:
+    return types.SimpleNamespace(
+        is_rocm=lambda: rocm,
+        is_cuda=lambda: not rocm,
+        is_cuda_alike=lambda: True,
+        has_device_capability=lambda capability: not rocm and capability <= 90,
+        get_device_name=lambda: "AMD Instinct MI300X" if rocm else device,
+    )
+
+
+@pytest.fixture
+def load(
+    overlay: Overlay, full_pristine: Pristine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Any:
+    """A fresh module each call (its caches and what it said are its own), with a recording
+    logger; the tables folder: tmp_path/tables (empty)."""
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_CONFIG_DIR", str(tmp_path / "tables"))
+    (tmp_path / "tables").mkdir()
+
+    def make(rocm: bool = False, device: str = DEVICE) -> tuple[kernels.FusedModule, Log]:
+        log = Log()
+        fused = kernels.load_fused(
+            overlay.project.overlay_dir / "vllm",
+            full_pristine.root / "vllm",
+            standins.moe_align_block_size,
+            provides={
+                "vllm.logger.init_logger": lambda name: log,
+                "vllm.platforms.current_platform": cuda_platform(rocm, device),
+            },
+        )
+        return fused, log
+
+    return make
+
+
+def entry(block_k: int = 128) -> dict[str, Any]:
+    gemm = {"block_n": 32, "block_k": block_k, "num_warps": 2, "num_stages": 3}
+    return {"naive": False, "block_m": 16, "fuse_a1_qdq": False, "w13": gemm, "w2": dict(gemm)}
+
+
+def test_generic_table_without_a_file_said_once(load: Any) -> None:
+    """A GPU without a table (none shipped, none in the folder): the generic table, said once
+    however many layers ask."""
+    fused, log = load(device="NVIDIA H100 80GB HBM3")
+    module = fused.module
+    for _ in range(3):
+        assert module.nvfp4_moe_configs(*SHAPE) is module.GENERIC_CONFIGS["cuda"]
+    h100 = "NVIDIA_H100_80GB_HBM3"
+    assert log.lines == [
+        (
+            "info",
+            f"NVFP4 emulation MoE (E=8 H=256 I=192, {h100}): no tuned tile table"
+            f" (nvfp4_emulation_moe_tiles.E8_H256_I192.{h100}.json or"
+            f" nvfp4_emulation_moe_tiles.{h100}.json); using the generic cuda table",
+        )
+    ]
+
+
+def test_shipped_h200_table(load: Any, overlay: Overlay) -> None:
+    """Patch 0002 ships the H200's table beside the module (its generic CUDA table, as data):
+    an H200 without a table of its own for the shape takes it."""
+    fused, log = load()
+    module = fused.module
+    shipped = overlay.project.overlay_dir / kernels.FUSED_KERNELS
+    shipped = shipped.parent / DEVICE_FILE
+    assert module.nvfp4_moe_configs(*SHAPE) == module.CUDA_CONFIGS
+    assert module.parse_table(shipped.read_text(), "x") == module.CUDA_CONFIGS
+    assert log.lines == [
+        ("info", f"NVFP4 emulation MoE (E=8 H=256 I=192, NVIDIA_H200): tile table {shipped}")
+    ]
+
+
+def test_table_file_taken(load: Any, tmp_path: Path) -> None:
+    fused, log = load()
+    module = fused.module
+    table = {1: module.MoeConfig(False, 16, False, module.GemmConfig(32, 128, 2, 3),
+                                 module.GemmConfig(64, 128, 2, 3))}  # fmt: skip
+    path = tmp_path / "tables" / FILE
+    path.write_text(module.table_json(table, {"tuned": "test"}))
+    assert module.nvfp4_moe_configs(*SHAPE) == table
+    assert module.nvfp4_moe_configs(*SHAPE) == table
+    assert log.lines == [("info", f"NVFP4 emulation MoE (E=8 H=256 I=192, NVIDIA_H200): tile"
+                                  f" table {path}")]  # fmt: skip
+    # A count above the last bound takes the last bucket.
+    assert module.get_nvfp4_moe_config(4096, 8, 8, 8, table) == table[1]
+
+
+def test_device_table_for_any_shape(load: Any, tmp_path: Path) -> None:
+    fused, _ = load()
+    (tmp_path / "tables" / DEVICE_FILE).write_text(json.dumps({"64": entry()}))
+    assert list(fused.module.nvfp4_moe_configs(*SHAPE)) == [64]
+
+
+def test_generic_tables_round_trip(load: Any) -> None:
+    module = load()[0].module
+    for table in module.GENERIC_CONFIGS.values():
+        assert module.parse_table(module.table_json(table), "x") == table
+
+
+K_STEP = (
+    "; every tile walks K in steps of 128 (GEMM_BLOCK_K), whatever the token count: a token's"
+    " output is then the same bits alone and in any batch"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"16": entry(64)}, "entry '16' w13: K step 64" + K_STEP),
+        ({"16": {**entry(), "w2": entry(256)["w2"]}}, "entry '16' w2: K step 256" + K_STEP),
+        ({"many": entry()}, "entry 'many': a bucket's key is its largest token count"),
+        (
+            {"16": {**entry(), "block_m": 12}},
+            "entry '16': block_m must be a power of two, 8 or more",
+        ),
+        ({"_note": "only notes"}, "no token-count bucket"),
+    ],
+)
+def test_bad_table_refused_at_load(
+    load: Any, tmp_path: Path, data: dict[str, Any], error: str
+) -> None:
+    """One error naming the file and the entry, when the experts' weights are loaded
+    (process_weights_after_loading), before any forward."""
+    fused, _ = load()
+    path = tmp_path / "tables" / FILE
+    path.write_text(json.dumps(data))
+    e, h, i = SHAPE
+    config = kernels.quant_config(
+        torch.ones(e, 2 * i, h // 16).to(torch.float8_e4m3fn),
+        torch.ones(e, h, i // 16).to(torch.float8_e4m3fn),
+        torch.ones(e),
+        torch.ones(e),
+        torch.tensor(1.0),
+        torch.tensor(1.0),
+    )
+    experts = fused.experts(None, config)
+    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
+    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
+    with pytest.raises(fused.module.Nvfp4MoeTableError) as raised:
+        kernels.laid_out(experts, w13, w2)
+    assert str(raised.value) == f"{path}: {error}"
+
+
+@pytest.mark.parametrize("forced", ["", "rocm", "cuda"])
+def test_platform_switch(load: Any, monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    """On an NVIDIA GPU, VLLM_PATCHSET_NVFP4_PLATFORM=rocm takes ROCm's generic table and
+    blocks of 16 tokens (its own table name: no H200 table applies)."""
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", forced)
+    fused, log = load()
+    module = fused.module
+    experts = fused.experts(None, kernels.quant_config(*[torch.ones(1)] * 6))
+    platform = forced or "cuda"
+    assert experts.platform == platform
+    assert experts.min_block_m == {"cuda": 8, "rocm": 16}[platform]
+    assert module.nvfp4_moe_configs(*SHAPE, experts.platform) == module.GENERIC_CONFIGS[platform]
+    said = {
+        "cuda": "NVIDIA_H200): tile table ",  # the H200's table, shipped beside the module
+        "rocm": "rocm_generic): no tuned tile table",  # no H200 table applies
+    }[platform]
+    assert said in log.lines[0][1]
+
+
+def test_platform_switch_refuses_other_names(load: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", "xpu")
+    fused, _ = load()
+    with pytest.raises(ValueError, match="VLLM_PATCHSET_NVFP4_PLATFORM='xpu': expected one of"):
+        fused.module.nvfp4_platform()
+
+
+def test_every_depth_of_16_fuses(load: Any) -> None:
+    """The shapes of released checkpoints and their shards take the fused path; depths that
+    are not multiples of the NVFP4 block cannot exist in a checkpoint and do not."""
+    supports = load()[0].module.supports_fused_nvfp4_moe
+    for hidden, inter in [(2048, 192), (4096, 192), (2816, 704), (2688, 1856), (7168, 256),
+                          (2704, 16), (16, 48), (5120, 1024)]:  # fmt: skip
+        assert supports(hidden, inter), (hidden, inter)
+    assert not supports(2048, 200) and not supports(2056, 192)
+
+
+def test_unfused_path_said_once_with_why(load: Any) -> None:
+    """FP32 hidden states take the unfused path: said once (one layer, two calls; a second
+    layer of the same shape and reason adds no line), with the reason and the shapes."""
+    fused, log = load()
+    e, h, i = SHAPE
+    taken = []
+    fused.experts._apply_dequantized = lambda self, *args: taken.append(1)  # type: ignore[attr-defined]
+    config = kernels.quant_config(*[torch.ones(1)] * 6)
+    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
+    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
+    hidden = torch.zeros(3, h)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    for _ in range(2):
+        experts = fused.experts(None, config)
+        for _ in range(2):
+            kernels.fused_apply(fused, experts, hidden, w13, w2, torch.ones(3, 2), ids)
+    assert len(taken) == 4
+    assert log.lines == [
+        (
+            "warning",
+            "NVFP4 emulation MoE (w13 (8, 384, 128), w2 (8, 256, 96)): torch.float32"
+            " activations (the fused path takes BF16 or FP16); this layer takes vLLM 0.24.0's"
+            " unfused path (every expert's weights dequantized on every call: slow)",
+        )
+    ]
+
+
+@pytest.mark.parametrize("depth", [16, 48, 128, 144, 192, 704, 2704])
+def test_tiled_layout_at_ragged_depths(load: Any, depth: int) -> None:
+    """The tiled layout the kernel addresses (TILED): byte c of row n at
+    (n // 16) * 16 * C + (c // W) * 16 * W + (n % 16) * w + c % W, where C = depth // 2 bytes a
+    row, W = 64 (128 weights) and w = W, or C % W in the last, narrower tile of a row block
+    (no padding). Untiled, the checkpoint's rows again, byte for byte: what the unfused path
+    dequantizes."""
+    module = load()[0].module
+    relayout = module.tile_nvfp4_weights.__globals__["_relayout"]  # the kernels module's
+    rows, c, width = 32, depth // 2, 64
+    index = torch.arange(rows * c, dtype=torch.int32).view(1, rows, c)
+    tiled = index.clone()
+    relayout(tiled, width, to_tiles=True)
+    n = torch.arange(rows)[:, None]
+    col = torch.arange(c)[None, :]
+    full = c - c % width
+    w = torch.where(col < full, width, c - full)
+    where = (n // 16) * 16 * c + (col // width) * 16 * width + (n % 16) * w + col % width
+    assert torch.equal(tiled.flatten()[where.flatten()], index.flatten())
+    back = tiled.clone()
+    relayout(back, width, to_tiles=False)
+    assert torch.equal(back, index)
+    # The experts' own copies back (untiled_nvfp4_weights), weights and block scales.
+    packed = torch.randint(0, 256, (2, rows, c), dtype=torch.uint8)
+    scales = torch.randint(0, 256, (2, rows, depth // 16), dtype=torch.uint8)
+    laid = packed.clone(), scales.clone().view(torch.float8_e4m3fn)
+    module.tile_nvfp4_weights(*laid)
+    assert depth <= 128 or not torch.equal(laid[0], packed)  # one tile a row block: rows
+    again = module.untiled_nvfp4_weights(*laid)
+    assert torch.equal(again[0], packed) and torch.equal(again[1].view(torch.uint8), scales)
