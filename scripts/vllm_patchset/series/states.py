@@ -21,6 +21,7 @@ maintainer's decision.
 from __future__ import annotations
 
 import difflib
+import keyword
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -59,6 +60,7 @@ class Reason(StrEnum):
     AMBIGUOUS = "ambiguous"  # the code is in several places, or in another scope -> conflict
     REFRESHED = "refreshed"  # its code is there, reformatted or beside a copy: a patch
     # refreshed by token match applies (the same tokens as its post-image)   -> applies
+    UNREADABLE = "unreadable"  # a file of the patch is past the readers' bounds -> conflict
 
 
 # A verdict's `three_way`: the outcome of git's 3-way merge, None where it was not tried.
@@ -224,8 +226,9 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
     number = 0
     for file_patch in patch.files:
         blob = repo.read_blob(tree, file_patch.path)
-        lines = blob.decode("utf-8", "surrogateescape").split("\n") if blob is not None else []
-        code_lines = _code(lines)
+        text = blob.decode("utf-8", "surrogateescape") if blob is not None else ""
+        lines = text.split("\n") if blob is not None else []
+        code_lines = _code(locate.live_lines(text)) if blob is not None else []
         for hunk in file_patch.hunks:
             number += 1
             findings.append(
@@ -712,9 +715,16 @@ def classify(
     package: found in one place, the patch is classified there (`moved`).
 
     The steps below, in order; the first that gives a verdict gives it."""
+    unread = _unreadable(repo, tree, patch, base)
+    if unread is not None:
+        return unread
     case = _case(
         repo, tree, patch, base, version, was_applied, three_way, renames or {}, follow_moves
     )
+    return _diagnosed(case, _verdict(case))
+
+
+def _verdict(case: _Case) -> Verdict:
     for step in (_placed_by_git, _placed_by_tokens, _in_several_places):
         found = step(case)
         if found is not None:
@@ -724,6 +734,32 @@ def classify(
         return moved
     found = _bug_found_elsewhere(case, candidates) or _upstream(case) or _rewritten(case)
     return found or _decided(case)
+
+
+def _unreadable(repo: Repo, tree: str, patch: Patch, base: str) -> Verdict | None:
+    """0. A file of the patch past the readers' bounds: a stop that names it (what it holds
+    is not known: the bug is taken as there)."""
+    for file_patch in patch.files:
+        blob = repo.read_blob(tree, file_patch.path)
+        why = locate.unreadable(blob.decode("utf-8", "surrogateescape")) if blob else None
+        if why is None:
+            continue
+        return Verdict(
+            patch=patch.key,
+            base=base,
+            state=State.CONFLICT,
+            reason=Reason.UNREADABLE,
+            text_state=State.CONFLICT,
+            trailer_state=None,
+            hunks=(),
+            warnings=(
+                f"{file_patch.path} on {base} is past what the reader reads ({why}):"
+                " look at it by hand, then decide",
+            ),
+            candidates=(file_patch.path,),
+            bug_present=True,
+        )
+    return None
 
 
 def _case(
@@ -986,9 +1022,11 @@ def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
         return set()
     found = set()
     for path in repo.grep_files(tree, max(cores[0], key=len), f"*{suffix}"):
-        blob = repo.read_blob(tree, path) or b""
-        lines = blob.decode("utf-8", "surrogateescape").split("\n")
-        code_lines = _code(lines)
+        text = (repo.read_blob(tree, path) or b"").decode("utf-8", "surrogateescape")
+        if locate.unreadable(text):
+            continue
+        lines = text.split("\n")
+        code_lines = _code(locate.live_lines(text))
         if not all(_find_block(code_lines, core) for core in cores):
             continue
         if _find_hunk(lines, code_lines, True, path, 0, hunk).located:
@@ -1033,3 +1071,259 @@ def _relocation(
     if candidates:
         return (), tuple(sorted(candidates))
     return tuple(moves), ()
+
+
+# -- the diagnosis: where the bug and its fix are, across the package -------------------------
+@dataclass(frozen=True)
+class _Cue:
+    """One line of a hunk's change as it is searched for: its tokens on one side of the hunk,
+    trimmed of what the other side shares, where they start in that side's tokens, and its
+    text as the hunk writes it."""
+
+    look: _Look
+    start: int
+    words: tuple[str, ...]
+    text: str
+
+
+def _cues(look: _Look, *, post: bool) -> list[_Cue]:
+    """The lines of each change of the hunk (the removed ones: the bug; `post`: the added
+    ones, the fix), each trimmed of the tokens the other side shares (`layer.weight.device`
+    against `w13.device`: `layer . weight . device`), at least four tokens long."""
+    mine, other = (look.post, look.pre) if post else (look.pre, look.post)
+    if not (mine.readable and other.readable):
+        return []
+    cues: list[_Cue] = []
+    for (a, b), (c, d) in zip(mine.changes, other.changes, strict=True):
+        theirs = other.words[c:d]
+        for row in sorted({mine.tokens[i].start[0] for i in range(a, b)}):
+            index = [i for i in range(a, b) if mine.tokens[i].start[0] == row]
+            cue = _cue(look, mine, theirs, index[0], index[-1] + 1, post=post)
+            if cue is not None:
+                cues.append(cue)
+    return cues
+
+
+def _cue(
+    look: _Look, mine: locate.Side, theirs: tuple[str, ...], first: int, end: int, *, post: bool
+) -> _Cue | None:
+    words = mine.words
+    i, j = _without_separators(words, first, end)
+    if post and _shared(words[i:j], theirs):
+        # A fix that only takes away (`a or b` -> `a`): the line and the token after it.
+        end = min(len(words), end + 2)
+        first, j = i, end
+        theirs = ()
+    k = 0
+    while i + k < j and k < len(theirs) and words[i + k] == theirs[k]:
+        k += 1
+    m = 0
+    while j - m > i + k and m < len(theirs) - k and words[j - 1 - m] == theirs[-1 - m]:
+        m += 1
+    i, j = i + k, j - m
+    if i >= j:
+        return None  # the whole line is on the other side too
+    while j - i < 4 and j < end:
+        j += 1
+    if j < end and words[j - 1] == ".":
+        j += 1
+    while j - i < 4 and i > first:
+        i -= 1
+    names = [w for w in words[i:j] if w.isidentifier() and not keyword.iskeyword(w)]
+    start, stop = mine.tokens[i], mine.tokens[j - 1]
+    if j - i < 3 or not names or (start.start[0] != stop.end[0] and not post):
+        return None
+    line = mine.lines[start.start[0] - 1]
+    text = line[start.start[1] : stop.end[1]] if start.start[0] == stop.end[0] else line.strip()
+    return _Cue(look, i, words[i:j], text)
+
+
+def _shared(words: tuple[str, ...], theirs: tuple[str, ...]) -> bool:
+    """Every token of `words` is at the start or the end of `theirs`."""
+    k = 0
+    while k < len(words) and k < len(theirs) and words[k] == theirs[k]:
+        k += 1
+    rest = words[k:]
+    return not rest or theirs[len(theirs) - len(rest) :] == rest
+
+
+def _reached(look: _Look, finding: HunkFinding) -> range:
+    """The rows of the look's file the patch changes (its one site, or git's place)."""
+    size = len(look.hunk.pre)
+    if len(look.sites) == 1 and look.row is not None:
+        return range(look.row, look.row + size)
+    at = finding.applies_at or (finding.found_at if finding.located else None)
+    return range(at, at + size) if at else range(0)
+
+
+_ANCESTORS: dict[tuple[str, str, str], tuple[str, ...]] = {}
+
+
+def _ancestors(repo: Repo, tree: str, text: str, name: str) -> tuple[str, ...]:
+    """The classes `name` derives from, through the package (a few levels: the base of a
+    base in another module, e.g. modular_kernel.py's)."""
+    key = (str(repo.path), tree, name)
+    if key not in _ANCESTORS:
+        if len(_ANCESTORS) > 4096:
+            _ANCESTORS.clear()
+        seen: list[str] = []
+        frontier = list(locate.class_bases(text, name))
+        while frontier and len(seen) < 12:
+            base = frontier.pop(0)
+            if base in seen or base == name:
+                continue
+            seen.append(base)
+            for path in repo.grep_files(tree, f"class {base}", "*.py")[:4]:
+                source = (repo.read_blob(tree, path) or b"").decode("utf-8", "surrogateescape")
+                frontier += locate.class_bases(source, base)
+        _ANCESTORS[key] = tuple(seen)
+    return _ANCESTORS[key]
+
+
+def _calls_helper(text: str, old: locate.Scope, new: locate.Scope) -> bool:
+    """A module function `new` of the file that the function `old` names (a helper)."""
+    if len(new) != 1 or not old:
+        return False
+    for start, end, path in locate.definitions(text):
+        if path == old:
+            rows = range(start, end + 1)
+            return any(t.text == new[0] for t in locate.tokens(text) if t.start[0] in rows)
+    return False
+
+
+def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], list[str]]:
+    """Every live place of the package where a removed line of the patch (the bug) is, in
+    code related to the patch's (its scope, another method of its class or of a class it
+    derives from, a helper it calls, or surroundings at least LOCATE_RATIO alike): (place,
+    whether the patch, `applied`, changes it there), and the files skipped (past the readers'
+    bounds)."""
+    cues = [cue for look in case.looks for cue in _cues(look, post=False)]
+    if not cues:
+        return [], []
+    texts = sorted({cue.text for cue in cues})
+    places: dict[str, bool] = {}
+    skipped: list[str] = []
+    findings = {h.number: h for h in case.hunks}
+    for path in case.repo.grep_files(case.tree, texts[0], "*.py", *texts[1:]):
+        text = (case.repo.read_blob(case.tree, path) or b"").decode("utf-8", "surrogateescape")
+        if locate.unreadable(text):
+            skipped.append(path)
+            continue
+        for cue in cues:
+            if cue.text not in text:
+                continue
+            reached = _reached(cue.look, findings[cue.look.number]) if applied else range(0)
+            for row, scope in _related_hits(case, path, text, cue):
+                place = f"{path}:{row} ({locate.dotted(scope)})"
+                mine = path == cue.look.path and row in reached
+                places[place] = places.get(place, False) or mine
+    return sorted(places.items(), key=lambda p: _place_key(p[0])), skipped
+
+
+def _place_key(place: str) -> tuple[str, int]:
+    path, _, rest = place.partition(":")
+    return path, int(rest.split(" ", 1)[0])
+
+
+def _related_hits(
+    case: _Case, path: str, text: str, cue: _Cue
+) -> list[tuple[int, locate.Scope | None]]:
+    look = cue.look
+    hay = locate.words(text)
+    toks = locate.tokens(text)
+    hits = []
+    for at in locate.find(hay, cue.words):
+        row = toks[at].start[0]
+        scope = locate.scope_of(text, row, toks[at + len(cue.words) - 1].end[0])
+        start = max(0, at - cue.start)
+        alike = (
+            locate.similarity(hay[start : start + len(look.pre.words)], look.pre.words)
+            >= LOCATE_RATIO
+        )
+        if alike or _related_scope(case, look, path, text, scope):
+            hits.append((row, scope))
+    return hits
+
+
+def _related_scope(
+    case: _Case, look: _Look, path: str, text: str, scope: locate.Scope | None
+) -> bool:
+    old = look.scope
+    if old is None or scope is None:
+        return False
+    if _related(old, scope, ()):
+        return True
+    if path == look.path and _calls_helper(text, old, scope):
+        return True
+    if len(old) > 1 and scope and look.text is not None:
+        return scope[0] in _ancestors(case.repo, case.tree, look.text, old[0])
+    return False
+
+
+def _fix_places(case: _Case) -> str:
+    """Where the patch's added lines (the fix) are in its files: live, or only in comments,
+    strings or dead branches (which never count as the fix)."""
+    live: list[str] = []
+    shadowed: list[str] = []
+    for look in case.looks:
+        if look.text is None:
+            continue
+        hay = locate.words(look.text)
+        for cue in _cues(look, post=True):
+            for at in locate.find(hay, cue.words):
+                row = locate.tokens(look.text)[at].start[0]
+                scope = locate.scope_of(look.text, row, row)
+                live.append(f"{look.path}:{row} ({locate.dotted(scope)})")
+            for row, kind, words in locate.shadows(look.text):
+                if locate.find(words, cue.words):
+                    scope = locate.scope_of(look.text, row, row)
+                    shadowed.append(f"{kind} at {look.path}:{row} ({locate.dotted(scope)})")
+    if live:
+        return "its fix is live at " + ", ".join(dict.fromkeys(live))
+    if shadowed:
+        return "its fix is only in " + ", ".join(dict.fromkeys(shadowed)) + " (not live code)"
+    return "its fix is nowhere in " + ", ".join(dict.fromkeys(look.path for look in case.looks))
+
+
+def _diagnosed(case: _Case, verdict: Verdict) -> Verdict:
+    """The verdict checked against where the bug is live across the package: a copy the patch
+    does not reach, or a bug the verdict did not see, is a stop naming every place (with
+    where the fix is); files past the readers' bounds are named in a warning."""
+    if verdict.reason == Reason.MOVED:  # classified where it went (diagnosed there)
+        return verdict
+    bugs, skipped = _bug_places(case, verdict.state == State.APPLIES)
+    skips = tuple(
+        f"{path}: skipped in the search for copies of the bug (past what the reader reads)"
+        for path in skipped
+    )
+    places = [place for place, _ in bugs]
+    copies = [place for place, mine in bugs if not mine]
+    settled = verdict.state in (State.APPLIES, State.UPSTREAM)
+    if (settled and not copies) or not places:
+        return replace(verdict, warnings=(*verdict.warnings, *skips)) if skips else verdict
+    cues = dict.fromkeys(cue.text for look in case.looks for cue in _cues(look, post=False))
+    line = (
+        f"the bug ({', '.join(f'`{c}`' for c in cues)}) is live at {', '.join(places)}"
+        + (" (the patch does not reach every place)" if verdict.state == State.APPLIES else "")
+        + f"; {_fix_places(case)}"
+    )
+    warnings = (line, *verdict.warnings)
+    state: State
+    reason: Reason
+    if verdict.bug_present and verdict.state == State.CONFLICT:  # seen already: a line more
+        state, reason, warnings = verdict.state, verdict.reason, (*verdict.warnings, line)
+    elif settled or verdict.state == State.ABSENT or verdict.reason == Reason.REWRITTEN:
+        state, reason = State.CONFLICT, Reason.AMBIGUOUS
+        warnings = (line, *(w for w in verdict.warnings if "neither its fix" not in w))
+    else:
+        state, reason = verdict.state, verdict.reason
+    candidates = tuple(dict.fromkeys((*places, *verdict.candidates)))
+    return replace(
+        verdict,
+        state=state,
+        reason=reason,
+        warnings=(*warnings, *skips),
+        candidates=candidates,
+        bug_present=True,
+        refreshed="" if settled else verdict.refreshed,
+    )

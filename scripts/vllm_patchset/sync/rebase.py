@@ -106,8 +106,20 @@ def options(section: Section, verdict: Verdict, patch: Patch) -> tuple[Choice, .
             return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP)
         return ()
     if verdict.state == State.CONFLICT:
+        if verdict.bug_present:  # the safe one first: port it by hand
+            return (Choice.PORT, Choice.KEEP, Choice.DROP)
         return (Choice.KEEP, Choice.DROP, *resolve)
     return (Choice.KEEP, Choice.DROP)  # absent: the code was never there
+
+
+def ported(step: Step, decision: Choice) -> bool:
+    """A decision taken by hand in the worktree: `--port`, or `--keep` of an archived fix whose
+    bug is live where it no longer applies as it is (a copy, a move: a conflict)."""
+    return decision == Choice.PORT or (
+        decision == Choice.KEEP
+        and step.section == Section.UPSTREAMED
+        and step.verdict.state == State.CONFLICT
+    )
 
 
 def stops(step: Step, *, planned: bool) -> bool:
@@ -181,6 +193,10 @@ class _Tree:
         )
         return _conflict(step, notes=(note,))
 
+    def port(self, step: Step, raw: bytes) -> Step:
+        note = "the rebase will stop here for the port by hand in .rebase/worktree"
+        return _conflict(step, notes=(note,))
+
 
 class _Worktree:
     """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`, a sparse
@@ -209,6 +225,16 @@ class _Worktree:
             return _conflict(step)
         note = "git am -3 applied it although the 3-way check did not"
         return dataclasses.replace(step, action=Action.REFRESHED, commit=self.head(), notes=(note,))
+
+    def port(self, step: Step, raw: bytes) -> Step:
+        """Taken by `git am -3` (a conflict stays in progress), then a stop: the maintainer
+        carries the fix to every place the verdict names and commits."""
+        how = "applied as it is" if self.take(raw) else "stopped on a conflict"
+        note = (
+            f"--port: git am -3 {how}; carry the fix to every place named above, commit"
+            " (one commit), then `rebase --continue`"
+        )
+        return _conflict(step, notes=(note,))
 
 
 _Applier = _Tree | _Worktree
@@ -308,6 +334,19 @@ def _decided(applier: _Applier, step: Step, raw: bytes, decision: Decision, ctx:
             f" ({step.verdict.words}): `rebase --abort`, then start again"
         )
     step = dataclasses.replace(step, decision=decision.choice)
+    if ported(step, decision.choice):
+        return dataclasses.replace(applier.port(step, raw), decision=decision.choice)
+    leaves_it = decision.choice == Choice.DROP or step.section == Section.SERIES
+    if step.verdict.bug_present and leaves_it:
+        places = ", ".join(step.verdict.candidates) or "its files"
+        step = dataclasses.replace(
+            step,
+            notes=(
+                *step.notes,
+                f"{decision.choice.flag}: the bug stays live ({places}): nothing carries its"
+                " fix now",
+            ),
+        )
     if decision.choice == Choice.DROP:
         return dataclasses.replace(step, action=Action.DROPPED)
     if decision.choice == Choice.RESOLVE_UPSTREAM:
@@ -652,7 +691,8 @@ def _after_conflict(
     rest of the series."""
     last = state.steps[-1]
     decided = ctx.decisions.get(last.key)
-    if decided is not None and last.decision == decided.choice:
+    if decided is not None and (last.decision == decided.choice or decided.choice == Choice.PORT):
+        # (`--port` given at a hand-resolution stop: that stop is the port.)
         # `--keep` of an archived patch whose bug is back, taken with a conflict: the
         # decision is made, the conflict is resolved by hand.
         later = [d for d in later if d != decided]
@@ -737,10 +777,12 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
     for section, patch in _ordered(series):
         if patch.key in done:
             continue
+        before = worktree.head()
         step = _step(applier, section, patch, ctx)
         steps = (*state.steps, step)
         if stops(step, planned=False):
-            state = _stopped(state, steps, step, worktree.head())
+            head = before if step.decision is not None else worktree.head()
+            state = _stopped(state, steps, step, head)
             save(project, state)
             lines = (
                 _next_steps(project, worktree, step, ctx.keys)
@@ -847,6 +889,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         *((Choice.KEEP, name) for name in args.keep),
         *((Choice.DROP, name) for name in args.drop),
         *((Choice.RESOLVE_UPSTREAM, name) for name in args.resolve_upstream),
+        *((Choice.PORT, name) for name in args.port),
     ]
     if bool(args.ref) != bool(args.onto_git):
         raise BadInput(
@@ -907,6 +950,14 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         " one that applies again); PATCH: file name or number (0002)",
     )
     p.add_argument("--drop", action="append", default=[], metavar="PATCH", help="remove a patch")
+    p.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="PATCH",
+        help="take a patch whose bug is live but which no longer applies with `git am -3` in"
+        " .rebase/worktree and stop there to port it by hand (`--continue` carries it)",
+    )
     p.add_argument(
         "--resolve-upstream",
         action="append",

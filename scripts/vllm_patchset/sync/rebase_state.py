@@ -38,6 +38,7 @@ class Choice(StrEnum):
     DROP = "drop"  # out of the project (git history keeps it)
     KEEP = "keep"  # a series patch: parked; an archived one that applies again: the series
     RESOLVE_UPSTREAM = "resolve-upstream"  # archived as upstream, with the release
+    PORT = "port"  # taken by `git am -3` in the worktree, the rebase stopped for a hand port
 
     @property
     def flag(self) -> str:
