@@ -352,8 +352,18 @@ FAMILIES: dict[str, Callable[[Fix], Changes]] = {
     "copy beside an upstream fix": copy_beside_an_upstream_fix,
     "move to a helper": move_to_a_helper,
     "move to a base class": move_to_a_base_class,
+    "rename": lambda fix: {},
+    "package split": lambda fix: {},
+}
+# git mv, done before the changes (git's rename detection sees them; `matrix` does not ask).
+RENAMES: dict[str, Callable[[Fix], dict[str, str]]] = {
+    "rename": lambda fix: {fix.path: fix.path.replace(".py", "_impl.py")},
+    "package split": lambda fix: {fix.path: fix.path.removesuffix(".py") + "/__init__.py"},
 }
 CASES = [(family, fix) for family in FAMILIES for fix in FIXES]
+# A generated 1,200-term expression: past the readers' bounds (before: a RecursionError).
+DEEP = "TABLE = " + " + ".join(["1"] * 1200) + "\n"
+DEEP_ELSEWHERE = {"vllm/tables.py": f'"""Generated: or self.a1_gscale."""\n\n{DEEP}'}
 
 
 def version_of(family: str, fix: Fix) -> str:
@@ -408,7 +418,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     upstream.release("0.9", {**BASE, ORACLE: buggy(ARCHIVED)})
     upstream.release("1.0", BASE)
     for family, fix in CASES:
-        upstream.release(version_of(family, fix), FAMILIES[family](fix), base="1.0")
+        renames = RENAMES[family](fix) if family in RENAMES else {}
+        upstream.release(
+            version_of(family, fix), FAMILIES[family](fix), base="1.0", renames=renames
+        )
+    for fix in FIXES:
+        upstream.release(f"3.0.{FIXES.index(fix)}", {fix.path: fixed(fix) + DEEP}, base="1.0")
+    upstream.release("3.1", DEEP_ELSEWHERE, base="1.0")
     cache = tmp_path_factory.getbasetemp() / "synthetic-cache"
     cache.mkdir(exist_ok=True)
     project = make_project(
@@ -605,3 +621,33 @@ def test_dropping_a_live_bug_says_so(
         f"--drop: the bug stays live ({TRITON.replace('.py', '_v2.py')}:23 (TritonExperts.apply)):"
         " nothing carries its fix now"
     ]
+
+
+# -- bounded readers ------------------------------------------------------------------------------
+@pytest.mark.parametrize("fix", FIXES, ids=[f.key[:13] for f in FIXES])
+def test_a_file_of_the_patch_past_the_bounds_is_a_stop_naming_it(world: World, fix: Fix) -> None:
+    """Before: `internal error: RecursionError` in series/locate.py."""
+    verdicts, _ = built(world, f"3.0.{FIXES.index(fix)}")
+    verdict = verdicts[fix.key]
+    assert (verdict.words, verdict.candidates, verdict.warnings) == (
+        "conflict (unreadable)",
+        (fix.path,),
+        (
+            f"{fix.path} on git:v3.0.{FIXES.index(fix)} is past what the reader reads (nested"
+            " deeper than the 200 levels read): look at it by hand, then decide",
+        ),
+    )
+    section = Section.UPSTREAMED if fix is ARCHIVED else Section.SERIES
+    patch = next(
+        p for p in patches_for(Project.load(world.project, world.cache)) if p.key == fix.key
+    )
+    assert Choice.RESOLVE_UPSTREAM not in options(section, verdict, patch)
+
+
+def test_a_file_past_the_bounds_elsewhere_is_skipped_with_a_warning(world: World) -> None:
+    verdicts, _ = built(world, "3.1")
+    assert verdicts[FIX1.key].words == "applies"
+    assert verdicts[FIX1.key].warnings == (
+        "vllm/tables.py: skipped in the search for copies of the bug (past what the reader reads)",
+    )
+    assert verdicts[LOCAL.key].warnings == ()

@@ -1034,6 +1034,14 @@ def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
     return found
 
 
+def _reversed(hunk: Hunk) -> Hunk:
+    """The hunk undone: its post-image as the pre-image (to find where its fix is)."""
+    swap = {"+": "-", "-": "+", " ": " "}
+    return Hunk(
+        hunk.new_start, hunk.old_start, tuple(swap[line[0]] + line[1:] for line in hunk.lines)
+    )
+
+
 def _relocation(
     repo: Repo,
     tree: str,
@@ -1063,6 +1071,10 @@ def _relocation(
             continue
         suffix = PurePosixPath(file_patch.path).suffix
         places = [_holders(repo, tree, hunk, suffix) - {file_patch.path} for hunk in lost]
+        if not any(places) and repo.read_blob(tree, file_patch.path) is None:
+            # The file is gone and its bug nowhere: where its fix is (a fix that upstream
+            # merged, then moved the file: a module made a package) is where it went.
+            places = [_holders(repo, tree, _reversed(hunk), suffix) for hunk in lost]
         common = set.intersection(*places)
         if len(lost) == len(mine) and len(common) == 1:
             moves.append((file_patch.path, common.pop()))

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from vllm_patchset import versions
 from vllm_patchset.console import emit
-from vllm_patchset.errors import BadInput, Finding, GitError
+from vllm_patchset.errors import BadInput, Finding, GitError, InternalError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
@@ -259,9 +261,14 @@ def _conflict(step: Step, notes: tuple[str, ...] = ()) -> Step:
 
 
 def _taken(applier: _Applier, step: Step, raw: bytes, action: Action) -> Step:
-    """`step` taken onto the applier's tree as `action`, or a conflict."""
+    """`step` taken onto the applier's tree as `action`, or a conflict (also where `git am`
+    made no commit: its change is there already, a stop for the maintainer)."""
+    before = applier.head()
     if not applier.take(raw):
         return _conflict(step)
+    if before is not None and applier.head() == before:
+        note = "git am -3 made no commit (its change is there already): decide"
+        return _conflict(step, notes=(note,))
     return dataclasses.replace(step, action=action, commit=applier.head())
 
 
@@ -883,7 +890,34 @@ def interrupted_message(project: Project) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
+# The third-party modules a rebase needs (the `maintain` extra): checked before anything.
+NEEDS = ("git", "tomlkit", "ruamel.yaml")
+
+
+def missing_modules(names: Sequence[str] = NEEDS) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package (ruamel) is not there either
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _local_path(source: str) -> bool:
+    """`--onto-git` names a local path (not a URL, nor scp's `host:path`)."""
+    return "://" not in source and not re.match(r"^[\w.-]+@?[\w.-]*:", source)
+
+
 def cmd_rebase(args: argparse.Namespace) -> int:
+    missing = missing_modules()
+    if missing:
+        raise BadInput(
+            f"vllm-patchset rebase needs the 'maintain' extra (missing: {', '.join(missing)}):"
+            " pip install 'vllm-patchset[maintain]'"
+        )
     project = Project.load(args.project, args.cache_dir)
     choices = [
         *((Choice.KEEP, name) for name in args.keep),
@@ -891,6 +925,9 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         *((Choice.RESOLVE_UPSTREAM, name) for name in args.resolve_upstream),
         *((Choice.PORT, name) for name in args.port),
     ]
+    if args.onto_git and _local_path(args.onto_git):
+        # A path is the caller's: relative to the directory the command runs in.
+        args.onto_git = str(Path(args.onto_git).resolve())
     if bool(args.ref) != bool(args.onto_git):
         raise BadInput(
             "--onto-git needs --ref REF" if args.onto_git else "--ref goes with --onto-git"
@@ -920,6 +957,15 @@ def cmd_rebase(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         fsio.interrupt_leaves(interrupted_message(project))
+        raise
+    except GitError as exc:
+        if phase_on_disk(project) is None:  # refused before anything was written
+            raise
+        # git failing inside a rebase is what no check foresaw, not bad input.
+        raise InternalError(str(exc), interrupted_message(project)) from exc
+    except Exception as exc:
+        if not isinstance(exc, BadInput | Finding):
+            fsio.interrupt_leaves(interrupted_message(project))
         raise
     text = render_text(outcome, verbose=args.verbose)
     return emit(args, text, report_body(outcome), 1 if outcome.status == Phase.STOPPED else 0)
