@@ -451,6 +451,22 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     assert doc["versions"] == {
         "0.25.0": {f"upstreamed/{FIX1}": "upstream", FIX2: "upstream", NVFP4: "conflict"}
     }
+    # Every patch archived or parked: the overlay is empty, said so; every file changed named.
+    assert doc["overlay_empty"] is True
+    assert doc["changed_files"] == [
+        "D patches/0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch",
+        f"D patches/{NVFP4}",
+        f"A patches/parked/{NVFP4}",
+        "A patches/parked/series",
+        "M patches/series",
+        f"A patches/upstreamed/{FIX2}",
+        "M patches/upstreamed/series",
+        "M pyproject.toml",
+        "M overlay/overlay.lock.json",
+        "M CHANGELOG.md",
+        "M .github/workflows/gpu-validation.yml",
+        "M .buildkite/gpu-validation.yml",
+    ]
     fix2 = doc["patches"][FIX2]  # type: ignore[index]
     assert (fix2["action"], fix2["applied_upstream"], fix2["verdict"]) == (
         "archived",
@@ -518,6 +534,14 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
             "3 cosmetic note(s) on upstreamed code (--verbose shows them)",
             "pin: vllm 0.33.0 (was 0.25.0); patches/, overlay/overlay.lock.json and CHANGELOG.md"
             " rewritten, `check` passes; review and commit them",
+            "changed: 5 file(s)",
+            "  M pyproject.toml",
+            "  M overlay/overlay.lock.json",
+            "  M CHANGELOG.md",
+            "  M .github/workflows/gpu-validation.yml",
+            "  M .buildkite/gpu-validation.yml",
+            "WARNING: the overlay is empty: no patch of the series applies on 0.33.0"
+            " (`overlay apply` changes nothing)",
             "",
             entry("0.33.0", "0.25.0", "", fix2=False),
         ]

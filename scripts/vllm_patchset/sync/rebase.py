@@ -847,6 +847,19 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
         f"pin: {project.package} {state.new_pin} (was {state.old_pin}); patches/, "
         f"{rel(project, project.lock_path)} and {CHANGELOG} rewritten, `check` passes;"
         " review and commit them",
+        *(
+            (f"changed: {len(state.changed)} file(s)", *(f"  {c}" for c in state.changed))
+            if state.changed
+            else ()
+        ),
+        *(
+            (
+                f"WARNING: the overlay is empty: no patch of the series applies on"
+                f" {state.onto.label} (`overlay apply` changes nothing)",
+            )
+            if not any(s.action.committed for s in state.steps)
+            else ()
+        ),
     )
     return Outcome(state, Phase.DONE, worktree.path, where, changelog)
 

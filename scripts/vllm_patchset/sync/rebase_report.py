@@ -230,6 +230,8 @@ def report_body(outcome: Outcome) -> dict[str, Any]:
     if outcome.status == Phase.DONE:
         doc["pin"] = state.new_pin
         doc["changelog"] = outcome.changelog
+        doc["changed_files"] = list(state.changed)
+        doc["overlay_empty"] = not any(s.action.committed for s in state.steps)
     return doc
 
 

@@ -121,6 +121,7 @@ class RebaseState:
     stop: Action | None = None  # conflict or decision, while the phase is STOPPED
     stopped_head: str | None = None  # the worktree's HEAD when it stopped
     moves: tuple[str, ...] = ()  # the staged paths the swap moves in (under the root)
+    changed: tuple[str, ...] = ()  # "M path" (A added, D removed): every file the swap changes
 
     @property
     def new_pin(self) -> str:
