@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -651,3 +654,64 @@ def test_a_file_past_the_bounds_elsewhere_is_skipped_with_a_warning(world: World
         "vllm/tables.py: skipped in the search for copies of the bug (past what the reader reads)",
     )
     assert verdicts[LOCAL.key].warnings == ()
+
+
+# -- no half-done rebase ----------------------------------------------------------------------------
+def test_git_failing_inside_a_rebase_is_an_internal_error_and_abort_restores(
+    world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: git's failure was bad input (exit 2), .rebase/ stuck."""
+    family = "copy beside an upstream fix"
+    root = copy(world, tmp_path)
+    before = checkout(root)
+    rebase_json(capsys, root, *onto(world, family, FIX1), "--port", "0001", code=1)
+    shutil.rmtree(root / ".rebase" / "worktree" / ".git")  # the worktree's git is gone
+    code, out, err = cli(capsys, root, "rebase", "--continue")
+    assert (code, out) == (3, "")
+    assert err.startswith("vllm-patchset: git ")
+    assert err.endswith(
+        "; the rebase changed nothing in patches/, pyproject.toml, the lock or CHANGELOG.md"
+        " yet; `rebase --abort` removes .rebase/ (or `rebase --continue`)\n"
+    )
+    assert checkout(root) == before
+    assert cli(capsys, root, "rebase", "--abort")[0] == 0
+    assert checkout(root) == before
+    assert not (root / ".rebase").exists()
+
+
+def test_a_missing_extra_is_said_before_anything_is_written(world: World, tmp_path: Path) -> None:
+    """Before: `internal error: ModuleNotFoundError: No module named 'ruamel'`, exit 3,
+    .rebase/ stuck in "running" (after a plain `pip install -e .`)."""
+    root = copy(world, tmp_path)
+    before = checkout(root)
+    hide = "import sys; sys.modules['ruamel'] = None; from vllm_patchset.cli import main; "
+    argv = ["--project", str(root), "rebase", *onto(world, "revert", FIX1)]
+    run = subprocess.run(
+        [sys.executable, "-c", hide + f"sys.exit(main({argv!r}))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2,
+        "",
+        "vllm-patchset: vllm-patchset rebase needs the 'maintain' extra (missing: ruamel.yaml):"
+        " pip install 'vllm-patchset[maintain]'\n",
+    )
+    assert checkout(root) == before
+    assert not (root / ".rebase").exists()
+
+
+def test_a_relative_onto_git_is_the_callers_path(
+    world: World,
+    tmp_path: Path,
+    synthetic_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: `--onto-git ../up` was "not a git repository" (read from the mirror's dir)."""
+    root = copy(world, tmp_path)
+    monkeypatch.chdir(root)
+    relative = os.path.relpath(world.upstream.path, root)
+    doc = rebase_json(capsys, root, "--onto-git", relative, "--ref", "v2.0.1", code=0)
+    assert doc["status"] == "done"
