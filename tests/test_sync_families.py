@@ -711,7 +711,9 @@ def test_a_relative_onto_git_is_the_callers_path(
 ) -> None:
     """Before: `--onto-git ../up` was "not a git repository" (read from the mirror's dir)."""
     root = copy(world, tmp_path)
-    monkeypatch.chdir(root)
-    relative = os.path.relpath(world.upstream.path, root)
+    here = tmp_path / "a" / "b" / "c" / "d"  # not as deep as the mirror
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    relative = os.path.relpath(world.upstream.path, here)
     doc = rebase_json(capsys, root, "--onto-git", relative, "--ref", "v2.0.1", code=0)
     assert doc["status"] == "done"
