@@ -50,7 +50,7 @@ GPU_FIX2 = (
 
 # (state, verdict) per patch (fix 1, fix 2, 0002) on each release:
 RELEASE_STATES = [
-    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "rewritten")),
+    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.21.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.23.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.24.0", ("upstream", "upstream"), ("applies", "applies"), ("applies", "applies")),

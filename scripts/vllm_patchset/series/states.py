@@ -933,9 +933,20 @@ def _upstream(case: _Case) -> Verdict | None:
 _THERE = ("site", "present", "changed", "git")  # kinds of a hunk whose code is there
 
 
+def _there(case: _Case) -> bool:
+    """The code the patch changes is there (changed, maybe): every hunk's, but for hunks that
+    only add lines to a file that is there (their place moved: where to add them is the
+    maintainer's, not code that is gone), and at least one hunk's."""
+    kinds = [
+        kind in _THERE or (kind == "lost" and not look.hunk.removed and look.text is not None)
+        for kind, look, _ in case.rows()
+    ]
+    return all(kinds) and any(kind in _THERE for kind in case.kinds)
+
+
 def _rewritten(case: _Case) -> Verdict | None:
     """7. Part of the code is gone, while the bug the others fix is still there."""
-    if all(k in _THERE for k in case.kinds) or not case.bug_here:
+    if _there(case) or not case.bug_here:
         return None
     lost = [str(look.number) for kind, look, _ in case.rows() if kind == "lost"]
     kept = [look.where(look.sites[0]) for kind, look, _ in case.rows() if kind == "site"]
@@ -953,7 +964,7 @@ def _rewritten(case: _Case) -> Verdict | None:
 
 def _decided(case: _Case) -> Verdict:
     """8. The rules decide: the hunks are there, changed (`conflict`), or gone (`absent`)."""
-    text = State.CONFLICT if all(k in _THERE for k in case.kinds) else State.ABSENT
+    text = State.CONFLICT if _there(case) else State.ABSENT
     merged = case.merged()
     state, reason, warnings = decide(
         text,

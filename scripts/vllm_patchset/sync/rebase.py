@@ -5,7 +5,8 @@ whether each patch applied on the old pin, git's renames between the two, a 3-wa
 a dry run in a temporary index: every decision a maintainer must make is reported together,
 before anything is written. A patch that applied on the old pin ends the rebase in one of
 three ways only: still applied (refreshed), archived as upstream, or settled by a decision
-named on the command line (`--keep`: parked, `--drop`, `--resolve-upstream`).
+named on the command line (`--keep`: parked, `--drop`, `--resolve-upstream`, `--port`: taken
+with `git am -3` and ported by hand, for a patch whose bug is live where it no longer applies).
 
 Then the series is taken, patch by patch, as commits in `.rebase/worktree` (a clone that
 borrows the mirror's objects; classification there goes through the clone, which sees both
