@@ -1107,6 +1107,7 @@ class _Cue:
     start: int
     words: tuple[str, ...]
     text: str
+    line: tuple[str, ...] = ()  # its words on its own line (a comment holds one line)
 
 
 def _cues(look: _Look, *, post: bool) -> list[_Cue]:
@@ -1114,8 +1115,8 @@ def _cues(look: _Look, *, post: bool) -> list[_Cue]:
     ones, the fix), each trimmed of the tokens the other side shares (`layer.weight.device`
     against `w13.device`: `layer . weight . device`), at least four tokens long."""
     mine, other = (look.post, look.pre) if post else (look.pre, look.post)
-    if not (mine.readable and other.readable):
-        return []
+    # (A hunk that starts or ends inside a call is no `readable` side; the tokens of its
+    # changed lines are the same words.)
     cues: list[_Cue] = []
     for (a, b), (c, d) in zip(mine.changes, other.changes, strict=True):
         theirs = other.words[c:d]
@@ -1158,7 +1159,8 @@ def _cue(
         return None
     line = mine.lines[start.start[0] - 1]
     text = line[start.start[1] : stop.end[1]] if start.start[0] == stop.end[0] else line.strip()
-    return _Cue(look, i, words[i:j], text)
+    own = tuple(words[k] for k in range(i, j) if mine.tokens[k].start[0] == start.start[0])
+    return _Cue(look, i, words[i:j], text, own)
 
 
 def _shared(words: tuple[str, ...], theirs: tuple[str, ...]) -> bool:
@@ -1220,7 +1222,7 @@ def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], lis
     derives from, a helper it calls, or surroundings at least LOCATE_RATIO alike): (place,
     whether the patch, `applied`, changes it there), and the files skipped (past the readers'
     bounds)."""
-    cues = [cue for look in case.looks for cue in _cues(look, post=False)]
+    cues = _bug_cues(case)
     if not cues:
         return [], []
     texts = sorted({cue.text for cue in cues})
@@ -1241,6 +1243,27 @@ def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], lis
                 mine = path == cue.look.path and row in reached
                 places[place] = places.get(place, False) or mine
     return sorted(places.items(), key=lambda p: _place_key(p[0])), skipped
+
+
+def _bug_cues(case: _Case) -> list[_Cue]:
+    """The removed lines that tell the bug: live code where the patch was written (not a
+    docstring's line, which a hunk starting inside it cannot tell), and not written again by
+    the patch itself (`self.w1_scale_val` that the patch moves is no bug of the old code)."""
+    posts = [look.post.words for look in case.looks]
+    olds = {fp.path: fp.old_blob for fp in case.patch.files}
+    cues = []
+    for look in case.looks:
+        blob = olds.get(look.path)
+        old = _blob_text(case.repo, blob) if blob else None
+        for cue in _cues(look, post=False):
+            if any(locate.find(words, cue.words) for words in posts):
+                continue
+            if (old is None and not look.pre.readable) or (
+                old is not None and not locate.find(locate.words(old), cue.words)
+            ):
+                continue
+            cues.append(cue)
+    return cues
 
 
 def _place_key(place: str) -> tuple[str, int]:
@@ -1285,27 +1308,36 @@ def _related_scope(
 
 def _fix_places(case: _Case) -> str:
     """Where the patch's added lines (the fix) are in its files: live, or only in comments,
-    strings or dead branches (which never count as the fix)."""
+    strings or dead branches (which never count as the fix); hunk by hunk where it has
+    several."""
+    said = [(look.number, _fix_of(look)) for look in case.looks if _cues(look, post=True)]
+    if len(said) == 1:
+        return f"its fix is {said[0][1]}"
+    if not said:
+        return "its fix has no code of its own"
+    return "its fix: " + "; ".join(f"hunk {number} {where}" for number, where in said)
+
+
+def _fix_of(look: _Look) -> str:
+    if look.text is None:
+        return f"nowhere ({look.path} is not there)"
     live: list[str] = []
     shadowed: list[str] = []
-    for look in case.looks:
-        if look.text is None:
-            continue
-        hay = locate.words(look.text)
-        for cue in _cues(look, post=True):
-            for at in locate.find(hay, cue.words):
-                row = locate.tokens(look.text)[at].start[0]
+    hay = locate.words(look.text)
+    for cue in _cues(look, post=True):
+        for at in locate.find(hay, cue.words):
+            row = locate.tokens(look.text)[at].start[0]
+            scope = locate.scope_of(look.text, row, row)
+            live.append(f"{look.path}:{row} ({locate.dotted(scope)})")
+        for row, kind, words in locate.shadows(look.text):
+            if locate.find(words, cue.line or cue.words):
                 scope = locate.scope_of(look.text, row, row)
-                live.append(f"{look.path}:{row} ({locate.dotted(scope)})")
-            for row, kind, words in locate.shadows(look.text):
-                if locate.find(words, cue.words):
-                    scope = locate.scope_of(look.text, row, row)
-                    shadowed.append(f"{kind} at {look.path}:{row} ({locate.dotted(scope)})")
+                shadowed.append(f"{kind} at {look.path}:{row} ({locate.dotted(scope)})")
     if live:
-        return "its fix is live at " + ", ".join(dict.fromkeys(live))
+        return "live at " + ", ".join(dict.fromkeys(live))
     if shadowed:
-        return "its fix is only in " + ", ".join(dict.fromkeys(shadowed)) + " (not live code)"
-    return "its fix is nowhere in " + ", ".join(dict.fromkeys(look.path for look in case.looks))
+        return "only in " + ", ".join(dict.fromkeys(shadowed)) + " (not live code)"
+    return f"nowhere in {look.path}"
 
 
 def _diagnosed(case: _Case, verdict: Verdict) -> Verdict:
@@ -1324,7 +1356,7 @@ def _diagnosed(case: _Case, verdict: Verdict) -> Verdict:
     settled = verdict.state in (State.APPLIES, State.UPSTREAM)
     if (settled and not copies) or not places:
         return replace(verdict, warnings=(*verdict.warnings, *skips)) if skips else verdict
-    cues = dict.fromkeys(cue.text for look in case.looks for cue in _cues(look, post=False))
+    cues = dict.fromkeys(cue.text for cue in _bug_cues(case))
     line = (
         f"the bug ({', '.join(f'`{c}`' for c in cues)}) is live at {', '.join(places)}"
         + (" (the patch does not reach every place)" if verdict.state == State.APPLIES else "")
