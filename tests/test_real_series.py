@@ -628,7 +628,8 @@ def test_fix2_reverted_on_0_33_0_with_its_fix_in_a_comment(
         check=True,
         capture_output=True,
     ).stdout
-    tarfile.open(fileobj=io.BytesIO(tar)).extractall(up, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(up, filter="data")
     text = (up / TRITON).read_text()
     fixed = "                self.a1_scale,\n                self.quant_dtype,\n"
     assert text.count(fixed) == 1
