@@ -61,24 +61,32 @@ def _string(text: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def _parsed(text: str) -> tuple[ast.Module | None, str | None]:
-    """The syntax tree of `text` and None, or None and why it is past the readers' bounds
-    (None and None: not Python that `ast` reads, e.g. a fragment)."""
+def _parsed(text: str) -> tuple[ast.Module | None, str | None, frozenset[int]]:
+    """The syntax tree of `text`, None, and the rows of no live code (see `dead_rows`); or
+    None and why it is past the readers' bounds (None and None: not Python that `ast`
+    reads, e.g. a fragment)."""
     if len(text) > MAX_CHARS:
-        return None, f"{len(text):,} characters, more than the {MAX_CHARS:,} read"
+        return None, f"{len(text):,} characters, more than the {MAX_CHARS:,} read", frozenset()
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
-        return None, None
+        return None, None, frozenset()
     except (RecursionError, MemoryError):
-        return None, f"nested deeper than the {MAX_DEPTH} levels read"
+        return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+    dead: set[int] = set()
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
     while stack:  # iterative: the depth is what is checked
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return None, f"nested deeper than the {MAX_DEPTH} levels read"
+            return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant | ast.JoinedStr):
+            if isinstance(node.value, ast.JoinedStr) or isinstance(node.value.value, str):
+                dead.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        elif isinstance(node, ast.If) and _dead_test(node.test) and node.body:
+            last = node.body[-1].end_lineno or node.body[-1].lineno
+            dead.update(range(node.body[0].lineno, last + 1))
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return tree, None
+    return tree, None, frozenset(dead)
 
 
 def parse(text: str) -> ast.Module | None:
@@ -98,18 +106,17 @@ def _dead_test(test: ast.expr) -> bool:
     return name == "TYPE_CHECKING"
 
 
-@lru_cache(maxsize=1024)
 def dead_rows(text: str) -> frozenset[int]:
     """The rows of `text` that hold no live code: string statements (docstrings) and the
-    bodies of dead branches (an `else` of one stays live)."""
-    rows = set(_string_statements(text))
-    tree = parse(text)
-    if tree is not None:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and _dead_test(node.test) and node.body:
-                last = node.body[-1].end_lineno or node.body[-1].lineno
-                rows.update(range(node.body[0].lineno, last + 1))
-    return frozenset(rows)
+    bodies of dead branches (an `else` of one stays live); of a fragment `ast` does not
+    read, its string statements as far as `tokenize` reads."""
+    tree, _, dead = _parsed(text)
+    return dead if tree is not None else _fragment_strings(text)
+
+
+@lru_cache(maxsize=1024)
+def _fragment_strings(text: str) -> frozenset[int]:
+    return frozenset(_string_statements(text))
 
 
 def _string_statements(text: str) -> set[int]:

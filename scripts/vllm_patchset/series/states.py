@@ -870,7 +870,14 @@ def _followed(case: _Case) -> tuple[Verdict | None, tuple[str, ...]]:
     that the search found."""
     if not (case.follow_moves and "lost" in case.kinds):
         return None, ()
-    moves, candidates = _relocation(case.repo, case.tree, case.patch, case.hunks, case.renames)
+    moves, candidates = _relocation(
+        case.repo,
+        case.tree,
+        case.patch,
+        case.hunks,
+        case.renames,
+        merged=case.expected == State.UPSTREAM,
+    )
     if not moves:
         return None, candidates
     patch = case.patch
@@ -1034,10 +1041,10 @@ def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
     found = set()
     for path in repo.grep_files(tree, max(cores[0], key=len), f"*{suffix}"):
         text = (repo.read_blob(tree, path) or b"").decode("utf-8", "surrogateescape")
-        if locate.unreadable(text):
-            continue
+        if len(text) > locate.MAX_CHARS:
+            continue  # (a move there is classified again, by the tokens of its live code)
         lines = text.split("\n")
-        code_lines = _code(locate.live_lines(text))
+        code_lines = _code(lines)
         if not all(_find_block(code_lines, core) for core in cores):
             continue
         if _find_hunk(lines, code_lines, True, path, 0, hunk).located:
@@ -1059,11 +1066,14 @@ def _relocation(
     patch: Patch,
     hunks: tuple[HunkFinding, ...],
     renames: Mapping[str, str],
+    *,
+    merged: bool = False,
 ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """Where the code of each file whose hunks are lost went: (moves, candidates). A file
     moves when git saw it renamed, or when every lost hunk's pre-image is in one other file
     and no hunk of it is left in place; otherwise the places found are candidates (an
-    ambiguous or partial move: the maintainer decides)."""
+    ambiguous or partial move: the maintainer decides). A fix `merged` upstream (its trailers
+    say so) whose file is gone is also looked for by its fix."""
     moves: list[tuple[str, str]] = []
     candidates: set[str] = set()
     findings = iter(hunks)
@@ -1082,7 +1092,7 @@ def _relocation(
             continue
         suffix = PurePosixPath(file_patch.path).suffix
         places = [_holders(repo, tree, hunk, suffix) - {file_patch.path} for hunk in lost]
-        if not any(places) and repo.read_blob(tree, file_patch.path) is None:
+        if merged and not any(places) and repo.read_blob(tree, file_patch.path) is None:
             # The file is gone and its bug nowhere: where its fix is (a fix that upstream
             # merged, then moved the file: a module made a package) is where it went.
             places = [_holders(repo, tree, _reversed(hunk), suffix) for hunk in lost]
@@ -1229,13 +1239,13 @@ def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], lis
     places: dict[str, bool] = {}
     skipped: list[str] = []
     findings = {h.number: h for h in case.hunks}
-    for path in case.repo.grep_files(case.tree, texts[0], "*.py", *texts[1:]):
+    for path in _grep(case.repo, case.tree, tuple(texts)):
         text = (case.repo.read_blob(case.tree, path) or b"").decode("utf-8", "surrogateescape")
         if locate.unreadable(text):
             skipped.append(path)
             continue
         for cue in cues:
-            if cue.text not in text:
+            if cue.text not in text or not _may_relate(cue.look, path, text):
                 continue
             reached = _reached(cue.look, findings[cue.look.number]) if applied else range(0)
             for row, scope in _related_hits(case, path, text, cue):
@@ -1243,6 +1253,62 @@ def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], lis
                 mine = path == cue.look.path and row in reached
                 places[place] = places.get(place, False) or mine
     return sorted(places.items(), key=lambda p: _place_key(p[0])), skipped
+
+
+_KNOWN: set[str] = set()  # every cue text asked for in this process
+_GREPS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}  # tree -> (texts, files)
+_LAST: dict[str, str] = {}  # repository -> the last tree searched
+_FEW = 400  # changed files searched by name; more: the whole tree again
+
+
+def _grep(repo: Repo, tree: str, texts: tuple[str, ...]) -> tuple[str, ...]:
+    """The Python files of `tree` holding one of `texts` (or of the texts asked before: one
+    search serves every patch of a series). A tree id names its content: searched once per
+    process; and a file whose blob did not change since the last tree searched (the tree
+    with one more patch applied, the rebase's worktree, the next release) is not read
+    again: only the files that changed are."""
+    tree = repo.tree_of(tree)
+    asked = frozenset(texts)
+    known = _GREPS.get(tree)
+    if known is not None and asked <= known[0]:
+        return known[1]
+    if len(_GREPS) > 256:
+        _GREPS.clear()
+        _LAST.clear()
+    _KNOWN.update(asked)
+    union = frozenset(_KNOWN)
+    patterns = sorted(union)
+    last = _LAST.get(str(repo.path))
+    found: tuple[str, ...] | None = None
+    if last is not None and last in _GREPS and _GREPS[last][0] == union:
+        out = repo.run("diff", "--name-only", "--no-renames", "-z", last, tree, "--", "*.py")
+        changed = {p for p in out.split("\0") if p}
+        if len(changed) <= _FEW:
+            kept = {p for p in _GREPS[last][1] if p not in changed}
+            fresh = (
+                repo.grep_files(tree, patterns[0], "*.py", *patterns[1:], paths=sorted(changed))
+                if changed
+                else []
+            )
+            found = tuple(sorted({*kept, *fresh}))
+    if found is None:
+        found = tuple(repo.grep_files(tree, patterns[0], "*.py", *patterns[1:]))
+    _GREPS[tree] = (union, found)
+    _LAST[str(repo.path)] = tree
+    return found
+
+
+def _may_relate(look: _Look, path: str, text: str) -> bool:
+    """A cheap test before a file's tokens: code related to a module function's can only be
+    in a file that names it, or that holds most of its context lines (alike surroundings;
+    vLLM's linear layers share fix 1's line, not its function). A method's: any file (a
+    base class, or a base of one, may be anywhere)."""
+    if path == look.path or (look.scope is not None and len(look.scope) > 1):
+        return True
+    if any(name in text for name in look.scope or ()):
+        return True
+    context = [line.strip() for line in look.hunk.pre if len(line.strip()) > 8]
+    return bool(context) and 2 * sum(line in text for line in context) >= len(context)
 
 
 def _bug_cues(case: _Case) -> list[_Cue]:
