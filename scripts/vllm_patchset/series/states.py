@@ -1241,6 +1241,8 @@ def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], lis
     findings = {h.number: h for h in case.hunks}
     for path in _grep(case.repo, case.tree, tuple(texts)):
         text = (case.repo.read_blob(case.tree, path) or b"").decode("utf-8", "surrogateescape")
+        if not any(cue.text in text for cue in cues):
+            continue  # (another patch's cue: one search serves them all)
         if locate.unreadable(text):
             skipped.append(path)
             continue
