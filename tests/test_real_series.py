@@ -14,7 +14,10 @@ stops for a decision on 0002 before it writes anything.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,10 @@ from vllm_patchset.infra.hashes import sha256_file
 from vllm_patchset.overlay.build import build_overlay, patches_for
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series.patches import parse_patch_bytes
+from vllm_patchset.series.states import classify
+from vllm_patchset.sync.rebase import options
+from vllm_patchset.sync.rebase_state import Choice, Section
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
@@ -55,7 +62,7 @@ GPU_FIX2 = (
 
 # (state, verdict) per patch (fix 1, fix 2, 0002) on each release:
 RELEASE_STATES = [
-    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "rewritten")),
+    ("0.20.2", ("absent", "never-there"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.21.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.23.0", ("upstream", "upstream"), ("absent", "never-there"), ("conflict", "conflict")),
     ("0.24.0", ("upstream", "upstream"), ("applies", "applies"), ("applies", "applies")),
@@ -471,6 +478,22 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
     assert doc["versions"] == {
         "0.25.0": {f"upstreamed/{FIX1}": "upstream", FIX2: "upstream", NVFP4: "conflict"}
     }
+    # Every patch archived or parked: the overlay is empty, said so; every file changed named.
+    assert doc["overlay_empty"] is True
+    assert doc["changed_files"] == [
+        "D patches/0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch",
+        f"D patches/{NVFP4}",
+        f"A patches/parked/{NVFP4}",
+        "A patches/parked/series",
+        "M patches/series",
+        f"A patches/upstreamed/{FIX2}",
+        "M patches/upstreamed/series",
+        "M pyproject.toml",
+        "M overlay/overlay.lock.json",
+        "M CHANGELOG.md",
+        "M .github/workflows/gpu-validation.yml",
+        "M .buildkite/gpu-validation.yml",
+    ]
     fix2 = doc["patches"][FIX2]  # type: ignore[index]
     assert (fix2["action"], fix2["applied_upstream"], fix2["verdict"]) == (
         "archived",
@@ -538,6 +561,14 @@ def test_rebase_chain_nightly_to_0_24_0_to_0_25_0_to_0_33_0(
             "3 cosmetic note(s) on upstreamed code (--verbose shows them)",
             "pin: vllm 0.33.0 (was 0.25.0); patches/, overlay/overlay.lock.json and CHANGELOG.md"
             " rewritten, `check` passes; review and commit them",
+            "changed: 5 file(s)",
+            "  M pyproject.toml",
+            "  M overlay/overlay.lock.json",
+            "  M CHANGELOG.md",
+            "  M .github/workflows/gpu-validation.yml",
+            "  M .buildkite/gpu-validation.yml",
+            "WARNING: the overlay is empty: no patch of the series applies on 0.33.0"
+            " (`overlay apply` changes nothing)",
             "",
             entry("0.33.0", "0.25.0", "", fix2=False),
         ]
@@ -602,3 +633,49 @@ def test_rebase_pin_to_0_33_0(pinned: Project, capsys: pytest.CaptureFixture[str
     assert doc["changelog"] == entry("0.33.0", "0.24.0", "--drop")
     assert (root / "CHANGELOG.md").read_text() == HEADER + entry("0.33.0", "0.24.0", "--drop")
     check(capsys, root, 2)
+
+
+def test_fix2_reverted_on_0_33_0_with_its_fix_in_a_comment(
+    mirror: Mirror, project: Project, tmp_path: Path
+) -> None:
+    """0.33.0 plus one commit: fix 2 reverted (the bug line back verbatim), the fixed line left
+    in a comment beside it. Before: "neither its fix nor the code it changes is there", only
+    `--drop` offered (which finished with the bug live)."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    tar = subprocess.run(
+        ["git", "--git-dir", str(mirror.repo.path), "archive", "v0.33.0", "vllm"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(up, filter="data")
+    text = (up / TRITON).read_text()
+    fixed = "                self.a1_scale,\n                self.quant_dtype,\n"
+    assert text.count(fixed) == 1
+    reverted = (
+        "                self.a1_scale or self.a1_gscale,\n"
+        "                # self.a1_scale,  (the fix, for later)\n"
+        "                self.quant_dtype,\n"
+    )
+    (up / TRITON).write_text(text.replace(fixed, reverted))
+    git(up, "init", "-q", "-b", "main")
+    git(up, "add", "-A")
+    git(up, "commit", "-q", "-m", "revert fix 2")
+    git(up, "tag", "v0.33.1")
+    base = mirror.git_ref(str(up), "v0.33.1")
+    path = project.patches_dir / FIX2
+    patch = parse_patch_bytes(path.read_bytes(), path, f"upstreamed/{FIX2}")
+    verdict = classify(
+        mirror.repo, mirror.repo.tree_of(base.commit), patch, base=base.label, version="0.33.1"
+    )
+    assert (verdict.words, verdict.bug_present, verdict.candidates) == (
+        "conflict",
+        True,
+        (f"{TRITON}:308 (TritonExperts.apply)",),
+    )
+    assert verdict.warnings[0].startswith(
+        f"the bug (`or self.a1_gscale`) is live at {TRITON}:308 (TritonExperts.apply); its fix:"
+    )
+    assert f"hunk 2 only in a comment at {TRITON}:309 (TritonExperts.apply)" in verdict.warnings[0]
+    assert options(Section.UPSTREAMED, verdict, patch) == (Choice.KEEP, Choice.DROP)

@@ -213,8 +213,13 @@ def test_code_copied_to_two_places_stops_with_both_named(
         f"WARNING: {FIX.name}: the code it fixes is not where the patch says; it is at"
         " vllm/layers/cpu.py:16 (Experts.apply), vllm/layers/gpu.py:16 (Experts.apply): carry"
         " the fix there by hand (queue import) or decide\n"
+        f"WARNING: {FIX.name}: the bug (`or self.a1_gscale`) is live at vllm/layers/cpu.py:16"
+        " (Experts.apply), vllm/layers/gpu.py:16 (Experts.apply); its fix is nowhere in"
+        f" {MOE}\n"
         "decisions needed (rerun with one option per patch; nothing has changed):\n"
         f"  {FIX.name} (conflict, ambiguous):\n"
+        "    --port 0001: take it with `git am -3` in .rebase/worktree and stop there to port"
+        " it by hand (`rebase --continue` carries it)\n"
         "    --keep 0001: park it in patches/parked/ (kept, not applied; port it later)\n"
         "    --drop 0001: remove it\n"
         f"  rerun: vllm-patchset rebase --onto-git {upstream.path} --ref v1.1 <an option per patch above>\n"
@@ -308,7 +313,7 @@ def test_skipped_conflict_needs_a_decision(
         1,
         "",
         f"vllm-patchset: {FIX.name} was skipped in {worktree} (`git am --skip`) with no"
-        " decision: `rebase --continue` with one of --keep 0001, --drop 0001, --resolve-upstream 0001\n",
+        " decision: `rebase --continue` with one of --port 0001, --keep 0001, --drop 0001\n",
     )
     doc = rebase_json(capsys, root, "--continue", "--drop", "0001")
     assert (doc["patches"][FIX.name]["action"], doc["patches"][FIX.name]["decision"]) == (  # type: ignore[index]

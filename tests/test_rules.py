@@ -248,7 +248,7 @@ def verdict(state: State, reason: Reason) -> Verdict:
     return Verdict("k", "1.1", state, reason, state, None, ())
 
 
-KEEP, DROP, UP = Choice.KEEP, Choice.DROP, Choice.RESOLVE_UPSTREAM
+KEEP, DROP, UP, PORT = Choice.KEEP, Choice.DROP, Choice.RESOLVE_UPSTREAM, Choice.PORT
 OPTIONS = [
     # (section, state, reason, local patch, the bug located) -> options
     (Section.SERIES, A, Reason.APPLIES, False, False, ()),
@@ -258,8 +258,10 @@ OPTIONS = [
     (Section.SERIES, C, Reason.CONFLICT, False, False, (KEEP, DROP, UP)),  # or resolved by hand
     (Section.SERIES, C, Reason.REWRITTEN, True, False, (KEEP, DROP, UP)),
     (Section.SERIES, C, Reason.AMBIGUOUS, False, False, (KEEP, DROP, UP)),
-    (Section.SERIES, C, Reason.AMBIGUOUS, False, True, (KEEP, DROP)),  # the bug is there
-    (Section.SERIES, C, Reason.REWRITTEN, False, True, (KEEP, DROP)),  # partly gone
+    # The bug is there: ported by hand first (never only decisions that leave it live).
+    (Section.SERIES, C, Reason.AMBIGUOUS, False, True, (PORT, KEEP, DROP)),
+    (Section.SERIES, C, Reason.REWRITTEN, False, True, (PORT, KEEP, DROP)),  # partly gone
+    (Section.SERIES, C, Reason.UNREADABLE, False, True, (PORT, KEEP, DROP)),  # past the bounds
     (Section.SERIES, X, Reason.NEVER_THERE, False, False, (KEEP, DROP)),
     (Section.UPSTREAMED, U, Reason.UPSTREAM, False, False, ()),
     (Section.UPSTREAMED, X, Reason.NEVER_THERE, False, False, ()),

@@ -426,8 +426,10 @@ def test_rebase_stops_naming_the_helper(
             "patch": FIX.name,
             "state": "conflict",
             "verdict": "ambiguous",
-            "options": ["--keep 0001", "--drop 0001"],
+            "options": ["--port 0001", "--keep 0001", "--drop 0001"],
             "means": [
+                "take it with `git am -3` in .rebase/worktree and stop there to port it by hand"
+                " (`rebase --continue` carries it)",
                 "park it in patches/parked/ (kept, not applied; port it later)",
                 "remove it",
             ],
@@ -438,7 +440,7 @@ def test_rebase_stops_naming_the_helper(
     assert (code, err) == (
         2,
         f"vllm-patchset: --resolve-upstream {FIX.name}: not an option for a patch conflict"
-        " (ambiguous) on git:v1.3 (its options: --keep, --drop)\n",
+        " (ambiguous) on git:v1.3 (its options: --port, --keep, --drop)\n",
     )
     assert not (root / ".rebase").exists()
 
@@ -751,7 +753,7 @@ def test_parking_the_other_patch_archives_nothing(
     doc = rebase_json(capsys, root, *onto(world, "1.9"), "--keep", "0002", code=1)
     assert (doc["status"], doc["started"]) == ("stopped", False)
     assert [(d["patch"], d["verdict"], d["options"]) for d in doc["decisions"]] == [  # type: ignore[attr-defined]
-        (FIX.name, "rewritten", ["--keep 0001", "--drop 0001"])
+        (FIX.name, "rewritten", ["--port 0001", "--keep 0001", "--drop 0001"])
     ]
     assert (root / "patches" / "series").read_text() == before
     assert not (root / "patches" / "upstreamed" / FIX.name).exists()

@@ -29,6 +29,17 @@ class BadInput(PatchsetError):
 INTERNAL_ERROR = 3  # the exit code of what no check foresaw (never 1: that is a finding)
 
 
+class InternalError(PatchsetError):
+    """What no check foresaw, said in one line with what the run left (e.g. git failing in
+    the middle of a rebase): exit 3, never reported as bad input."""
+
+    exit_code = INTERNAL_ERROR
+
+    def __init__(self, message: str, left: str | None = None) -> None:
+        super().__init__(message)
+        self.left = left
+
+
 class NoGit(BadInput):
     """No git executable: the commands that read the upstream mirror need one."""
 

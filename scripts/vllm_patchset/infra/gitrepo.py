@@ -25,7 +25,7 @@ import os
 import re
 import tarfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -270,11 +270,16 @@ class Repo:
         data = self.run_bytes("cat-file", "blob", blob)
         return data if len(data) <= _MEMO_BLOB_BYTES else None
 
-    def grep_files(self, rev: str, text: str, pathspec: str) -> list[str]:
-        """Paths of the files of `rev` (a commit or tree) under `pathspec` that contain the
-        line fragment `text` (fixed string; one git call for the whole tree)."""
+    def grep_files(
+        self, rev: str, text: str, pathspec: str, *more: str, paths: Sequence[str] = ()
+    ) -> list[str]:
+        """Paths of the files of `rev` (a commit or tree) under `pathspec` (or among `paths`)
+        that contain the line fragment `text` (fixed string; one git call for the whole
+        tree), or one of `more`."""
         git = _gitpython()
-        args = ["grep", "-l", "-z", "-F", "-e", text, check_rev(rev), "--", pathspec]
+        patterns = [arg for fragment in (text, *more) for arg in ("-e", fragment)]
+        where = [f":(literal){p}" for p in paths] if paths else [pathspec]
+        args = ["grep", "-l", "-z", "-F", *patterns, check_rev(rev), "--", *where]
         cmd = git.Git(str(self.path))
         env = git_env()
         argv, preexec = child(git_argv(["-c", "core.quotepath=off", *args], env))

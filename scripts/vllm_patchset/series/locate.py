@@ -6,6 +6,15 @@ closing bracket ignored), so a file that upstream reformatted (another line leng
 joined onto one line, other quotes) still shows the same code. A place in a file has an
 enclosing scope (`ast`: the classes and functions around it, innermost last), so a hunk is
 only placed where its code was: the same class and function it had on the old base.
+
+Only live code counts: comments, string statements (docstrings, a string left on a line of its
+own) and the bodies of dead branches (`if False:`, `if 0:`, `if TYPE_CHECKING:`) are no
+tokens here, so a fix left in a comment, a string or a dead branch is no fix present, and a
+dead branch between a bug's lines does not hide it.
+
+The readers are bounded: a text past `MAX_CHARS`, or whose syntax tree is deeper than
+`MAX_DEPTH` (a generated 1,200-term expression), is `unreadable` (a reason, never a
+RecursionError): its tokens are none, its scopes unknown, and the caller says so.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ _LAYOUT = {
 _WORD = re.compile(r"\w+|[^\w\s]")
 _CLOSERS = frozenset(")]}")
 Scope = tuple[str, ...]  # ("Experts", "apply"): class Experts, method apply; () the module
+MAX_CHARS = 4_000_000  # a source text read at all (vLLM's largest module: some 200 kB)
+MAX_DEPTH = 200  # the deepest syntax tree read (vLLM's code: some 40 levels)
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,119 @@ def _string(text: str) -> str:
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
     return repr(value)
+
+
+@lru_cache(maxsize=256)
+def _parsed(text: str) -> tuple[ast.Module | None, str | None, frozenset[int]]:
+    """The syntax tree of `text`, None, and the rows of no live code (see `dead_rows`); or
+    None and why it is past the readers' bounds (None and None: not Python that `ast`
+    reads, e.g. a fragment)."""
+    if len(text) > MAX_CHARS:
+        return None, f"{len(text):,} characters, more than the {MAX_CHARS:,} read", frozenset()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None, None, frozenset()
+    except (RecursionError, MemoryError):
+        return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+    dead: set[int] = set()
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:  # iterative: the depth is what is checked
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant | ast.JoinedStr):
+            if isinstance(node.value, ast.JoinedStr) or isinstance(node.value.value, str):
+                dead.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        elif isinstance(node, ast.If) and _dead_test(node.test) and node.body:
+            last = node.body[-1].end_lineno or node.body[-1].lineno
+            dead.update(range(node.body[0].lineno, last + 1))
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree, None, frozenset(dead)
+
+
+def parse(text: str) -> ast.Module | None:
+    """`ast.parse(text)` within the bounds, else None."""
+    return _parsed(text)[0]
+
+
+def unreadable(text: str) -> str | None:
+    """Why `text` is past the readers' bounds (None: it is not)."""
+    return _parsed(text)[1]
+
+
+def _dead_test(test: ast.expr) -> bool:
+    if isinstance(test, ast.Constant):
+        return not test.value
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", "")
+    return name == "TYPE_CHECKING"
+
+
+def dead_rows(text: str) -> frozenset[int]:
+    """The rows of `text` that hold no live code: string statements (docstrings) and the
+    bodies of dead branches (an `else` of one stays live); of a fragment `ast` does not
+    read, its string statements as far as `tokenize` reads."""
+    tree, _, dead = _parsed(text)
+    return dead if tree is not None else _fragment_strings(text)
+
+
+@lru_cache(maxsize=1024)
+def _fragment_strings(text: str) -> frozenset[int]:
+    return frozenset(_string_statements(text))
+
+
+def _string_statements(text: str) -> set[int]:
+    """Rows of the strings that are a statement of their own (read as far as `tokenize`
+    reads: a fragment's strings up to where it fails)."""
+    rows: set[int] = set()
+    run: list[tokenize.TokenInfo] = []
+    at_start = True
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+                continue
+            if tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or tok.string == ";":
+                for s in run:
+                    rows.update(range(s.start[0], s.end[0] + 1))
+                run, at_start = [], True
+                continue
+            if at_start and tok.type == tokenize.STRING:
+                run.append(tok)
+                continue
+            run, at_start = [], False
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return rows
+
+
+def shadows(text: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """What `text` holds that is no live code, row by row: (row, "a comment" | "a string" |
+    "dead code", its words), to tell where a fix is when it is not live."""
+    strings = _string_statements(text)
+    dead = dead_rows(text) - strings
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    lines = text.split("\n")
+    for row in sorted(strings | dead):
+        if row <= len(lines):
+            kind = "a string" if row in strings else "dead code"
+            out.append((row, kind, _words_of(lines[row - 1].strip().strip("\"'"))))
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                out.append((tok.start[0], "a comment", _words_of(tok.string.lstrip("#"))))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return tuple(out)
+
+
+def _words_of(fragment: str) -> tuple[str, ...]:
+    return tuple(t.text for t in _raw_tokens([fragment.strip() + "\n"]))
+
+
+def live_lines(text: str) -> list[str]:
+    """The lines of `text` (split on newlines), those with no live code blanked."""
+    dead = dead_rows(text)
+    return ["" if row in dead else line for row, line in enumerate(text.split("\n"), 1)]
 
 
 def readable(text: str) -> bool:
@@ -105,8 +229,15 @@ def _error_row(exc: Exception) -> int:
 
 @lru_cache(maxsize=1024)
 def tokens(text: str) -> tuple[Token, ...]:
-    """The code of `text` as tokens (see the module's docstring)."""
-    raw = _raw_tokens(text.splitlines(keepends=True))
+    """The live code of `text` as tokens (see the module's docstring); none for a text past
+    the readers' bounds."""
+    if len(text) > MAX_CHARS or unreadable(text):
+        return ()
+    dead = dead_rows(text)
+    try:
+        raw = [t for t in _raw_tokens(text.splitlines(keepends=True)) if t.start[0] not in dead]
+    except (RecursionError, MemoryError):  # pragma: no cover - the bounds come first
+        return ()
     return tuple(
         t
         for i, t in enumerate(raw)
@@ -189,26 +320,30 @@ def side(hunk: Hunk, *, post: bool) -> Side:
 
 
 # -- scopes ------------------------------------------------------------------------------------
+def definitions(text: str) -> tuple[tuple[int, int, Scope], ...]:
+    """(first row, last row, scope) of each class and function of `text` (none where `ast`
+    does not read it)."""
+    return _definitions(text) or ()
+
+
 @lru_cache(maxsize=256)
 def _definitions(text: str) -> tuple[tuple[int, int, Scope], ...] | None:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+    tree = parse(text)
+    if tree is None:
         return None
     out: list[tuple[int, int, Scope]] = []
-
-    def visit(node: ast.AST, path: Scope) -> None:
+    stack: list[tuple[ast.AST, Scope]] = [(tree, ())]
+    while stack:
+        node, path = stack.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
                 here = (*path, child.name)
                 out.append((start, child.end_lineno or child.lineno, here))
-                visit(child, here)
+                stack.append((child, here))
             else:
-                visit(child, path)
-
-    visit(tree, ())
-    return tuple(out)
+                stack.append((child, path))
+    return tuple(sorted(out))
 
 
 def scope_of(text: str, first: int, last: int) -> Scope | None:
@@ -226,9 +361,8 @@ def scope_of(text: str, first: int, last: int) -> Scope | None:
 
 def class_bases(text: str, name: str) -> tuple[str, ...]:
     """The base classes (their last dotted names) of the classes called `name` in `text`."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+    tree = parse(text)
+    if tree is None:
         return ()
     bases: list[str] = []
     for node in ast.walk(tree):

@@ -21,6 +21,7 @@ maintainer's decision.
 from __future__ import annotations
 
 import difflib
+import keyword
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -60,6 +61,7 @@ class Reason(StrEnum):
     AMBIGUOUS = "ambiguous"  # the code is in several places, or in another scope -> conflict
     REFRESHED = "refreshed"  # its code is there, reformatted or beside a copy: a patch
     # refreshed by token match applies (the same tokens as its post-image)   -> applies
+    UNREADABLE = "unreadable"  # a file of the patch is past the readers' bounds -> conflict
 
 
 # A verdict's `three_way`: the outcome of git's 3-way merge, None where it was not tried.
@@ -225,8 +227,9 @@ def find_hunks(repo: Repo, tree: str, patch: Patch) -> tuple[HunkFinding, ...]:
     number = 0
     for file_patch in patch.files:
         blob = repo.read_blob(tree, file_patch.path)
-        lines = blob.decode("utf-8", "surrogateescape").split("\n") if blob is not None else []
-        code_lines = _code(lines)
+        text = blob.decode("utf-8", "surrogateescape") if blob is not None else ""
+        lines = text.split("\n") if blob is not None else []
+        code_lines = _code(locate.live_lines(text)) if blob is not None else []
         for hunk in file_patch.hunks:
             number += 1
             findings.append(
@@ -727,9 +730,16 @@ def classify(
             renames=renames,
             follow_moves=follow_moves,
         )
+    unread = _unreadable(repo, tree, patch, base)
+    if unread is not None:
+        return unread
     case = _case(
         repo, tree, patch, base, version, was_applied, three_way, renames or {}, follow_moves
     )
+    return _diagnosed(case, _verdict(case))
+
+
+def _verdict(case: _Case) -> Verdict:
     for step in (_placed_by_git, _placed_by_tokens, _in_several_places):
         found = step(case)
         if found is not None:
@@ -739,6 +749,32 @@ def classify(
         return moved
     found = _bug_found_elsewhere(case, candidates) or _upstream(case) or _rewritten(case)
     return found or _decided(case)
+
+
+def _unreadable(repo: Repo, tree: str, patch: Patch, base: str) -> Verdict | None:
+    """0. A file of the patch past the readers' bounds: a stop that names it (what it holds
+    is not known: the bug is taken as there)."""
+    for file_patch in patch.files:
+        blob = repo.read_blob(tree, file_patch.path)
+        why = locate.unreadable(blob.decode("utf-8", "surrogateescape")) if blob else None
+        if why is None:
+            continue
+        return Verdict(
+            patch=patch.key,
+            base=base,
+            state=State.CONFLICT,
+            reason=Reason.UNREADABLE,
+            text_state=State.CONFLICT,
+            trailer_state=None,
+            hunks=(),
+            warnings=(
+                f"{file_patch.path} on {base} is past what the reader reads ({why}):"
+                " look at it by hand, then decide",
+            ),
+            candidates=(file_patch.path,),
+            bug_present=True,
+        )
+    return None
 
 
 def _case(
@@ -849,7 +885,14 @@ def _followed(case: _Case) -> tuple[Verdict | None, tuple[str, ...]]:
     that the search found."""
     if not (case.follow_moves and "lost" in case.kinds):
         return None, ()
-    moves, candidates = _relocation(case.repo, case.tree, case.patch, case.hunks, case.renames)
+    moves, candidates = _relocation(
+        case.repo,
+        case.tree,
+        case.patch,
+        case.hunks,
+        case.renames,
+        merged=case.expected == State.UPSTREAM,
+    )
     if not moves:
         return None, candidates
     patch = case.patch
@@ -912,9 +955,20 @@ def _upstream(case: _Case) -> Verdict | None:
 _THERE = ("site", "present", "changed", "git")  # kinds of a hunk whose code is there
 
 
+def _there(case: _Case) -> bool:
+    """The code the patch changes is there (changed, maybe): every hunk's, but for hunks that
+    only add lines to a file that is there (their place moved: where to add them is the
+    maintainer's, not code that is gone), and at least one hunk's."""
+    kinds = [
+        kind in _THERE or (kind == "lost" and not look.hunk.removed and look.text is not None)
+        for kind, look, _ in case.rows()
+    ]
+    return all(kinds) and any(kind in _THERE for kind in case.kinds)
+
+
 def _rewritten(case: _Case) -> Verdict | None:
     """7. Part of the code is gone, while the bug the others fix is still there."""
-    if all(k in _THERE for k in case.kinds) or not case.bug_here:
+    if _there(case) or not case.bug_here:
         return None
     lost = [str(look.number) for kind, look, _ in case.rows() if kind == "lost"]
     kept = [look.where(look.sites[0]) for kind, look, _ in case.rows() if kind == "site"]
@@ -932,7 +986,7 @@ def _rewritten(case: _Case) -> Verdict | None:
 
 def _decided(case: _Case) -> Verdict:
     """8. The rules decide: the hunks are there, changed (`conflict`), or gone (`absent`)."""
-    text = State.CONFLICT if all(k in _THERE for k in case.kinds) else State.ABSENT
+    text = State.CONFLICT if _there(case) else State.ABSENT
     merged = case.merged()
     state, reason, warnings = decide(
         text,
@@ -1001,8 +1055,10 @@ def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
         return set()
     found = set()
     for path in repo.grep_files(tree, max(cores[0], key=len), f"*{suffix}"):
-        blob = repo.read_blob(tree, path) or b""
-        lines = blob.decode("utf-8", "surrogateescape").split("\n")
+        text = (repo.read_blob(tree, path) or b"").decode("utf-8", "surrogateescape")
+        if len(text) > locate.MAX_CHARS:
+            continue  # (a move there is classified again, by the tokens of its live code)
+        lines = text.split("\n")
         code_lines = _code(lines)
         if not all(_find_block(code_lines, core) for core in cores):
             continue
@@ -1011,17 +1067,28 @@ def _holders(repo: Repo, tree: str, hunk: Hunk, suffix: str) -> set[str]:
     return found
 
 
+def _reversed(hunk: Hunk) -> Hunk:
+    """The hunk undone: its post-image as the pre-image (to find where its fix is)."""
+    swap = {"+": "-", "-": "+", " ": " "}
+    return Hunk(
+        hunk.new_start, hunk.old_start, tuple(swap[line[0]] + line[1:] for line in hunk.lines)
+    )
+
+
 def _relocation(
     repo: Repo,
     tree: str,
     patch: Patch,
     hunks: tuple[HunkFinding, ...],
     renames: Mapping[str, str],
+    *,
+    merged: bool = False,
 ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """Where the code of each file whose hunks are lost went: (moves, candidates). A file
     moves when git saw it renamed, or when every lost hunk's pre-image is in one other file
     and no hunk of it is left in place; otherwise the places found are candidates (an
-    ambiguous or partial move: the maintainer decides)."""
+    ambiguous or partial move: the maintainer decides). A fix `merged` upstream (its trailers
+    say so) whose file is gone is also looked for by its fix."""
     moves: list[tuple[str, str]] = []
     candidates: set[str] = set()
     findings = iter(hunks)
@@ -1040,6 +1107,10 @@ def _relocation(
             continue
         suffix = PurePosixPath(file_patch.path).suffix
         places = [_holders(repo, tree, hunk, suffix) - {file_patch.path} for hunk in lost]
+        if merged and not any(places) and repo.read_blob(tree, file_patch.path) is None:
+            # The file is gone and its bug nowhere: where its fix is (a fix that upstream
+            # merged, then moved the file: a module made a package) is where it went.
+            places = [_holders(repo, tree, _reversed(hunk), suffix) for hunk in lost]
         common = set.intersection(*places)
         if len(lost) == len(mine) and len(common) == 1:
             moves.append((file_patch.path, common.pop()))
@@ -1247,3 +1318,349 @@ def _merged_findings(
             if found is not None:
                 out.append(replace(found, number=number + i))
     return tuple(out)
+
+
+# -- the diagnosis: where the bug and its fix are, across the package -------------------------
+@dataclass(frozen=True)
+class _Cue:
+    """One line of a hunk's change as it is searched for: its tokens on one side of the hunk,
+    trimmed of what the other side shares, where they start in that side's tokens, and its
+    text as the hunk writes it."""
+
+    look: _Look
+    start: int
+    words: tuple[str, ...]
+    text: str
+    line: tuple[str, ...] = ()  # its words on its own line (a comment holds one line)
+
+
+def _cues(look: _Look, *, post: bool) -> list[_Cue]:
+    """The lines of each change of the hunk (the removed ones: the bug; `post`: the added
+    ones, the fix), each trimmed of the tokens the other side shares (`layer.weight.device`
+    against `w13.device`: `layer . weight . device`), at least four tokens long."""
+    mine, other = (look.post, look.pre) if post else (look.pre, look.post)
+    # (A hunk that starts or ends inside a call is no `readable` side; the tokens of its
+    # changed lines are the same words.)
+    cues: list[_Cue] = []
+    for (a, b), (c, d) in zip(mine.changes, other.changes, strict=True):
+        theirs = other.words[c:d]
+        for row in sorted({mine.tokens[i].start[0] for i in range(a, b)}):
+            index = [i for i in range(a, b) if mine.tokens[i].start[0] == row]
+            cue = _cue(look, mine, theirs, index[0], index[-1] + 1, post=post)
+            if cue is not None:
+                cues.append(cue)
+    return cues
+
+
+def _cue(
+    look: _Look, mine: locate.Side, theirs: tuple[str, ...], first: int, end: int, *, post: bool
+) -> _Cue | None:
+    words = mine.words
+    i, j = _without_separators(words, first, end)
+    if post and _shared(words[i:j], theirs):
+        # A fix that only takes away (`a or b` -> `a`): the line and the token after it.
+        end = min(len(words), end + 2)
+        first, j = i, end
+        theirs = ()
+    k = 0
+    while i + k < j and k < len(theirs) and words[i + k] == theirs[k]:
+        k += 1
+    m = 0
+    while j - m > i + k and m < len(theirs) - k and words[j - 1 - m] == theirs[-1 - m]:
+        m += 1
+    i, j = i + k, j - m
+    if i >= j:
+        return None  # the whole line is on the other side too
+    while j - i < 4 and j < end:
+        j += 1
+    if j < end and words[j - 1] == ".":
+        j += 1
+    while j - i < 4 and i > first:
+        i -= 1
+    names = [w for w in words[i:j] if w.isidentifier() and not keyword.iskeyword(w)]
+    start, stop = mine.tokens[i], mine.tokens[j - 1]
+    if j - i < 3 or not names or (start.start[0] != stop.end[0] and not post):
+        return None
+    line = mine.lines[start.start[0] - 1]
+    text = line[start.start[1] : stop.end[1]] if start.start[0] == stop.end[0] else line.strip()
+    own = tuple(words[k] for k in range(i, j) if mine.tokens[k].start[0] == start.start[0])
+    return _Cue(look, i, words[i:j], text, own)
+
+
+def _shared(words: tuple[str, ...], theirs: tuple[str, ...]) -> bool:
+    """Every token of `words` is at the start or the end of `theirs`."""
+    k = 0
+    while k < len(words) and k < len(theirs) and words[k] == theirs[k]:
+        k += 1
+    rest = words[k:]
+    return not rest or theirs[len(theirs) - len(rest) :] == rest
+
+
+def _reached(look: _Look, finding: HunkFinding) -> range:
+    """The rows of the look's file the patch changes (its one site, or git's place)."""
+    size = len(look.hunk.pre)
+    if len(look.sites) == 1 and look.row is not None:
+        return range(look.row, look.row + size)
+    at = finding.applies_at or (finding.found_at if finding.located else None)
+    return range(at, at + size) if at else range(0)
+
+
+_ANCESTORS: dict[tuple[str, str, str], tuple[str, ...]] = {}
+
+
+def _ancestors(repo: Repo, tree: str, text: str, name: str) -> tuple[str, ...]:
+    """The classes `name` derives from, through the package (a few levels: the base of a
+    base in another module, e.g. modular_kernel.py's)."""
+    key = (str(repo.path), tree, name)
+    if key not in _ANCESTORS:
+        if len(_ANCESTORS) > 4096:
+            _ANCESTORS.clear()
+        seen: list[str] = []
+        frontier = list(locate.class_bases(text, name))
+        while frontier and len(seen) < 12:
+            base = frontier.pop(0)
+            if base in seen or base == name:
+                continue
+            seen.append(base)
+            for path in repo.grep_files(tree, f"class {base}", "*.py")[:4]:
+                source = (repo.read_blob(tree, path) or b"").decode("utf-8", "surrogateescape")
+                frontier += locate.class_bases(source, base)
+        _ANCESTORS[key] = tuple(seen)
+    return _ANCESTORS[key]
+
+
+def _calls_helper(text: str, old: locate.Scope, new: locate.Scope) -> bool:
+    """A module function `new` of the file that the function `old` names (a helper)."""
+    if len(new) != 1 or not old:
+        return False
+    for start, end, path in locate.definitions(text):
+        if path == old:
+            rows = range(start, end + 1)
+            return any(t.text == new[0] for t in locate.tokens(text) if t.start[0] in rows)
+    return False
+
+
+def _bug_places(case: _Case, applied: bool) -> tuple[list[tuple[str, bool]], list[str]]:
+    """Every live place of the package where a removed line of the patch (the bug) is, in
+    code related to the patch's (its scope, another method of its class or of a class it
+    derives from, a helper it calls, or surroundings at least LOCATE_RATIO alike): (place,
+    whether the patch, `applied`, changes it there), and the files skipped (past the readers'
+    bounds)."""
+    cues = _bug_cues(case)
+    if not cues:
+        return [], []
+    texts = sorted({cue.text for cue in cues})
+    places: dict[str, bool] = {}
+    skipped: list[str] = []
+    findings = {h.number: h for h in case.hunks}
+    for path in _grep(case.repo, case.tree, tuple(texts)):
+        text = (case.repo.read_blob(case.tree, path) or b"").decode("utf-8", "surrogateescape")
+        if not any(cue.text in text for cue in cues):
+            continue  # (another patch's cue: one search serves them all)
+        if locate.unreadable(text):
+            skipped.append(path)
+            continue
+        for cue in cues:
+            if cue.text not in text or not _may_relate(cue.look, path, text):
+                continue
+            reached = _reached(cue.look, findings[cue.look.number]) if applied else range(0)
+            for row, scope in _related_hits(case, path, text, cue):
+                place = f"{path}:{row} ({locate.dotted(scope)})"
+                mine = path == cue.look.path and row in reached
+                places[place] = places.get(place, False) or mine
+    return sorted(places.items(), key=lambda p: _place_key(p[0])), skipped
+
+
+_KNOWN: set[str] = set()  # every cue text asked for in this process
+_GREPS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}  # tree -> (texts, files)
+_LAST: dict[str, str] = {}  # repository -> the last tree searched
+_FEW = 400  # changed files searched by name; more: the whole tree again
+
+
+def _grep(repo: Repo, tree: str, texts: tuple[str, ...]) -> tuple[str, ...]:
+    """The Python files of `tree` holding one of `texts` (or of the texts asked before: one
+    search serves every patch of a series). A tree id names its content: searched once per
+    process; and a file whose blob did not change since the last tree searched (the tree
+    with one more patch applied, the rebase's worktree, the next release) is not read
+    again: only the files that changed are."""
+    tree = repo.tree_of(tree)
+    asked = frozenset(texts)
+    known = _GREPS.get(tree)
+    if known is not None and asked <= known[0]:
+        return known[1]
+    if len(_GREPS) > 256:
+        _GREPS.clear()
+        _LAST.clear()
+    _KNOWN.update(asked)
+    union = frozenset(_KNOWN)
+    patterns = sorted(union)
+    last = _LAST.get(str(repo.path))
+    found: tuple[str, ...] | None = None
+    if last is not None and last in _GREPS and _GREPS[last][0] == union:
+        out = repo.run("diff", "--name-only", "--no-renames", "-z", last, tree, "--", "*.py")
+        changed = {p for p in out.split("\0") if p}
+        if len(changed) <= _FEW:
+            kept = {p for p in _GREPS[last][1] if p not in changed}
+            fresh = (
+                repo.grep_files(tree, patterns[0], "*.py", *patterns[1:], paths=sorted(changed))
+                if changed
+                else []
+            )
+            found = tuple(sorted({*kept, *fresh}))
+    if found is None:
+        found = tuple(repo.grep_files(tree, patterns[0], "*.py", *patterns[1:]))
+    _GREPS[tree] = (union, found)
+    _LAST[str(repo.path)] = tree
+    return found
+
+
+def _may_relate(look: _Look, path: str, text: str) -> bool:
+    """A cheap test before a file's tokens: code related to a module function's can only be
+    in a file that names it, or that holds most of its context lines (alike surroundings;
+    vLLM's linear layers share fix 1's line, not its function). A method's: any file (a
+    base class, or a base of one, may be anywhere)."""
+    if path == look.path or (look.scope is not None and len(look.scope) > 1):
+        return True
+    if any(name in text for name in look.scope or ()):
+        return True
+    context = [line.strip() for line in look.hunk.pre if len(line.strip()) > 8]
+    return bool(context) and 2 * sum(line in text for line in context) >= len(context)
+
+
+def _bug_cues(case: _Case) -> list[_Cue]:
+    """The removed lines that tell the bug: live code where the patch was written (not a
+    docstring's line, which a hunk starting inside it cannot tell), and not written again by
+    the patch itself (`self.w1_scale_val` that the patch moves is no bug of the old code)."""
+    posts = [look.post.words for look in case.looks]
+    olds = {fp.path: fp.old_blob for fp in case.patch.files}
+    cues = []
+    for look in case.looks:
+        blob = olds.get(look.path)
+        old = _blob_text(case.repo, blob) if blob else None
+        for cue in _cues(look, post=False):
+            if any(locate.find(words, cue.words) for words in posts):
+                continue
+            if (old is None and not look.pre.readable) or (
+                old is not None and not locate.find(locate.words(old), cue.words)
+            ):
+                continue
+            cues.append(cue)
+    return cues
+
+
+def _place_key(place: str) -> tuple[str, int]:
+    path, _, rest = place.partition(":")
+    return path, int(rest.split(" ", 1)[0])
+
+
+def _related_hits(
+    case: _Case, path: str, text: str, cue: _Cue
+) -> list[tuple[int, locate.Scope | None]]:
+    look = cue.look
+    hay = locate.words(text)
+    toks = locate.tokens(text)
+    hits = []
+    for at in locate.find(hay, cue.words):
+        row = toks[at].start[0]
+        scope = locate.scope_of(text, row, toks[at + len(cue.words) - 1].end[0])
+        start = max(0, at - cue.start)
+        alike = (
+            locate.similarity(hay[start : start + len(look.pre.words)], look.pre.words)
+            >= LOCATE_RATIO
+        )
+        if alike or _related_scope(case, look, path, text, scope):
+            hits.append((row, scope))
+    return hits
+
+
+def _related_scope(
+    case: _Case, look: _Look, path: str, text: str, scope: locate.Scope | None
+) -> bool:
+    old = look.scope
+    if old is None or scope is None:
+        return False
+    if _related(old, scope, ()):
+        return True
+    if path == look.path and _calls_helper(text, old, scope):
+        return True
+    if len(old) > 1 and scope and look.text is not None:
+        return scope[0] in _ancestors(case.repo, case.tree, look.text, old[0])
+    return False
+
+
+def _fix_places(case: _Case) -> str:
+    """Where the patch's added lines (the fix) are in its files: live, or only in comments,
+    strings or dead branches (which never count as the fix); hunk by hunk where it has
+    several."""
+    said = [(look.number, _fix_of(look)) for look in case.looks if _cues(look, post=True)]
+    if len(said) == 1:
+        return f"its fix is {said[0][1]}"
+    if not said:
+        return "its fix has no code of its own"
+    return "its fix: " + "; ".join(f"hunk {number} {where}" for number, where in said)
+
+
+def _fix_of(look: _Look) -> str:
+    if look.text is None:
+        return f"nowhere ({look.path} is not there)"
+    live: list[str] = []
+    shadowed: list[str] = []
+    hay = locate.words(look.text)
+    for cue in _cues(look, post=True):
+        for at in locate.find(hay, cue.words):
+            row = locate.tokens(look.text)[at].start[0]
+            scope = locate.scope_of(look.text, row, row)
+            live.append(f"{look.path}:{row} ({locate.dotted(scope)})")
+        for row, kind, words in locate.shadows(look.text):
+            if locate.find(words, cue.line or cue.words):
+                scope = locate.scope_of(look.text, row, row)
+                shadowed.append(f"{kind} at {look.path}:{row} ({locate.dotted(scope)})")
+    if live:
+        return "live at " + ", ".join(dict.fromkeys(live))
+    if shadowed:
+        return "only in " + ", ".join(dict.fromkeys(shadowed)) + " (not live code)"
+    return f"nowhere in {look.path}"
+
+
+def _diagnosed(case: _Case, verdict: Verdict) -> Verdict:
+    """The verdict checked against where the bug is live across the package: a copy the patch
+    does not reach, or a bug the verdict did not see, is a stop naming every place (with
+    where the fix is); files past the readers' bounds are named in a warning."""
+    if verdict.reason == Reason.MOVED:  # classified where it went (diagnosed there)
+        return verdict
+    bugs, skipped = _bug_places(case, verdict.state == State.APPLIES)
+    skips = tuple(
+        f"{path}: skipped in the search for copies of the bug (past what the reader reads)"
+        for path in skipped
+    )
+    places = [place for place, _ in bugs]
+    copies = [place for place, mine in bugs if not mine]
+    settled = verdict.state in (State.APPLIES, State.UPSTREAM)
+    if (settled and not copies) or not places:
+        return replace(verdict, warnings=(*verdict.warnings, *skips)) if skips else verdict
+    cues = dict.fromkeys(cue.text for cue in _bug_cues(case))
+    line = (
+        f"the bug ({', '.join(f'`{c}`' for c in cues)}) is live at {', '.join(places)}"
+        + (" (the patch does not reach every place)" if verdict.state == State.APPLIES else "")
+        + f"; {_fix_places(case)}"
+    )
+    warnings = (line, *verdict.warnings)
+    state: State
+    reason: Reason
+    if verdict.bug_present and verdict.state == State.CONFLICT:  # seen already: a line more
+        state, reason, warnings = verdict.state, verdict.reason, (*verdict.warnings, line)
+    elif settled or verdict.state == State.ABSENT or verdict.reason == Reason.REWRITTEN:
+        state, reason = State.CONFLICT, Reason.AMBIGUOUS
+        warnings = (line, *(w for w in verdict.warnings if "neither its fix" not in w))
+    else:
+        state, reason = verdict.state, verdict.reason
+    candidates = tuple(dict.fromkeys((*places, *verdict.candidates)))
+    return replace(
+        verdict,
+        state=state,
+        reason=reason,
+        warnings=(*warnings, *skips),
+        candidates=candidates,
+        bug_present=True,
+        refreshed="" if settled else verdict.refreshed,
+    )

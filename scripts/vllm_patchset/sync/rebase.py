@@ -5,7 +5,8 @@ whether each patch applied on the old pin, git's renames between the two, a 3-wa
 a dry run in a temporary index: every decision a maintainer must make is reported together,
 before anything is written. A patch that applied on the old pin ends the rebase in one of
 three ways only: still applied (refreshed), archived as upstream, or settled by a decision
-named on the command line (`--keep`: parked, `--drop`, `--resolve-upstream`).
+named on the command line (`--keep`: parked, `--drop`, `--resolve-upstream`, `--port`: taken
+with `git am -3` and ported by hand, for a patch whose bug is live where it no longer applies).
 
 Then the series is taken, patch by patch, as commits in `.rebase/worktree` (a clone that
 borrows the mirror's objects; classification there goes through the clone, which sees both
@@ -19,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from vllm_patchset import versions
 from vllm_patchset.console import emit
-from vllm_patchset.errors import BadInput, Finding, GitError
+from vllm_patchset.errors import BadInput, Finding, GitError, InternalError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
@@ -109,8 +112,20 @@ def options(section: Section, verdict: Verdict, patch: Patch) -> tuple[Choice, .
             return (Choice.RESOLVE_UPSTREAM, Choice.KEEP, Choice.DROP)
         return ()
     if verdict.state == State.CONFLICT:
+        if verdict.bug_present:  # the safe one first: port it by hand
+            return (Choice.PORT, Choice.KEEP, Choice.DROP)
         return (Choice.KEEP, Choice.DROP, *resolve)
     return (Choice.KEEP, Choice.DROP)  # absent: the code was never there
+
+
+def ported(step: Step, decision: Choice) -> bool:
+    """A decision taken by hand in the worktree: `--port`, or `--keep` of an archived fix whose
+    bug is live where it no longer applies as it is (a copy, a move: a conflict)."""
+    return decision == Choice.PORT or (
+        decision == Choice.KEEP
+        and step.section == Section.UPSTREAMED
+        and step.verdict.state == State.CONFLICT
+    )
 
 
 def stops(step: Step, *, planned: bool) -> bool:
@@ -184,6 +199,10 @@ class _Tree:
         )
         return _conflict(step, notes=(note,))
 
+    def port(self, step: Step, raw: bytes) -> Step:
+        note = "the rebase will stop here for the port by hand in .rebase/worktree"
+        return _conflict(step, notes=(note,))
+
 
 class _Worktree:
     """The real run: patches taken as commits with `git am -3` in `.rebase/worktree`, a sparse
@@ -213,6 +232,16 @@ class _Worktree:
         note = "git am -3 applied it although the 3-way check did not"
         return dataclasses.replace(step, action=Action.REFRESHED, commit=self.head(), notes=(note,))
 
+    def port(self, step: Step, raw: bytes) -> Step:
+        """Taken by `git am -3` (a conflict stays in progress), then a stop: the maintainer
+        carries the fix to every place the verdict names and commits."""
+        how = "applied as it is" if self.take(raw) else "stopped on a conflict"
+        note = (
+            f"--port: git am -3 {how}; carry the fix to every place named above, commit"
+            " (one commit), then `rebase --continue`"
+        )
+        return _conflict(step, notes=(note,))
+
 
 _Applier = _Tree | _Worktree
 # The files of a patch, old and new: its `diff --git a/OLD b/NEW` lines.
@@ -236,9 +265,14 @@ def _conflict(step: Step, notes: tuple[str, ...] = ()) -> Step:
 
 
 def _taken(applier: _Applier, step: Step, raw: bytes, action: Action) -> Step:
-    """`step` taken onto the applier's tree as `action`, or a conflict."""
+    """`step` taken onto the applier's tree as `action`, or a conflict (also where `git am`
+    made no commit: its change is there already, a stop for the maintainer)."""
+    before = applier.head()
     if not applier.take(raw):
         return _conflict(step)
+    if before is not None and applier.head() == before:
+        note = "git am -3 made no commit (its change is there already): decide"
+        return _conflict(step, notes=(note,))
     return dataclasses.replace(step, action=action, commit=applier.head())
 
 
@@ -311,6 +345,19 @@ def _decided(applier: _Applier, step: Step, raw: bytes, decision: Decision, ctx:
             f" ({step.verdict.words}): `rebase --abort`, then start again"
         )
     step = dataclasses.replace(step, decision=decision.choice)
+    if ported(step, decision.choice):
+        return dataclasses.replace(applier.port(step, raw), decision=decision.choice)
+    leaves_it = decision.choice == Choice.DROP or step.section == Section.SERIES
+    if step.verdict.bug_present and leaves_it:
+        places = ", ".join(step.verdict.candidates) or "its files"
+        step = dataclasses.replace(
+            step,
+            notes=(
+                *step.notes,
+                f"{decision.choice.flag}: the bug stays live ({places}): nothing carries its"
+                " fix now",
+            ),
+        )
     if decision.choice == Choice.DROP:
         return dataclasses.replace(step, action=Action.DROPPED)
     if decision.choice == Choice.RESOLVE_UPSTREAM:
@@ -655,7 +702,8 @@ def _after_conflict(
     rest of the series."""
     last = state.steps[-1]
     decided = ctx.decisions.get(last.key)
-    if decided is not None and last.decision == decided.choice:
+    if decided is not None and (last.decision == decided.choice or decided.choice == Choice.PORT):
+        # (`--port` given at a hand-resolution stop: that stop is the port.)
         # `--keep` of an archived patch whose bug is back, taken with a conflict: the
         # decision is made, the conflict is resolved by hand.
         later = [d for d in later if d != decided]
@@ -740,10 +788,12 @@ def _take(project: Project, mirror: Mirror, state: RebaseState, series: Series) 
     for section, patch in _ordered(series):
         if patch.key in done:
             continue
+        before = worktree.head()
         step = _step(applier, section, patch, ctx)
         steps = (*state.steps, step)
         if stops(step, planned=False):
-            state = _stopped(state, steps, step, worktree.head())
+            head = before if step.decision is not None else worktree.head()
+            state = _stopped(state, steps, step, head)
             save(project, state)
             lines = (
                 _next_steps(project, worktree, step, ctx.keys)
@@ -801,6 +851,19 @@ def _finish(project: Project, mirror: Mirror, state: RebaseState) -> Outcome:
         f"pin: {project.package} {state.new_pin} (was {state.old_pin}); patches/, "
         f"{rel(project, project.lock_path)} and {CHANGELOG} rewritten, `check` passes;"
         " review and commit them",
+        *(
+            (f"changed: {len(state.changed)} file(s)", *(f"  {c}" for c in state.changed))
+            if state.changed
+            else ()
+        ),
+        *(
+            (
+                f"WARNING: the overlay is empty: no patch of the series applies on"
+                f" {state.onto.label} (`overlay apply` changes nothing)",
+            )
+            if not any(s.action.committed for s in state.steps)
+            else ()
+        ),
     )
     return Outcome(state, Phase.DONE, worktree.path, where, changelog)
 
@@ -844,13 +907,44 @@ def interrupted_message(project: Project) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
+# The third-party modules a rebase needs (the `maintain` extra): checked before anything.
+NEEDS = ("git", "tomlkit", "ruamel.yaml")
+
+
+def missing_modules(names: Sequence[str] = NEEDS) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package (ruamel) is not there either
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _local_path(source: str) -> bool:
+    """`--onto-git` names a local path (not a URL, nor scp's `host:path`)."""
+    return "://" not in source and not re.match(r"^[\w.-]+@?[\w.-]*:", source)
+
+
 def cmd_rebase(args: argparse.Namespace) -> int:
+    missing = missing_modules()
+    if missing:
+        raise BadInput(
+            f"vllm-patchset rebase needs the 'maintain' extra (missing: {', '.join(missing)}):"
+            " pip install 'vllm-patchset[maintain]'"
+        )
     project = Project.load(args.project, args.cache_dir)
     choices = [
         *((Choice.KEEP, name) for name in args.keep),
         *((Choice.DROP, name) for name in args.drop),
         *((Choice.RESOLVE_UPSTREAM, name) for name in args.resolve_upstream),
+        *((Choice.PORT, name) for name in args.port),
     ]
+    if args.onto_git and _local_path(args.onto_git):
+        # A path is the caller's: relative to the directory the command runs in.
+        args.onto_git = str(Path(args.onto_git).resolve())
     if bool(args.ref) != bool(args.onto_git):
         raise BadInput(
             "--onto-git needs --ref REF" if args.onto_git else "--ref goes with --onto-git"
@@ -880,6 +974,15 @@ def cmd_rebase(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         fsio.interrupt_leaves(interrupted_message(project))
+        raise
+    except GitError as exc:
+        if phase_on_disk(project) is None:  # refused before anything was written
+            raise
+        # git failing inside a rebase is what no check foresaw, not bad input.
+        raise InternalError(str(exc), interrupted_message(project)) from exc
+    except Exception as exc:
+        if not isinstance(exc, BadInput | Finding):
+            fsio.interrupt_leaves(interrupted_message(project))
         raise
     text = render_text(outcome, verbose=args.verbose)
     return emit(args, text, report_body(outcome), 1 if outcome.status == Phase.STOPPED else 0)
@@ -911,6 +1014,14 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         " one that applies again); PATCH: file name or number (0002)",
     )
     p.add_argument("--drop", action="append", default=[], metavar="PATCH", help="remove a patch")
+    p.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="PATCH",
+        help="take a patch whose bug is live but which no longer applies with `git am -3` in"
+        " .rebase/worktree and stop there to port it by hand (`--continue` carries it)",
+    )
     p.add_argument(
         "--resolve-upstream",
         action="append",

@@ -89,6 +89,8 @@ _OPTION_MEANS = {
     (Section.SERIES, Choice.DROP): "remove it",
     (Section.SERIES, Choice.RESOLVE_UPSTREAM): "archive it in patches/upstreamed/ as fixed"
     " upstream (its regression test keeps guarding)",
+    (Section.SERIES, Choice.PORT): "take it with `git am -3` in .rebase/worktree and stop there"
+    " to port it by hand (`rebase --continue` carries it)",
     (Section.UPSTREAMED, Choice.KEEP): "carry it again in patches/series",
     (Section.UPSTREAMED, Choice.DROP): "remove it from the archive",
 }
@@ -228,6 +230,8 @@ def report_body(outcome: Outcome) -> dict[str, Any]:
     if outcome.status == Phase.DONE:
         doc["pin"] = state.new_pin
         doc["changelog"] = outcome.changelog
+        doc["changed_files"] = list(state.changed)
+        doc["overlay_empty"] = not any(s.action.committed for s in state.steps)
     return doc
 
 

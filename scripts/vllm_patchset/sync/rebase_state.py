@@ -38,6 +38,7 @@ class Choice(StrEnum):
     DROP = "drop"  # out of the project (git history keeps it)
     KEEP = "keep"  # a series patch: parked; an archived one that applies again: the series
     RESOLVE_UPSTREAM = "resolve-upstream"  # archived as upstream, with the release
+    PORT = "port"  # taken by `git am -3` in the worktree, the rebase stopped for a hand port
 
     @property
     def flag(self) -> str:
@@ -120,6 +121,7 @@ class RebaseState:
     stop: Action | None = None  # conflict or decision, while the phase is STOPPED
     stopped_head: str | None = None  # the worktree's HEAD when it stopped
     moves: tuple[str, ...] = ()  # the staged paths the swap moves in (under the root)
+    changed: tuple[str, ...] = ()  # "M path" (A added, D removed): every file the swap changes
 
     @property
     def new_pin(self) -> str:

@@ -143,7 +143,35 @@ def stage_project(
         stage_readme(project, state, stage)
     check_staged(project, mirror, stage)
     moves = [rel for rel in rewritten_paths(project) if (stage / rel).exists()]
-    return dataclasses.replace(state, moves=tuple(moves))
+    overlay = rel(project, project.overlay_dir / project.package)
+    changed = changed_files(project.root, stage, moves, skip=overlay)
+    return dataclasses.replace(state, moves=tuple(moves), changed=changed)
+
+
+def changed_files(root: Path, stage: Path, moves: Sequence[str], *, skip: str) -> tuple[str, ...]:
+    """ "A|M|D path" of every file the swap of `moves` changes in the checkout `root` (the
+    generated overlay under `skip` aside: it is not committed)."""
+    out: list[str] = []
+    for move in moves:
+        if move == skip or move.startswith(skip + "/"):
+            continue
+        new, old = _files(stage / move, move), _files(root / move, move)
+        for path in sorted(new.keys() | old.keys()):
+            if path not in old:
+                out.append(f"A {path}")
+            elif path not in new:
+                out.append(f"D {path}")
+            elif new[path].read_bytes() != old[path].read_bytes():
+                out.append(f"M {path}")
+    return tuple(out)
+
+
+def _files(where: Path, name: str) -> dict[str, Path]:
+    if where.is_file():
+        return {name: where}
+    if not where.is_dir():
+        return {}
+    return {f"{name}/{p.relative_to(where).as_posix()}": p for p in where.rglob("*") if p.is_file()}
 
 
 @dataclass

@@ -55,7 +55,15 @@ def test_matrix_states_on_releases(tiny: Project, capsys: pytest.CaptureFixture[
         for v in versions
         for p in (ARCHIVED, FIX, LOCAL)
         if details[v][p]["warnings"]
-    } == {("1.2", FIX): [GONE], ("1.2", LOCAL): [GONE]}
+    } == {
+        # 0.9: the label line the local patch changes is there (its surroundings are not).
+        ("0.9", LOCAL): [
+            'the bug (`label = "experts"`) is live at vllm/layers/moe.py:23 (Experts.name);'
+            " its fix is nowhere in vllm/layers/moe.py"
+        ],
+        ("1.2", FIX): [GONE],
+        ("1.2", LOCAL): [GONE],
+    }
     # A cosmetic one (the patch's comment is its own; upstream's code is the same) is noted.
     on_11 = details["1.1"][FIX]
     assert (on_11["text_state"], on_11["trailer_state"]) == ("upstream", "applies")
