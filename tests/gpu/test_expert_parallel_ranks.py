@@ -51,6 +51,17 @@ def rank_layer(shape: moe_setup.MoeShape, moe: Nvfp4Moe, tokens: int) -> moe_set
     return moe_setup.MoeLayer(moe, shape, tokens, experts)
 
 
+def assert_rank_agrees(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The fused-kernel tests' tolerance; where none of the tokens' experts is this rank's
+    (one token routed to 8 of 256 experts misses a rank's 32 a third of the time), the
+    reference is zero and the output must be exactly zero."""
+    if not want.any():
+        assert not got.isnan().any(), "output elements left unwritten (NaN)"
+        assert not got.any(), "a token routed to other ranks' experts only got an output here"
+        return
+    assert_agree(got, want)
+
+
 def rank_reference(layer: moe_setup.MoeLayer) -> torch.Tensor:
     weights, ids = moe_setup.local_routing(layer.shape, layer.topk_weights, layer.topk_ids)
     return nvfp4_moe_reference(layer.moe, layer.hidden, weights, ids, exact_weights=HAS_FUSED)
@@ -67,7 +78,7 @@ def test_ep8_shapes_are_the_checkpoints() -> None:
 def test_rank_matches_reference_eager(rank, tokens: int) -> None:
     shape, moe = rank
     layer = rank_layer(shape, moe, tokens)
-    assert_agree(layer.apply(), rank_reference(layer))
+    assert_rank_agrees(layer.apply(), rank_reference(layer))
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -78,13 +89,13 @@ def test_rank_matches_reference_cuda_graph(rank, tokens: int, capture_graph) -> 
     layer.refill(seed=2)  # new tokens and routing, same graph
     graph.replay()
     torch.cuda.synchronize()
-    assert_agree(output, rank_reference(layer))
+    assert_rank_agrees(output, rank_reference(layer))
 
 
 def test_rank_token_alone_equals_token_in_batch(rank, capture_graph) -> None:
     shape, moe = rank
     alone = rank_layer(shape, moe, 1)
-    want = alone.apply().clone()
+    want = alone.apply()[0].clone()
     batch = rank_layer(shape, moe, BATCH)
     batch.hidden[PROBE_ROW].copy_(alone.hidden[0])
     batch.topk_weights[PROBE_ROW].copy_(alone.topk_weights[0])
