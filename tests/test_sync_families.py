@@ -695,8 +695,8 @@ def test_a_missing_extra_is_said_before_anything_is_written(world: World, tmp_pa
     assert (run.returncode, run.stdout, run.stderr) == (
         2,
         "",
-        "vllm-patchset: vllm-patchset rebase needs the 'maintain' extra (missing: ruamel.yaml):"
-        " pip install 'vllm-patchset[maintain]'\n",
+        "vllm-patchset: rebase needs the 'maintain' extra (missing: ruamel.yaml):"
+        " `pip install 'vllm-patchset[maintain]'`\n",
     )
     assert checkout(root) == before
     assert not (root / ".rebase").exists()

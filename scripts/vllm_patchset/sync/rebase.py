@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -907,34 +906,13 @@ def interrupted_message(project: Project) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
-# The third-party modules a rebase needs (the `maintain` extra): checked before anything.
-NEEDS = ("git", "tomlkit", "ruamel.yaml")
-
-
-def missing_modules(names: Sequence[str] = NEEDS) -> list[str]:
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:  # its parent package (ruamel) is not there either
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
-
 def _local_path(source: str) -> bool:
     """`--onto-git` names a local path (not a URL, nor scp's `host:path`)."""
     return "://" not in source and not re.match(r"^[\w.-]+@?[\w.-]*:", source)
 
 
 def cmd_rebase(args: argparse.Namespace) -> int:
-    missing = missing_modules()
-    if missing:
-        raise BadInput(
-            f"vllm-patchset rebase needs the 'maintain' extra (missing: {', '.join(missing)}):"
-            " pip install 'vllm-patchset[maintain]'"
-        )
+    # The `maintain` extra's modules: cli.main finds them first (registry's `needs`).
     project = Project.load(args.project, args.cache_dir)
     choices = [
         *((Choice.KEEP, name) for name in args.keep),
