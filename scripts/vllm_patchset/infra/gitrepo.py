@@ -25,7 +25,7 @@ import os
 import re
 import tarfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -269,6 +269,35 @@ class Repo:
         """The blob's bytes when they are few enough to keep (`_MEMO_BLOB_BYTES`), else None."""
         data = self.run_bytes("cat-file", "blob", blob)
         return data if len(data) <= _MEMO_BLOB_BYTES else None
+
+    def blobs(self, rev: str) -> Mapping[str, tuple[str, str]]:
+        """Every file of `rev` (a commit or tree), recursively: path -> (mode, blob id). A
+        symlink is a blob of mode 120000 whose bytes are its target; a submodule is left out."""
+        return _MEMO.ask(self.path, rev, ("blobs",), partial(self._blobs, rev))
+
+    def _blobs(self, rev: str) -> dict[str, tuple[str, str]]:
+        found = {}
+        for row in self.run("ls-tree", "-r", "-z", check_rev(rev)).split("\0"):
+            if row:
+                head, path = row.split("\t", 1)
+                mode, kind, sha = head.split()
+                if kind == "blob":
+                    found[path] = (mode, sha)
+        return found
+
+    def read_object(self, blob: str) -> bytes:
+        """The bytes of the blob `blob` (an id, as `blobs` gives)."""
+        data = _MEMO.ask(self.path, blob, ("cat",), partial(self._cat_small, blob))
+        return data if data is not None else self.run_bytes("cat-file", "blob", check_rev(blob))
+
+    def with_blobs(self, tree: str, blobs: Mapping[str, tuple[str, str]]) -> str:
+        """The tree `tree` with each path of `blobs` set to its (mode, blob id)."""
+        rows = "".join(f"{mode} {sha}\t{path}\0" for path, (mode, sha) in sorted(blobs.items()))
+        with self._temp_index() as env:
+            self.run("read-tree", check_rev(tree), env=env)
+            stdin = rows.encode("utf-8", "surrogateescape")
+            self.run("update-index", "-z", "--index-info", env=env, stdin=stdin)
+            return self.run("write-tree", env=env).strip()
 
     def grep_files(
         self, rev: str, text: str, pathspec: str, *more: str, paths: Sequence[str] = ()

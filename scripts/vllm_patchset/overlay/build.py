@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,60 @@ from vllm_patchset.series.patches import Patch, load_series, parse_patch_bytes
 from vllm_patchset.series.states import WHOLE_HEADERS, Reason, State, Verdict, classify
 
 TREE_INFO = "vllm-patchset-tree.json"
+SYMLINK = "120000"  # git's mode of a symlink: a blob whose bytes are the target
+LINK_HOPS = 8  # the most links followed from one path: more is taken for a loop
+
+
+def links_of(mirror: Mirror, upstream: Upstream) -> dict[str, str]:
+    """Each symlink of `upstream`'s tree -> the file of the package it leads to (through at
+    most LINK_HOPS links). The walk reads a patch's file through its link (the patch is
+    placed on the file the link leads to: `moved`); `tree` and `overlay build` write the link
+    as a regular file with that file's text. A link that leads out of the package, an
+    absolute link, a link to no file of the tree (a folder, nothing) and a loop are refused,
+    one line naming the link."""
+    repo, package = mirror.repo, mirror.package
+    blobs = repo.blobs(repo.tree_of(upstream.commit))
+    found = {}
+    for path in sorted(p for p, (mode, _) in blobs.items() if mode == SYMLINK):
+        where, hops = path, 0
+        while blobs[where][0] == SYMLINK:
+            if hops == LINK_HOPS:
+                raise BadInput(
+                    f"{upstream.label} holds {path!r}, a symbolic link in a loop (over"
+                    f" {LINK_HOPS} links): refused"
+                )
+            hops += 1
+            raw = repo.read_object(blobs[where][1]).decode("utf-8", "surrogateescape")
+            where = posixpath.normpath(posixpath.join(posixpath.dirname(where), raw))
+            why = (
+                "an absolute path"
+                if raw.startswith("/")
+                else f"outside {package}/"
+                if not where.startswith(f"{package}/")
+                else f"no file of {upstream.label}"
+                if where not in blobs
+                else None
+            )
+            if why is not None:
+                raise BadInput(
+                    f"{upstream.label} holds {path!r}, a symbolic link to {raw!r}, {why}: refused"
+                )
+        found[path] = where
+    return found
+
+
+def followed(mirror: Mirror, tree: str, links: Mapping[str, str]) -> str:
+    """`tree` with each link of `links` made a regular file: the bytes and mode of the file it
+    leads to in `tree` (patched, in a patched tree)."""
+    if not links:
+        return tree
+    blobs = mirror.repo.blobs(tree)
+    gone = [link for link, target in sorted(links.items()) if target not in blobs]
+    if gone:
+        raise BadInput(
+            f"{gone[0]} is a symbolic link to {links[gone[0]]}, which the patches delete: refused"
+        )
+    return mirror.repo.with_blobs(tree, {link: blobs[target] for link, target in links.items()})
 
 
 @dataclass(frozen=True)
@@ -125,19 +181,31 @@ def require_no_conflict(result: Walk) -> None:
             )
 
 
+def overlay_trees(mirror: Mirror, result: Walk) -> tuple[str, str, dict[str, str]]:
+    """The pristine and the patched tree of `result` with their symlinks followed
+    (`followed`), and the links (`links_of`)."""
+    links = links_of(mirror, result.upstream)
+    pristine = followed(mirror, mirror.repo.tree_of(result.upstream.commit), links)
+    return pristine, followed(mirror, result.tree, links), links
+
+
 def lock_for(mirror: Mirror, result: Walk, package: str) -> Lock:
+    base, tree, links = overlay_trees(mirror, result)
     touched: dict[str, list[str]] = {}
     for patch in result.applied:
         for path in patch.paths:
             touched.setdefault(path, []).append(patch.key)
+    for link, target in links.items():  # the installed package has the link as a file
+        if target in touched and link not in touched:
+            touched[link] = list(touched[target])
     entries = []
     for path, keys in sorted(touched.items()):
-        pristine = mirror.repo.read_blob(result.upstream.commit, path)
-        patched = mirror.repo.read_blob(result.tree, path)
+        pristine = mirror.repo.read_blob(base, path)
+        patched = mirror.repo.read_blob(tree, path)
         if pristine is None and patched is None:
             continue  # added by one patch, deleted by a later one: nothing to deploy
         folder = path.rsplit("/", 1)[0]
-        if pristine is None and mirror.repo.subtree(result.upstream.commit, folder) is None:
+        if pristine is None and mirror.repo.subtree(base, folder) is None:
             raise BadInput(
                 f"{path}: {keys[0]} adds a file in a folder {result.upstream.label} does not"
                 f" have ({folder}/): a patch adds files only in the package's own folders"
@@ -221,6 +289,7 @@ def build_overlay(
     """
     mirror = mirror_for(project)
     upstream = base or resolve_base(project, mirror)
+    links_of(mirror, upstream)  # a link that leads out is refused before the walk reads it
     pinned = is_pin(project, upstream)
     result = walk(mirror, upstream, without(patches_for(project), skip))
     require_no_conflict(result)
@@ -246,9 +315,10 @@ def build_overlay(
             )
     if not owned:
         fsio.claim_dir(target, "the output dir")
+    patched_tree = overlay_trees(mirror, result)[1]
     with fsio.staging_dir(target, "overlay") as staging:
         for entry in lock.entries:
-            data = mirror.repo.read_blob(result.tree, entry.path)
+            data = mirror.repo.read_blob(patched_tree, entry.path)
             if data is not None:  # a deleted file: in the lock only
                 fsio.atomic_write(staging.joinpath(*entry.path.split("/")), data)
         fsio.make_dir(staging / project.package, exist_ok=True)
@@ -266,12 +336,14 @@ def export_tree(project: Project, base: Upstream | None, dest: Path, *, pristine
     """Write a full `vllm/` tree (pristine, or with every applicable patch) under `dest`."""
     mirror = mirror_for(project)
     upstream = base or resolve_base(project, mirror)
+    links_of(mirror, upstream)  # a link that leads out is refused before the walk reads it
     if pristine:
-        tree, applied = mirror.repo.tree_of(upstream.commit), tuple[str, ...]()
+        tree = followed(mirror, mirror.repo.tree_of(upstream.commit), links_of(mirror, upstream))
+        applied = tuple[str, ...]()
     else:
         result = walk(mirror, upstream, patches_for(project))
         require_no_conflict(result)
-        tree, applied = result.tree, tuple(p.key for p in result.applied)
+        tree, applied = overlay_trees(mirror, result)[1], tuple(p.key for p in result.applied)
     exists = os.path.lexists(dest)
     if exists and (dest.is_symlink() or not dest.is_dir()):
         what = "a symlink" if dest.is_symlink() else "a file"
