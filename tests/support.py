@@ -37,6 +37,31 @@ NIGHTLY_LINE_BUGGY = "kE2M1ToFloat_handle.val = kE2M1ToFloat_handle.val.to(layer
 ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 
+# pip's own settings on this machine (its CA bundle, a trusted host, its config file, its
+# index), read when the tests start: conftest.py's autouse fixture clears them for the tool
+# under test (each case gives its own), but a test that downloads with the real pip (the tool's
+# dependency wheels, tests/test_pack.py) needs the machine's, as a user's pip has them.
+PIP_SETTINGS = (
+    "PIP_CERT",
+    "PIP_CLIENT_CERT",
+    "PIP_TRUSTED_HOST",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "SSL_CLIENT_CERT",
+    "PIP_CONFIG_FILE",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+)
+MACHINE_PIP = {name: os.environ[name] for name in PIP_SETTINGS if name in os.environ}
+
+
+def machine_pip_env() -> dict[str, str]:
+    """The current environment with pip's settings as the machine had them."""
+    env = {k: v for k, v in os.environ.items() if k not in PIP_SETTINGS}
+    return {**env, **MACHINE_PIP}
+
+
 @contextlib.contextmanager
 def populating(cache_dir: Path) -> Iterator[None]:
     """One filler of the shared test cache at a time (pytest-xdist's workers, or two sessions):

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import REPO, populating
+from support import REPO, machine_pip_env, populating
 from vllm_install import (
     ADDED,
     CHANGED,
@@ -183,7 +183,7 @@ def _dependency_wheels(folder: Path) -> list[Path]:
              "--only-binary=:all:", "--dest", str(folder), *pins],
             check=True,
             capture_output=True,
-            env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+            env={**machine_pip_env(), "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
         )  # fmt: skip
         marker.write_text("\n".join(pins))
     return sorted(folder.glob("*.whl"))
