@@ -5,16 +5,16 @@ each case a row of a table with the exact plan; the recovery on real files in a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_deploy_plan import Files
 from vllm_patchset.deploy.plan import Plan, plan_apply, plan_revert
 from vllm_patchset.deploy.record import ABSENT, Record, Step
 from vllm_patchset.deploy.report import FileState, state_of
 from vllm_patchset.deploy.target import HashMismatch, Target
 from vllm_patchset.deploy.transaction import Transaction
-from vllm_patchset.errors import Finding, PatchsetError
+from vllm_patchset.errors import PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.overlay.lock import Lock, LockEntry
@@ -31,25 +31,10 @@ REC = Record(LOCK, {M: "m0", N: ABSENT, D: "d0"}, "t1")
 SAVED = frozenset({(M, "m0"), (D, "d0")})
 
 
-@dataclass(frozen=True)
-class Files:
-    """The planner's view of a target: each file's sha256 (None: no file) and the originals."""
-
-    hashes: Mapping[str, str | None]
-    saved: frozenset[tuple[str, str]] = SAVED
-    root: Path = Path("/site")
-    package: str = "vllm"
-    version: str = "1.0"
-
-    def path(self, rel: str) -> Path:
-        return self.root / rel
-
-    def file_sha(self, rel: str) -> str | None:
-        return self.hashes.get(rel)
-
-    def check_original(self, rel: str, sha: str) -> None:
-        if (rel, sha) not in self.saved:
-            raise Finding(f"no saved original of {rel} ({sha})")
+def files(hashes: Mapping[str, str | None]) -> Files:
+    """The planner's table view of a target (tests/test_deploy_plan.py), at this lock's version
+    and with the originals of the modified and the deleted file saved."""
+    return Files(hashes, saved=SAVED, version="1.0")
 
 
 PRISTINE = {M: "m0", N: None, D: "d0"}
@@ -124,7 +109,7 @@ APPLY_PLANS = [
 def test_plan_apply(
     hashes: dict[str, str | None], record: Record | None, force: bool, plan: Plan
 ) -> None:
-    assert plan_apply(Files(hashes), LOCK, record, force=force) == plan
+    assert plan_apply(files(hashes), LOCK, record, force=force) == plan
 
 
 APPLY_REFUSALS = [
@@ -161,7 +146,7 @@ APPLY_REFUSALS = [
 )
 def test_plan_apply_refuses(hashes: dict[str, str | None], refusal: PatchsetError) -> None:
     with pytest.raises(type(refusal)) as caught:
-        plan_apply(Files(hashes), LOCK, None, force=False)
+        plan_apply(files(hashes), LOCK, None, force=False)
     assert str(caught.value) == str(refusal)
 
 
@@ -198,12 +183,12 @@ REVERT_PLANS = [
     ids=[row[0] for row in REVERT_PLANS],
 )
 def test_plan_revert(hashes: dict[str, str | None], record: Record | None, plan: Plan) -> None:
-    assert plan_revert(Files(hashes), LOCK, record, force=False) == plan
+    assert plan_revert(files(hashes), LOCK, record, force=False) == plan
 
 
 def test_plan_revert_refuses_a_file_put_where_it_deleted_one() -> None:
     with pytest.raises(HashMismatch) as caught:
-        plan_revert(Files({**PATCHED, D: "x9"}), LOCK, REC, force=False)
+        plan_revert(files({**PATCHED, D: "x9"}), LOCK, REC, force=False)
     assert str(caught.value) == (
         "refusing to revert, nothing changed: vllm/d.py (modified, sha256 x9) changed since"
         " apply. --force restores the saved originals over them (the hash guard only)"
