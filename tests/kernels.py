@@ -29,6 +29,7 @@ import hashlib
 import math
 import os
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -714,3 +715,20 @@ def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
     facts["mma"] = sum(n for op, n in mix.items() if op in ("HMMA", "HGMMA"))
     facts["sass_mix"] = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
     return facts
+
+
+# tests/ and tests/gpu: what a child process that runs a test module's `__main__` imports from.
+TEST_PATHS = (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "gpu"))
+
+
+def run_interpreted(script: str, overlay_vllm: Path, pristine_vllm: Path, out: Path) -> Any:
+    """Run `script` (a test module, its `__main__` with these three arguments) in a child
+    process under Triton's interpreter, and load what it saved to `out`. A child of its own:
+    the interpreter must be on before triton's first import (triton.language's own functions
+    are jit'd when it is imported), and the test session's triton compiles for real GPUs
+    (tests/test_kernels_compile.py)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(TEST_PATHS)}
+    args = [str(overlay_vllm), str(pristine_vllm), str(out)]
+    child = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(out)

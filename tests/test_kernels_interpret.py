@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,17 +100,11 @@ ROW_LAYOUT = [
 def results(
     overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    """Every case run once, in a child process: the interpreter must be on before triton's
-    first import (triton.language's own functions are jit'd when it is imported), and this
-    session's triton compiles for real GPUs (tests/test_kernels_compile.py)."""
+    """Every case run once, under the interpreter, in a child process (kernels.run_interpreted)."""
     out = tmp_path_factory.mktemp("interpret") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(PATHS)}
-    args = [str(overlay.project.overlay_dir / "vllm"), str(full_pristine.root / "vllm"), str(out)]
-    child = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return torch.load(out)  # type: ignore[no-any-return]
+    overlay_vllm, pristine_vllm = overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm"
+    results: dict[str, Any] = kernels.run_interpreted(__file__, overlay_vllm, pristine_vllm, out)
+    return results
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
@@ -156,7 +149,6 @@ def test_interpreter_bf16_dot(results: dict[str, Any]) -> None:
 
 
 # -- the child process ------------------------------------------------------------------------
-PATHS = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "gpu")]
 DOT_KERNEL = """
 import triton
 import triton.language as tl

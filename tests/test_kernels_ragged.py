@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,23 +70,17 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 REL_FROBENIUS = 1e-2  # module docstring (tests/test_kernels_interpret.py's bounds)
 ATOL, MIN_CLOSE = 1e-2, 0.995
 RTOL = {"fp16": 2e-3, "bf16": 1.6e-2}
-PATHS = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "gpu")]
 
 
 @pytest.fixture(scope="module")
 def results(
     overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    """Every case run once, in a child process (the interpreter must be on before triton's
-    first import; see tests/test_kernels_interpret.py)."""
+    """Every case run once, under the interpreter, in a child process (kernels.run_interpreted)."""
     out = tmp_path_factory.mktemp("ragged") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(PATHS)}
-    args = [str(overlay.project.overlay_dir / "vllm"), str(full_pristine.root / "vllm"), str(out)]
-    child = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return torch.load(out)  # type: ignore[no-any-return]
+    overlay_vllm, pristine_vllm = overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm"
+    results: dict[str, Any] = kernels.run_interpreted(__file__, overlay_vllm, pristine_vllm, out)
+    return results
 
 
 @pytest.mark.parametrize("case", CASES)
