@@ -20,8 +20,8 @@ shape, ``nvfp4_emulation_moe_tiles.E<experts held>_H<hidden>_I<intermediate>.<GP
 and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
 pick over all the shapes; only when every token count was swept). With --tokens, a shape's
 table takes the picks for the buckets of the token counts swept and, for the other buckets,
-the entries the kernel module takes today for that shape (its nvfp4_moe_configs: a table
-shipped in the tree, else the generic one), so that retuning one bucket of a shape keeps
+the entries the tree's kernel module takes today for that shape (a table shipped beside it,
+else the generic CUDA one), so that retuning one bucket of a shape keeps
 the rest as measured before. The kernel reads them from the folder named by
 VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
@@ -430,9 +430,18 @@ def config_tuple(config) -> tuple:
     return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles)
 
 
+def device_name() -> str:
+    """This GPU's name as the kernel module names its table files ("NVIDIA_H200")."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())
+
+
 def shipped_table(shape: moe_setup.MoeShape) -> dict[int, tuple]:
-    """The table the kernel module takes for shape on this GPU today, as picks."""
-    table = K.nvfp4_moe_configs(held_experts(shape), shape.hidden, shape.intermediate)
+    """The table the tree's kernel module takes for shape on this GPU (the first of its
+    table_file_names shipped beside it, else the generic CUDA table), as picks."""
+    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
+    files = [Path(K.TABLES_DIR) / name for name in names]
+    shipped = next((f for f in files if f.is_file()), None)
+    table = K.CUDA_CONFIGS if shipped is None else K.parse_table(shipped.read_text(), str(shipped))
     return {bound: config_tuple(config) for bound, config in table.items()}
 
 
@@ -447,7 +456,7 @@ def moe_configs(table: dict[int, tuple]) -> dict:
 def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
     """Each table as the JSON file the kernel module reads (its table_json), named as the
     module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
-    device = re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())  # as the module
+    device = device_name()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, table in tables.items():
