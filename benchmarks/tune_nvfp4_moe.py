@@ -21,9 +21,11 @@ and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
 pick over all the shapes; only when every token count was swept). With --tokens, a shape's
 table takes the picks for the buckets of the token counts swept and, for the other buckets,
 the entries the tree's kernel module takes today for that shape (a table shipped beside it,
-else the generic CUDA one), so that retuning one bucket of a shape keeps
-the rest as measured before. The kernel reads them from the folder named by
-VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
+else the generic CUDA one): the pick for a token count t becomes a bucket of its own, bound t
+(the counts above the bucket below, up to t), and the entry that covered the counts above t
+stays, so that retuning one token count of a shape changes only the counts it measured. The
+kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
+folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
 specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
 shape.
@@ -572,7 +574,9 @@ def main(argv: list[str] | None = None) -> int:
             tables[""][bound] = pick(results, names, t, groups)[1]
         for shape in shapes:
             totals, choice = pick(results, [shape.name], t, groups)
-            tables[shape.name][bound] = choice
+            # A partial sweep changes the table only up to the count it measured: its pick
+            # covers the counts from the bucket below up to t, the entry above t stays.
+            tables[shape.name][bound if every_bucket else t] = choice
             c = cases[shape.name, t]
             naive, bm, qdq, w13, w2 = choice
             cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
