@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from engine_check import compare
 
 
@@ -20,3 +21,14 @@ def test_compare_logprobs_and_greedy() -> None:
         "mean_common_prefix": 2.0,
         "tokens": 3,
     }
+
+
+SPREAD_CASES = [
+    ([0.5], {"mean": 0.5, "lowest": 0.5, "highest": 0.5, "stdev": 0.0}),
+    ([0.25, 0.75], {"mean": 0.5, "lowest": 0.25, "highest": 0.75, "stdev": 0.5**0.5 / 2}),
+]
+
+
+@pytest.mark.parametrize(("values", "expected"), SPREAD_CASES)
+def test_spread(values: list[float], expected: dict[str, float]) -> None:
+    assert compare.spread(values) == pytest.approx(expected)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from engine_check import results
 from engine_results import REFERENCE
 
@@ -21,3 +23,38 @@ def test_load_results_skips_the_reference(tmp_path: Path) -> None:
     assert sorted(results.load_results(tmp_path)) == ["pristine-x"]
     assert results.load_reference(tmp_path) == REFERENCE
     assert results.load_reference(tmp_path, "nvfp4-L12") is None
+
+
+MEASURED_CASES = [  # (a run's result, measured, its line)
+    (
+        {"name": "r", "finished": True, "startup_s": 40.0},
+        True,
+        "r: ok, start-up 40.0 s",
+    ),
+    (
+        {
+            "name": "r",
+            "finished": True,
+            "startup_s": 1.5,
+            "throughput": {"1": {"median": 99.6}, "8": {"median": 700.2}},
+        },
+        True,
+        "r: ok, start-up 1.5 s; bs1 100 tok/s, bs8 700 tok/s",
+    ),
+    (
+        {"name": "r", "startup_error": "RuntimeError: no GPU", "capture_errors": ["x", "y"]},
+        False,
+        "r: FAILED (RuntimeError: no GPU); capture failed: x, y",
+    ),
+    ({"name": "r", "exit_code": -9}, False, "r: FAILED (exit code -9)"),
+    (  # one rank of two did not finish: the run did not
+        {"name": "r", "finished": True, "ranks": [{"finished": True}, {"exit_code": 1}]},
+        False,
+        "r: FAILED (exit code None)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("result", "ok", "line"), MEASURED_CASES)
+def test_measured_and_summary_line(result: dict[str, Any], ok: bool, line: str) -> None:
+    assert (results.measured(result), results.summary_line(result)) == (ok, line)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 from engine_check import worker
 
 
@@ -19,3 +21,16 @@ def test_gpu_busy_counts_overlapping_spans_once() -> None:
         {"cat": "kernel", "ts": 200.0},  # no duration: not a span
     ]
     assert worker.gpu_busy(events, steps=2) == {"busy_us_per_step": 10.5, "kernels_per_step": 2.0}
+
+
+def test_prompt_logprobs_of_each_token_after_the_first() -> None:
+    """vLLM's prompt_logprobs: None for the first token, then per position a dict of token id
+    to its Logprob; the prompt's own token's is the one kept."""
+
+    def logprob(value: float) -> types.SimpleNamespace:
+        return types.SimpleNamespace(logprob=value)
+
+    output = types.SimpleNamespace(
+        prompt_logprobs=[None, {7: logprob(-0.5), 9: logprob(-0.25)}, {3: logprob(-2.0)}]
+    )
+    assert worker.prompt_logprobs(output, [5, 7, 3]) == [-0.5, -2.0]
