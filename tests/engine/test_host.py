@@ -86,7 +86,7 @@ def test_rank_report(
 
 
 def test_across_ranks() -> None:
-    ranks = [
+    ranks: list[dict[str, Any]] = [
         {"guard": ["b", "a"], "capture_errors": []},
         {"guard": ["a"], "capture_errors": ["x"], "failing_frame": "f.py:2 (g): y"},
         {"guard": [], "capture_errors": ["x"], "failing_frame": "f.py:1 (g): z"},
