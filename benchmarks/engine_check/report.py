@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .compare import compare_greedy, compare_logprobs
-from .numerics import against_reference, reference_lines
+from .numerics import against_reference, paired_with_pristine, reference_lines
 from .results import measured
 from .rounds import round_medians, round_pairs
 from .runs import (
@@ -89,9 +89,11 @@ def summarize(
 ) -> dict[str, Any]:
     """The report's figures from the runs' results (and the float64 reference's, if any)."""
     ok = {n: r for n, r in results.items() if measured(r)}
+    engines = against_reference(ok, reference) if reference else []
     return {
         "logprobs": logprob_rows(ok),
-        "reference": against_reference(ok, reference) if reference else [],
+        "reference": engines,
+        "paired": paired_with_pristine(engines),
         "greedy": greedy_rows(ok),
         "throughput": throughput_rows(ok),
         "rounds": round_pairs(ok),
@@ -189,7 +191,7 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
     lines += [f"Note: {note}\n" for note in notes]
     lines += logprob_section(summary["logprobs"])
     if summary.get("reference"):
-        lines += reference_lines(summary["reference"])
+        lines += reference_lines(summary["reference"], summary.get("paired"))
     lines += greedy_section(summary["greedy"])
     lines += throughput_section(summary["throughput"])
     lines += rounds_section(summary["rounds"])

@@ -84,7 +84,7 @@ def test_the_reference_in_the_report() -> None:
     lines = report.markdown(summary, "T").splitlines()
     head = "| engine | runs | vs W4A4: mean |Δ| | max |Δ| | vs W4A16: mean |Δ| | max |Δ| |"
     table = lines.index(head)
-    assert lines[table : table + 7] == [
+    assert lines[table : table + 9] == [
         head,
         "|---|---:|---:|---:|---:|---:|",
         "| 0.24.0 emulation, pristine | 2 | 0.1125 (0.1000 to 0.1250) | 0.500 | 0.1125 (0.0625"
@@ -94,8 +94,13 @@ def test_the_reference_in_the_report() -> None:
         "| Marlin W4A16 (0.24.0's default on Hopper) | 1 | 0.0625 (0.0625 to 0.0625) | 0.250 |"
         " 0.0000 (0.0000 to 0.0000) | 0.000 |",
         "",
-        "The overlay at least as close to the W4A4 reference as the pristine emulation: yes"
-        " (0.0625 vs 0.1125 nats, mean over runs).",
+        "The overlay against the W4A4 reference, beside the pristine emulation: at least as"
+        " close (0.0625 vs 0.1125 nats, mean over runs).",
+        "",
+        "Paired over the 2 prompts (per position, each engine's |Δ| averaged over its runs, the"
+        " overlay's minus the pristine emulation's): mean -0.0500 nats, 95% bootstrap interval"
+        " -0.1000 to +0.0000 (2000 resamples of the prompts, seed 0); the overlay closer on 1 of"
+        " the 2 prompts, the pristine emulation on 0.",
     ]
     assert "over 4 positions" in lines[table - 2]
     assert report.summarize(logprob_runs())["reference"] == []  # no reference: no section
