@@ -13,7 +13,8 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   reference quantization defines it, and W4A16), `numerics --runs N` repeats the overlay's,
   the pristine emulation's and Marlin's logprob runs (interleaved, as `rounds` does), and the
   report gives each engine's mean |Δ| in nats against the reference, with the spread over its
-  runs (the `emulation`/`baselines` phases' runs count as one each);
+  runs (the `emulation`/`baselines` phases' runs count as one each), and the overlay paired
+  with the pristine emulation prompt by prompt (paired.py: a bootstrap interval over prompts);
 - generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
   repeats) on a 12-layer model, where the MoE dominates the step: pristine emulation, the
   overlay's emulation, Marlin and the BF16 model; then one more generation per batch under
