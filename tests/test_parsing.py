@@ -26,7 +26,7 @@ from vllm_patchset.series.patches import (
     read_series_entries,
     series_bytes,
 )
-from vllm_patchset.series.states import HunkFinding, Reason, State, Verdict
+from vllm_patchset.series.verdict import HunkFinding, Reason, State, Verdict
 from vllm_patchset.versions import parse as parse_version
 
 # -- a patch file --------------------------------------------------------------------------------

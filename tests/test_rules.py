@@ -25,7 +25,7 @@ from vllm_patchset.series.edits import (
     with_trailer,
 )
 from vllm_patchset.series.patches import parse_patch_bytes
-from vllm_patchset.series.states import (
+from vllm_patchset.series.verdict import (
     HunkFinding,
     Reason,
     State,
