@@ -5,14 +5,11 @@ data, release versions and git sources. No git, no vLLM: text in, value (or one 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from packaging.version import Version
 from vllm_patchset.errors import BadInput, PatchsetError
-from vllm_patchset.infra import jsonfile
 from vllm_patchset.infra.fsio import plain_parts
 from vllm_patchset.infra.installed import canonical_name, parse_record
 from vllm_patchset.overlay.build import compare_locks
@@ -26,7 +23,6 @@ from vllm_patchset.series.patches import (
     read_series_entries,
     series_bytes,
 )
-from vllm_patchset.series.verdict import HunkFinding, Reason, State, Verdict
 from vllm_patchset.versions import parse as parse_version
 
 # -- a patch file --------------------------------------------------------------------------------
@@ -459,73 +455,3 @@ def test_parse_version(text: str, version: Version | None) -> None:
 )
 def test_remote_git_sources(source: str, remote: bool) -> None:
     assert is_remote_url(source) == remote
-
-
-# -- verdicts as JSON (the rebase journal keeps them), through infra/codec.py -------------------
-HUNK = HunkFinding("vllm/a.py", 1, "@@ -1,2 +1,2 @@", None, None, False, True, ("x",), ("y",), 7)
-VERDICT = Verdict(
-    patch="0001-x.patch",
-    base="0.24.0",
-    state=State.CONFLICT,
-    reason=Reason.MOVED,
-    text_state=State.CONFLICT,
-    trailer_state=None,
-    hunks=(HUNK,),
-    warnings=("w",),
-    three_way="conflict",
-    moved_to=(("vllm/a.py", "vllm/b.py"),),
-    bug_present=True,
-)
-VERDICT_DOC: dict[str, Any] = {
-    "patch": "0001-x.patch",
-    "base": "0.24.0",
-    "state": "conflict",
-    "reason": "moved",
-    "text_state": "conflict",
-    "trailer_state": None,
-    "hunks": [
-        {
-            "file": "vllm/a.py",
-            "number": 1,
-            "header": "@@ -1,2 +1,2 @@",
-            "applies_at": None,
-            "offset": None,
-            "result_present": False,
-            "located": True,
-            "expected": ["x"],
-            "found": ["y"],
-            "found_at": 7,
-        }
-    ],
-    "warnings": ["w"],
-    "cosmetic": [],
-    "three_way": "conflict",
-    "moved_to": [["vllm/a.py", "vllm/b.py"]],
-    "candidates": [],
-    "refreshed": "",
-    "bug_present": True,
-}
-BAD_VERDICTS = [
-    (
-        {"state": "gone"},
-        "'state' is 'gone', not one of 'applies', 'upstream', 'absent', 'conflict'",
-    ),
-    (
-        {"hunks": [{**VERDICT_DOC["hunks"][0], "number": "1"}]},
-        "hunks[0]: 'number' is a JSON string, not a JSON number",
-    ),
-    ({"moved_to": [["vllm/a.py"]]}, "'moved_to[0]' has 1 items, not 2"),
-    ({"three_way": "maybe"}, "three_way 'maybe'"),
-]
-
-
-def test_a_verdict_as_json_and_back() -> None:
-    assert json.dumps(VERDICT.to_doc()) == json.dumps(VERDICT_DOC)  # the keys in this order
-    assert Verdict.from_doc(json.loads(json.dumps(VERDICT_DOC))) == VERDICT
-
-
-@pytest.mark.parametrize(("change", "why"), BAD_VERDICTS)
-def test_a_damaged_verdict_says_what_is_wrong(change: dict[str, object], why: str) -> None:
-    with pytest.raises(jsonfile.BadJson) as error:
-        Verdict.from_doc({**VERDICT_DOC, **change})
-    assert str(error.value) == why
