@@ -38,8 +38,8 @@ from vllm_patchset.infra.hashes import sha256_file
 from vllm_patchset.overlay.build import build_overlay, patches_for
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import parse_patch_bytes
-from vllm_patchset.series.states import classify
 from vllm_patchset.sync.rebase import options
 from vllm_patchset.sync.rebase_state import Choice, Section
 

@@ -1,6 +1,6 @@
-"""Unit tables for the rules that do not depend on today's series: version order, the state
-rules, which decisions settle a patch, and the text edits a rebase makes. Plus `releases`
-against a local package index."""
+"""Unit tables for the rules that do not depend on today's series: version order, which
+decisions settle a patch, and the text edits a rebase makes (the state rules are in
+tests/series/test_verdict.py). Plus `releases` against a local package index."""
 
 from __future__ import annotations
 
@@ -25,14 +25,11 @@ from vllm_patchset.series.edits import (
     with_trailer,
 )
 from vllm_patchset.series.patches import parse_patch_bytes
-from vllm_patchset.series.states import (
+from vllm_patchset.series.verdict import (
     HunkFinding,
     Reason,
     State,
     Verdict,
-    decide,
-    text_state,
-    trailer_state,
 )
 from vllm_patchset.sync import swap
 from vllm_patchset.sync.rebase import is_local, options
@@ -80,7 +77,7 @@ def test_versions_refused(version: str) -> None:
     assert str(error.value) == f"not a vLLM version: {version!r} (expected e.g. 0.24.0)"
 
 
-# -- the trailers' state -------------------------------------------------------------------------
+# -- a patch with given trailers ------------------------------------------------------------------
 def patch_with(
     introduced_in: str, applied_upstream: str, upstream_pr: str = "https://x/pull/1"
 ) -> bytes:
@@ -94,153 +91,7 @@ def patch_with(
     ).encode()
 
 
-TRAILER_STATES = [
-    # (Introduced-in, Applied-upstream, version, state)
-    ("0.24.0", "0.25.0", "0.23.0", State.ABSENT),
-    ("0.24.0", "0.25.0", "0.24.0", State.APPLIES),
-    ("0.24.0", "0.25.0", "0.25.0rc1", State.APPLIES),  # a pre-release of 0.25.0 is before it
-    ("0.24.0", "0.25.0", "0.25.0", State.UPSTREAM),
-    ("0.24.0", "0.25.0", "0.25.0.post1", State.UPSTREAM),
-    ("0.24.0", "", "0.33.0", State.APPLIES),
-    ("0.20.0", "", "0.22.1", State.APPLIES),
-    ("0.22.1", "", "0.22.0", State.ABSENT),
-    ("nightly", "0.21.0", "0.20.2", State.ABSENT),
-    ("nightly", "0.21.0", "0.21.0", State.UPSTREAM),
-    ("nightly", "", "0.21.0", None),
-    ("0.24.0", "0.25.0", None, None),  # a git ref with no version: the trailers cannot say
-]
-
-
-@pytest.mark.parametrize(("introduced", "merged", "version", "state"), TRAILER_STATES)
-def test_trailer_state(
-    introduced: str, merged: str, version: str | None, state: State | None
-) -> None:
-    patch = parse_patch_bytes(patch_with(introduced, merged), Path("x.patch"))
-    assert trailer_state(patch, version) == state
-
-
-# -- the state rules -----------------------------------------------------------------------------
 A, U, X, C = State.APPLIES, State.UPSTREAM, State.ABSENT, State.CONFLICT
-GONE_APPLIED = "it applied on the old pin; the code it changes is gone from 1.1 (rewritten or removed upstream)"
-RULES = [
-    # (text, trailers, was applied on the old pin, 3-way, ambiguous, pending) -> (state, reason, warnings)
-    ((A, A, None, None, False, True), (A, Reason.APPLIES, ())),
-    (
-        (A, U, True, None, False, False),
-        (
-            A,
-            Reason.APPLIES,
-            (
-                "text says applies, trailers say upstream: the bug is back (a revert?); the text"
-                " decides",
-            ),
-        ),
-    ),
-    ((U, A, True, None, False, True), (U, Reason.UPSTREAM, ())),  # merged upstream, trailer pending
-    (
-        (U, A, True, None, False, False),
-        (U, Reason.UPSTREAM, ("text says upstream, trailers say applies",)),
-    ),
-    (
-        (U, X, None, None, False, True),
-        (U, Reason.UPSTREAM, ("text says upstream, trailers say absent",)),
-    ),
-    ((C, A, True, "clean", False, True), (A, Reason.THREE_WAY, ())),
-    ((C, A, True, "conflict", False, True), (C, Reason.CONFLICT, ())),
-    (
-        (C, X, None, "conflict", False, True),
-        (C, Reason.CONFLICT, ("text says conflict, trailers say absent",)),
-    ),
-    (
-        (C, U, None, "conflict", False, False),
-        # The trailers never make a patch upstream: the code it changes is there.
-        (
-            C,
-            Reason.CONFLICT,
-            (
-                "text says conflict, trailers say upstream: the code it changes is still there,"
-                " changed; not upstream",
-            ),
-        ),
-    ),
-    ((X, X, True, None, False, True), (X, Reason.NEVER_THERE, ())),
-    ((X, None, None, None, False, True), (X, Reason.NOT_FOUND, ())),
-    ((X, None, False, None, False, True), (X, Reason.NOT_FOUND, ())),
-    ((X, None, True, None, False, True), (C, Reason.REWRITTEN, (GONE_APPLIED,))),
-    ((X, A, True, None, False, True), (C, Reason.REWRITTEN, (GONE_APPLIED,))),
-    (
-        (X, A, None, None, False, True),
-        (
-            C,
-            Reason.REWRITTEN,
-            (
-                "text says absent, trailers say applies: the code it changes is gone (rewritten or removed upstream)",
-            ),
-        ),
-    ),
-    (
-        (X, A, True, "clean", False, True),
-        (
-            C,
-            Reason.REWRITTEN,
-            (GONE_APPLIED, "3-way merge: clean, although the code it changes was not found"),
-        ),
-    ),
-    ((X, A, True, None, True, True), (C, Reason.AMBIGUOUS, ())),
-    (
-        (X, U, True, None, False, False),
-        # Neither the fix nor the bug: a decision, never `upstream` on the trailers' word.
-        (
-            C,
-            Reason.REWRITTEN,
-            (
-                "text says absent, trailers say upstream: neither its fix nor the code it"
-                " changes is there (rewritten upstream?); not taken as upstream",
-            ),
-        ),
-    ),
-]
-
-
-@pytest.mark.parametrize(("signals", "expected"), RULES)
-def test_state_rules(
-    signals: tuple[State, State | None, bool | None, str | None, bool, bool],
-    expected: tuple[State, Reason, tuple[str, ...]],
-) -> None:
-    text, trailers, was_applied, three_way, ambiguous, pending = signals
-    got = decide(
-        text,
-        trailers,
-        was_applied=was_applied,
-        three_way=three_way,
-        ambiguous=ambiguous,
-        pending=pending,
-        base="1.1",
-    )
-    assert got == expected
-
-
-def finding(result_present: bool, located: bool) -> HunkFinding:
-    return HunkFinding(
-        "vllm/x.py", 1, "@@ -1 +1 @@", None, None, result_present, located, (), (), 0
-    )
-
-
-UPSTREAM, LOCATED, GONE = finding(True, True), finding(False, True), finding(False, False)
-TEXT_STATES = [
-    # (the hunks found, the patch applies as it is) -> the text's state
-    ((GONE,), True, A),  # applying is the proof, whatever a hunk search says
-    ((UPSTREAM, UPSTREAM), False, U),  # every hunk's result is there
-    ((UPSTREAM, LOCATED), False, C),  # some is there, the rest is located but differs
-    ((LOCATED,), False, C),
-    ((UPSTREAM, GONE), False, X),  # part of it is nowhere: not upstream, not a conflict
-    ((GONE,), False, X),
-]
-
-
-@pytest.mark.parametrize(("hunks", "applies", "state"), TEXT_STATES)
-def test_text_state(hunks: tuple[HunkFinding, ...], applies: bool, state: State) -> None:
-    assert text_state(hunks, applies) == state
 
 
 # -- which decisions settle a patch --------------------------------------------------------------

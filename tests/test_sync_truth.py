@@ -25,8 +25,7 @@ from vllm_patchset.overlay.build import patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series import locate
 from vllm_patchset.series.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
-from vllm_patchset.series.patches import Hunk
-from vllm_patchset.series.states import Verdict
+from vllm_patchset.series.verdict import Verdict
 from vllm_patchset.sync.reports import unique_ids
 
 MOE = "vllm/layers/moe.py"
@@ -477,102 +476,6 @@ def test_rebase_carries_a_reverted_archived_fix_again(
     assert "or self.a1_gscale" not in overlaid
     assert "a1_scale" in methods((root / "overlay" / EMU).read_text())["EmulationExperts"]
     assert cli(capsys, root, "check") == (0, "check: 2 patches, 0 problem(s)\n", "")
-
-
-# -- unit tables: location and scope on tiny sources ---------------------------------------------
-TOKENS = [
-    # (source, the tokens: comments and layout dropped, strings by value, trailing commas)
-    ("x = f(a,\n      b)  # c\n", ("x", "=", "f", "(", "a", ",", "b", ")")),
-    ("x = f(\n    a,\n    b,\n)\n", ("x", "=", "f", "(", "a", ",", "b", ")")),
-    ("x = 'q'\n", ("x", "=", "'q'")),
-    ('x = "q"\n', ("x", "=", "'q'")),
-    ("a = 1; b = 2\n", ("a", "=", "1", "b", "=", "2")),
-    ("y = a \\\n    or b\n", ("y", "=", "a", "or", "b")),
-    # A fragment that ends inside a bracket or starts in the middle of a call still reads.
-    ("    self.x,\n)\n", ("self", ".", "x", ")")),
-]
-
-
-@pytest.mark.parametrize(("source", "expected"), TOKENS)
-def test_tokens(source: str, expected: tuple[str, ...]) -> None:
-    assert locate.words(source) == expected
-
-
-SCOPES = """\
-import os
-
-
-class A:
-    x = 1
-
-    def f(self):
-        return 1
-
-    @property
-    def g(self):
-        return 2
-
-
-def h():
-    return 3
-"""
-SCOPE_CASES = [
-    # (first row, last row) -> scope
-    ((1, 1), ()),
-    ((5, 5), ("A",)),
-    ((8, 8), ("A", "f")),
-    ((8, 9), ("A",)),  # the end of f and the blank line after it: the class
-    ((10, 10), ("A", "g")),  # a decorator belongs to its function
-    ((16, 16), ("h",)),
-]
-
-
-@pytest.mark.parametrize(("rows", "scope"), SCOPE_CASES)
-def test_scope_of(rows: tuple[int, int], scope: tuple[str, ...]) -> None:
-    assert locate.scope_of(SCOPES, *rows) == scope
-
-
-HUNK = Hunk(
-    7,
-    7,
-    (
-        "     def f(self):",
-        "-        return 1",
-        "+        return 10",
-        " ",
-    ),
-)
-TWICE = SCOPES.replace("def h():\n    return 3\n", "class B:\n    def f(self):\n        return 1\n")
-LOCATIONS = [
-    # (source, the rows where the hunk's pre-image is, their scopes)
-    (SCOPES, [7], [("A", "f")]),
-    # Parentheses upstream added: other tokens, not the same code.
-    (SCOPES.replace("        return 1\n", "        return (\n            1\n        )\n"), [], []),
-    # Joined onto one line: the same tokens.
-    (
-        SCOPES.replace("    def f(self):\n        return 1", "    def f(self): return 1"),
-        [7],
-        [("A", "f")],
-    ),
-    # Two sites: the scope tells them apart.
-    (TWICE, [7, 16], [("A", "f"), ("B", "f")]),
-]
-
-
-@pytest.mark.parametrize(("source", "rows", "scopes"), LOCATIONS)
-def test_locate_pre_image(source: str, rows: list[int], scopes: list[tuple[str, ...]]) -> None:
-    pre = locate.side(HUNK, post=False)
-    found = locate.find(locate.words(source), pre.words)
-    assert [locate.tokens(source)[at].start[0] for at in found] == rows
-    assert [locate.site_scope(source, at, pre) for at in found] == scopes
-
-
-def test_refresh_keeps_the_layout_and_checks_the_tokens() -> None:
-    joined = SCOPES.replace("    def f(self):\n        return 1", "    def f(self): return 1")
-    pre = locate.side(HUNK, post=False)
-    (at,) = locate.find(locate.words(joined), pre.words)
-    out = locate.refresh(joined, [(HUNK, at)])
-    assert out == joined.replace("def f(self): return 1", "def f(self): return 10")
 
 
 def test_git_history(world: World) -> None:

@@ -14,7 +14,7 @@ from vllm_patchset.errors import BadInput
 from vllm_patchset.registry import GIT, Subcommands, add_command
 
 if TYPE_CHECKING:
-    from vllm_patchset.series.states import Verdict
+    from vllm_patchset.series.verdict import Verdict
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:

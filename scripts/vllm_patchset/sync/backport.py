@@ -10,7 +10,7 @@ series. The message keeps the upstream subject and body and gets the series' tra
 
 - `Upstream-PR`: the pull request of the commit's subject;
 - `Applied-upstream`: the first release after the pin whose code has the fix: the tool's own
-  classification (`series.states.classify`) of the change on each release, not the tags that
+  classification (`series.classify.classify`) of the change on each release, not the tags that
   contain the commit (a release that contains it but whose code lacks the fix, reverted or
   rewritten, is not it; a patch release that took the fix without the commit is);
 - `Introduced-in`: the first release whose code has the bug: going back from the pin, the
@@ -37,8 +37,9 @@ from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo, check_source
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import REQUIRED_TRAILERS, Patch, parse_patch_bytes
-from vllm_patchset.series.states import State, Verdict, classify
+from vllm_patchset.series.verdict import State, Verdict
 from vllm_patchset.sync.queue import (
     CommitProblems,
     export_queue,

@@ -22,7 +22,7 @@ from vllm_patchset.series.patches import (
     read_series_entries,
     read_series_file,
 )
-from vllm_patchset.series.states import Reason, State
+from vllm_patchset.series.verdict import Reason, State
 from vllm_patchset.sync.reports import lock_next_step
 
 

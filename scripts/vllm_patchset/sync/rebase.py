@@ -1,6 +1,6 @@
 """`vllm-patchset rebase`: take the patch set from the pin onto a new vLLM release or git ref.
 
-The state machine. First the whole set is classified on the new base (states.classify, with
+The state machine. First the whole set is classified on the new base (series.classify, with
 whether each patch applied on the old pin, git's renames between the two, a 3-way merge), as
 a dry run in a temporary index: every decision a maintainer must make is reported together,
 before anything is written. A patch that applied on the old pin ends the rebase in one of
@@ -42,9 +42,10 @@ from vllm_patchset.overlay.upstream import (
     sort_versions,
 )
 from vllm_patchset.registry import GIT, add_command
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
-from vllm_patchset.series.states import Reason, State, Verdict, classify
+from vllm_patchset.series.verdict import Reason, State, Verdict
 from vllm_patchset.sync.checks import project_series
 from vllm_patchset.sync.rebase_report import Outcome, render_text, report_body, short_id, today
 from vllm_patchset.sync.rebase_state import (

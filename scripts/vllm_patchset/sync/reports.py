@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_patchset.console import table
-from vllm_patchset.series.states import WHOLE_HEADERS, Verdict
+from vllm_patchset.series.verdict import WHOLE_HEADERS, Verdict
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
