@@ -35,8 +35,8 @@ from vllm_patchset.series.states import (
     trailer_state,
 )
 from vllm_patchset.sync import swap
-from vllm_patchset.sync.rebase import is_local, options
 from vllm_patchset.sync.rebase_report import range_diff, short_id
+from vllm_patchset.sync.rebase_rules import is_local, options
 from vllm_patchset.sync.rebase_state import (
     Action,
     Choice,
