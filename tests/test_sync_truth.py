@@ -24,10 +24,15 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series import locate
-from vllm_patchset.series.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
 from vllm_patchset.series.patches import Hunk
 from vllm_patchset.series.states import Verdict
-from vllm_patchset.sync.reports import unique_ids
+from vllm_patchset.sync.project_files import (
+    set_readme,
+    set_torch_comment,
+    set_unreleased_pin,
+    torch_of,
+)
+from vllm_patchset.sync.verdict_reports import unique_ids
 
 MOE = "vllm/layers/moe.py"
 EMU = "vllm/layers/emulation.py"

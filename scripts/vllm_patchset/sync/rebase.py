@@ -43,7 +43,7 @@ from vllm_patchset.sync.rebase_plan import (
     settle,
     settle_decided,
 )
-from vllm_patchset.sync.rebase_report import Outcome, short_id
+from vllm_patchset.sync.rebase_report import Outcome, option_name
 from vllm_patchset.sync.rebase_rules import stops
 from vllm_patchset.sync.rebase_state import (
     Action,
@@ -273,7 +273,7 @@ def _settle_conflict(
     ctx: Context,
 ) -> Step:
     """The conflicted patch after the maintainer's work: resolved (one commit), or decided."""
-    flags = ", ".join(f"{c.flag} {short_id(last.key, ctx.keys)}" for c in last.options)
+    flags = ", ".join(f"{c.flag} {option_name(last.key, ctx.keys)}" for c in last.options)
     if worktree.am_in_progress():
         if decided is not None:
             worktree.am_abort()
@@ -342,7 +342,7 @@ def _next_steps(
     project: Project, worktree: Repo, step: Step, keys: tuple[str, ...]
 ) -> tuple[str, ...]:
     files = " ".join(worktree.unmerged_paths()) or "(the files of the hunks above)"
-    name = short_id(step.key, keys)
+    name = option_name(step.key, keys)
     return (
         f"1. cd {worktree.path}",
         f"2. resolve the conflict in: {files}",

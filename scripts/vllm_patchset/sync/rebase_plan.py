@@ -20,10 +20,10 @@ from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.series.patches import Patch, Series, read_series_entries
 from vllm_patchset.series.states import State, Verdict, classify
 from vllm_patchset.sync.checks import project_series
-from vllm_patchset.sync.rebase_report import short_id, today
+from vllm_patchset.sync.rebase_report import option_name, today
 from vllm_patchset.sync.rebase_rules import hand_resolvable, options, ported
 from vllm_patchset.sync.rebase_state import Action, Choice, Decision, RebaseState, Section, Step
-from vllm_patchset.sync.reports import conflict_report
+from vllm_patchset.sync.verdict_reports import conflict_report
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Context:
     renames: Mapping[str, str]
     decisions: Mapping[str, Decision]
     parked_reasons: Mapping[str, str]
-    keys: tuple[str, ...] = ()  # every patch's key: short ids are unique among them
+    keys: tuple[str, ...] = ()  # every patch's key: option names are unique among them
 
 
 class TreeApplier:
@@ -63,7 +63,7 @@ class TreeApplier:
         return decision.choice in step.options
 
     def by_hand(self, step: Step, raw: bytes, ctx: Context) -> Step:
-        flags = ", ".join(f"{c.flag} {short_id(step.key, ctx.keys)}" for c in step.options)
+        flags = ", ".join(f"{c.flag} {option_name(step.key, ctx.keys)}" for c in step.options)
         note = (
             "the rebase will stop here for a hand resolution in .rebase/worktree"
             f" (or decide now: {flags})"
