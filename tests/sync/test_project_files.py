@@ -16,7 +16,9 @@ from vllm_patchset.sync.project_files import (
     set_ci_images,
     set_pin,
     set_readme,
+    set_torch_comment,
     set_unreleased_pin,
+    torch_of,
 )
 
 FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
@@ -228,3 +230,56 @@ CHANGELOG_CASES = [
 @pytest.mark.parametrize(("changelog", "expected"), CHANGELOG_CASES)
 def test_changelog_entry_goes_after_unreleased(changelog: str, expected: str) -> None:
     assert insert_entry(changelog, "E\n") == expected
+
+
+PYPROJECT_COMMENT = "# the one it is built for (0.24.0: torch 2.11.0), so a rebase moves\n"
+CHANGELOG_PIN = (
+    "# Changelog\n\n## [Unreleased]\n\n### Pin\n- vllm **0.24.0** (sdist sha256 `ab`).\n\n"
+    "## [vllm-0.24.0] - 2026-06-27\n\n- vllm **0.24.0** (kept: a released section)\n"
+)
+
+
+def test_the_pins_other_mentions() -> None:
+    cuda = "-r common.txt\n\n# NVIDIA\ntorch==2.14.0\ntorchaudio==2.11.0\n"
+    assert torch_of(cuda) == "2.14.0"
+    assert torch_of("numba == 0.65.0\n") is None
+    assert set_torch_comment(PYPROJECT_COMMENT, "0.33.0", "2.14.0") == (
+        "# the one it is built for (0.33.0: torch 2.14.0), so a rebase moves\n"
+    )
+    assert set_torch_comment(PYPROJECT_COMMENT, "0.34.0", None) == (
+        "# the one it is built for (0.34.0: torch: see its requirements), so a rebase moves\n"
+    )
+    assert set_unreleased_pin(CHANGELOG_PIN, "0.25.0", "cd") == CHANGELOG_PIN.replace(
+        "- vllm **0.24.0** (sdist sha256 `ab`).", "- vllm **0.25.0** (sdist sha256 `cd`)."
+    )
+
+
+README_TEXT = """\
+The pin is **vllm 0.24.0** (`pyproject.toml`).
+
+```dockerfile
+FROM vllm/vllm-openai:v0.24.0
+```
+
+| patch | fixes | upstream | on 0.24.0 |
+|---|---|---|---|
+| `patches/0001-a.patch` | the bug | 0.25.0 | applies |
+| `patches/0002-b.patch` | slow | — | applies |
+| `patches/upstreamed/0001-c.patch` | old bug | 0.21.0 | upstream (kept as a guard) |
+"""
+
+
+def test_the_readme_follows_the_pin() -> None:
+    rows = {
+        "0001-a.patch": ("upstreamed/0001-a.patch", "0.25.0", "upstream"),
+        "0002-b.patch": None,  # dropped
+        "upstreamed/0001-c.patch": ("upstreamed/0001-c.patch", "0.21.0", "upstream"),
+    }
+    assert set_readme(README_TEXT, "0.24.0", "0.25.0", rows) == (
+        README_TEXT.replace("0.24.0", "0.25.0")
+        .replace(
+            "| `patches/0001-a.patch` | the bug | 0.25.0 | applies |",
+            "| `patches/upstreamed/0001-a.patch` | the bug | 0.25.0 | upstream |",
+        )
+        .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
+    )

@@ -5,21 +5,14 @@ are taken by hand in the worktree (`ported`, `hand_resolvable`), and where the r
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-from vllm_patchset.series.patches import Patch, Trailers
+from support import bare_patch
 from vllm_patchset.series.states import Reason, State, Verdict
 from vllm_patchset.sync.rebase_rules import hand_resolvable, is_local, options, ported, stops
 from vllm_patchset.sync.rebase_state import Action, Choice, Section, Step
 
 A, U, X, C = State.APPLIES, State.UPSTREAM, State.ABSENT, State.CONFLICT
-
-
-def patch_said(upstream_pr: str) -> Patch:
-    """A patch whose trailers say `upstream_pr` (its other trailers filled, no files)."""
-    trailers = Trailers(upstream_pr, "y", "1.0", "", ("tests/t.py::t",))
-    return Patch("x.patch", "x.patch", Path("x.patch"), "x", trailers, (), b"")
 
 
 def verdict(state: State, reason: Reason) -> Verdict:
@@ -72,7 +65,7 @@ def test_options(
     """`--resolve-upstream` only where the text shows no bug; an archived patch whose bug is
     back is a decision (carry it again, or drop it) however it applies."""
     pr = "none (local)" if local else "https://github.com/vllm-project/vllm/pull/1"
-    patch = patch_said(pr)
+    patch = bare_patch("x.patch", pr)
     assert is_local(patch) == local
     found = dataclasses.replace(verdict(state, reason), bug_present=bug)
     assert options(section, found, patch) == expected
@@ -83,7 +76,7 @@ def test_options(
     [("none", True), ("None (local)", True), ("", True), ("https://github.com/x/y/pull/3", False)],
 )
 def test_is_local(pr: str, local: bool) -> None:
-    assert is_local(patch_said(pr)) == local
+    assert is_local(bare_patch("x.patch", pr)) == local
 
 
 def step(section: Section, state: State, reason: Reason, action: Action) -> Step:
