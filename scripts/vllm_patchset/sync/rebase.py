@@ -1,19 +1,23 @@
-"""`vllm-patchset rebase`: take the patch set from the pin onto a new vLLM release or git ref.
+"""The rebase's state machine: take the patch set from the pin onto a new vLLM release or git
+ref (`start`), and on after a stop (`resume`, `--continue`). Its command line is
+commands/rebase.py; how a rebase ends (finished, aborted) is rebase_end.py.
 
-The state machine. First the whole set is classified on the new base (states.classify, with
-whether each patch applied on the old pin, git's renames between the two, a 3-way merge), as
-a dry run in a temporary index: every decision a maintainer must make is reported together,
-before anything is written. A patch that applied on the old pin ends the rebase in one of
-three ways only: still applied (refreshed), archived as upstream, or settled by a decision
-named on the command line (`--keep`: parked, `--drop`, `--resolve-upstream`, `--port`: taken
-with `git am -3` and ported by hand, for a patch whose bug is live where it no longer applies).
+First the whole set is classified on the new base (states.classify, with whether each patch
+applied on the old pin, git's renames between the two, a 3-way merge), as a dry run in a
+temporary index (rebase_plan.py): every decision a maintainer must make is reported
+together, before anything is written (rebase_decisions.py checks those named on the line).
+A patch that applied on the old pin ends the rebase in one of three ways only: still applied
+(refreshed), archived as upstream, or settled by a decision named on the command line
+(`--keep`: parked, `--drop`, `--resolve-upstream`, `--port`: taken with `git am -3` and
+ported by hand, for a patch whose bug is live where it no longer applies).
 
 Then the series is taken, patch by patch, as commits in `.rebase/worktree` (a clone that
 borrows the mirror's objects; classification there goes through the clone, which sees both
 its own objects and the mirror's). A conflict whose hunks are there stops for a hand
 resolution (`--continue` after it). At the end the new `patches/`, `pyproject.toml`, lock,
 CHANGELOG.md and CI files are staged, the staged project must pass `check`, and only then is
-it swapped in (swap.py). `.rebase/state.json` (rebase_state.py) is the journal.
+it swapped in (rebase_end.py, swap.py). `.rebase/state.json` (rebase_state.py) is the
+journal.
 """
 
 from __future__ import annotations
