@@ -40,7 +40,7 @@ from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import parse_patch_bytes
-from vllm_patchset.sync.rebase import options
+from vllm_patchset.sync.rebase_rules import options
 from vllm_patchset.sync.rebase_state import Choice, Section
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"

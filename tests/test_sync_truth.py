@@ -24,9 +24,7 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series import locate
-from vllm_patchset.series.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
 from vllm_patchset.series.verdict import Verdict
-from vllm_patchset.sync.reports import unique_ids
 
 MOE = "vllm/layers/moe.py"
 EMU = "vllm/layers/emulation.py"
@@ -556,26 +554,7 @@ def test_check_lists_every_problem_of_every_patch(
     ]
 
 
-# -- ids, downgrades -----------------------------------------------------------------------------
-IDS = [
-    # The real chain's archive after 0.25.0: two fixes numbered 0001 (were two `U0001`).
-    (
-        ["upstreamed/0001-nvfp4-oracle.patch", "upstreamed/0001-triton_moe-no.patch"],
-        ["U0001-nvfp4", "U0001-triton_moe"],
-    ),
-    (
-        ["upstreamed/0001-a.patch", "0001-b.patch", "parked/0001-c.patch"],
-        ["U0001", "0001", "P0001"],
-    ),
-    (["0001-x-a.patch", "0001-x-b.patch"], ["0001-x-a.patch", "0001-x-b.patch"]),
-]
-
-
-@pytest.mark.parametrize(("keys", "ids"), IDS)
-def test_short_ids_are_unique(keys: list[str], ids: list[str]) -> None:
-    assert list(unique_ids(keys).values()) == ids
-
-
+# -- downgrades -----------------------------------------------------------------------------------
 def test_a_downgrade_needs_saying_so(
     world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -589,60 +568,6 @@ def test_a_downgrade_needs_saying_so(
     doc = rebase_json(capsys, root, *onto(world, "1.0"), "--allow-downgrade", code=1)
     # On 1.0 the archived fix's bug is there: a decision, as for a revert.
     assert [d["patch"] for d in doc["decisions"]] == [f"upstreamed/{FIX.name}"]  # type: ignore[attr-defined]
-
-
-# -- the pin's other mentions --------------------------------------------------------------------
-PYPROJECT_COMMENT = "# the one it is built for (0.24.0: torch 2.11.0), so a rebase moves\n"
-CHANGELOG_PIN = (
-    "# Changelog\n\n## [Unreleased]\n\n### Pin\n- vllm **0.24.0** (sdist sha256 `ab`).\n\n"
-    "## [vllm-0.24.0] - 2026-06-27\n\n- vllm **0.24.0** (kept: a released section)\n"
-)
-
-
-def test_the_pins_other_mentions() -> None:
-    cuda = "-r common.txt\n\n# NVIDIA\ntorch==2.14.0\ntorchaudio==2.11.0\n"
-    assert torch_of(cuda) == "2.14.0"
-    assert torch_of("numba == 0.65.0\n") is None
-    assert set_torch_comment(PYPROJECT_COMMENT, "0.33.0", "2.14.0") == (
-        "# the one it is built for (0.33.0: torch 2.14.0), so a rebase moves\n"
-    )
-    assert set_torch_comment(PYPROJECT_COMMENT, "0.34.0", None) == (
-        "# the one it is built for (0.34.0: torch: see its requirements), so a rebase moves\n"
-    )
-    assert set_unreleased_pin(CHANGELOG_PIN, "0.25.0", "cd") == CHANGELOG_PIN.replace(
-        "- vllm **0.24.0** (sdist sha256 `ab`).", "- vllm **0.25.0** (sdist sha256 `cd`)."
-    )
-
-
-README_TEXT = """\
-The pin is **vllm 0.24.0** (`pyproject.toml`).
-
-```dockerfile
-FROM vllm/vllm-openai:v0.24.0
-```
-
-| patch | fixes | upstream | on 0.24.0 |
-|---|---|---|---|
-| `patches/0001-a.patch` | the bug | 0.25.0 | applies |
-| `patches/0002-b.patch` | slow | — | applies |
-| `patches/upstreamed/0001-c.patch` | old bug | 0.21.0 | upstream (kept as a guard) |
-"""
-
-
-def test_the_readme_follows_the_pin() -> None:
-    rows = {
-        "0001-a.patch": ("upstreamed/0001-a.patch", "0.25.0", "upstream"),
-        "0002-b.patch": None,  # dropped
-        "upstreamed/0001-c.patch": ("upstreamed/0001-c.patch", "0.21.0", "upstream"),
-    }
-    assert set_readme(README_TEXT, "0.24.0", "0.25.0", rows) == (
-        README_TEXT.replace("0.24.0", "0.25.0")
-        .replace(
-            "| `patches/0001-a.patch` | the bug | 0.25.0 | applies |",
-            "| `patches/upstreamed/0001-a.patch` | the bug | 0.25.0 | upstream |",
-        )
-        .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
-    )
 
 
 def test_parking_the_other_patch_archives_nothing(
