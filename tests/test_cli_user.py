@@ -34,7 +34,7 @@ from vllm_install import (
     replace_file,
 )
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
-from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.gpu.kitbuild import write_kit
 from vllm_patchset.infra.config import Project
 
 SERIES = ", ".join(PATCHES)

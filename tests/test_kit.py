@@ -19,7 +19,7 @@ import pytest
 from vllm_install import install_pristine
 from vllm_patchset.cli import main
 from vllm_patchset.gpu import kitparts
-from vllm_patchset.gpu.kit import kit_member, write_kit
+from vllm_patchset.gpu.kitbuild import kit_member, write_kit
 
 LIMIT = 4096  # small parts, so that the kits here have several
 WHEEL_FILES = {
@@ -363,7 +363,7 @@ def test_kitparts_runs_standalone(kit: Path, tmp_path: Path) -> None:
 
 def test_pin_wheel_is_the_index_s(project, cache_dir: Path) -> None:
     """The pin's wheel, from the cache, checked against the package index's sha256."""
-    from vllm_patchset.gpu.kit import pin_wheel
+    from vllm_patchset.gpu.kitbuild import pin_wheel
 
     install_pristine(cache_dir)  # the wheel is in the test cache already
     wheel, sha256 = pin_wheel(project)

@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from support import REPO
-from vllm_patchset.gpu.kit import ENGINE_WHEELS, TOOL_WHEELS, VLLM_WHEELS
+from vllm_patchset.gpu.kitbuild import ENGINE_WHEELS, TOOL_WHEELS, VLLM_WHEELS
 
 HOST = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
         "platform_system": "Linux", "implementation_name": "cpython", "extra": ""}  # fmt: skip

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from support import export_committed
 from synthetic import CLAMP_BUG, STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, UTILS, Story
-from vllm_patchset.gpu import gpurun
-from vllm_patchset.gpu.bundle import NAME, _pinned, make_bundle
+from vllm_patchset.gpu import BUNDLE_NAME, gpurun
+from vllm_patchset.gpu.bundle import _pinned, make_bundle
 from vllm_patchset.gpu.validate import build_trees
 from vllm_patchset.infra.config import Project
 
@@ -166,19 +166,19 @@ def test_bundle_without_wheels(tiny: Project, tmp_path: Path) -> None:
     assert archive.stat().st_size < 64 * 1024 * 1024
     with lzma.open(archive) as xz, tarfile.open(fileobj=xz) as tar:
         names = set(tar.getnames())
-        run_sh = tar.extractfile(f"{NAME}/run.sh")
+        run_sh = tar.extractfile(f"{BUNDLE_NAME}/run.sh")
         assert run_sh is not None
         script = run_sh.read().decode()
         assert script.rstrip().endswith('exec "$PY" gpurun.py . "$@"')
         assert "KIT=${VLLM_PATCHSET_KIT:-../vllm-patchset-kit}" in script
-        manifest = tar.extractfile(f"{NAME}/manifest.json")
+        manifest = tar.extractfile(f"{BUNDLE_NAME}/manifest.json")
         assert manifest is not None
         native = {t["name"]: t["native"] for t in json.load(manifest)["trees"]}
     names_needed = ("gpurun.py", "kitparts.py", "manifest.json", "pytest.ini", "README.txt")
     for name in (*names_needed, "tests/gpu/conftest.py"):
-        assert f"{NAME}/{name}" in names
-    assert f"{NAME}/trees/buggy-0001-1.0/{UTILS}" in names
-    assert not any(n.startswith(f"{NAME}/wheels") for n in names)
+        assert f"{BUNDLE_NAME}/{name}" in names
+    assert f"{BUNDLE_NAME}/trees/buggy-0001-1.0/{UTILS}" in names
+    assert not any(n.startswith(f"{BUNDLE_NAME}/wheels") for n in names)
     assert native == {
         "pristine-1.0": True,
         "overlay-1.0": True,
@@ -190,7 +190,7 @@ def test_bundle_without_wheels(tiny: Project, tmp_path: Path) -> None:
 
 def test_bundle_with_kit(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
-    from vllm_patchset.gpu.kit import write_kit
+    from vllm_patchset.gpu.kitbuild import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -207,7 +207,7 @@ def test_bundle_with_kit(tiny: Project, tmp_path: Path) -> None:
 def test_bundle_with_a_broken_kit_writes_nothing(tiny: Project, tmp_path: Path) -> None:
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.errors import Finding
-    from vllm_patchset.gpu.kit import write_kit
+    from vllm_patchset.gpu.kitbuild import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -238,7 +238,7 @@ def test_validate_with_a_kit(
     stops it with one line and no native/ folder."""
     from test_kit import WHEEL_FILES, make_wheel
     from vllm_patchset.cli import main
-    from vllm_patchset.gpu.kit import write_kit
+    from vllm_patchset.gpu.kitbuild import write_kit
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
