@@ -28,6 +28,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.commands.fetch",
     "vllm_patchset.commands.kit",
     "vllm_patchset.commands.matrix",
+    "vllm_patchset.commands.options",
     "vllm_patchset.commands.overlay",
     "vllm_patchset.commands.patch",
     "vllm_patchset.commands.queue",

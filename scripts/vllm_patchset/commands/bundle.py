@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_patchset.commands import add_options, project_of
+from vllm_patchset.commands import project_of
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.gpu import BUNDLE_NAME, KIT_NAME
 from vllm_patchset.infra import fsio

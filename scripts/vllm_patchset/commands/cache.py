@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_patchset.commands import add_options
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project, default_cache_dir

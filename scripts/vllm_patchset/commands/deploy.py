@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.commands import add_options
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import colours, emit, fit
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio

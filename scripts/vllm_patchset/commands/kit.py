@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.commands import add_options, project_of
+from vllm_patchset.commands import project_of
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import as_project_errors
 from vllm_patchset.gpu import KIT_NAME, KIT_PLATFORM

@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_patchset.commands import add_options, project_of, reads_only
+from vllm_patchset.commands import project_of, reads_only
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import colours, emit, progress
 from vllm_patchset.errors import BadInput
 from vllm_patchset.registry import GIT, Subcommands, add_command

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_patchset.commands import add_options, project_of, staged_only
+from vllm_patchset.commands import project_of, staged_only
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 

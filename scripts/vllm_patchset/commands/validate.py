@@ -9,7 +9,8 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_patchset.commands import add_options, project_of
+from vllm_patchset.commands import project_of
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import BadInput, as_project_errors
 from vllm_patchset.infra import fsio
