@@ -22,6 +22,7 @@ from vllm_patchset.overlay.upstream import Mirror
 
 if TYPE_CHECKING:
     import pytest
+    from vllm_patchset.infra.config import Project
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_FILES = (
@@ -106,6 +107,12 @@ def export_committed(paths: Iterable[str], dest: Path, repo: Path = REPO) -> Non
         archive.extractall(dest, filter="data")
 
 
+def with_gpu_tests(project: Project) -> Project:
+    """The project with this project's committed tests/gpu (what validate ships and runs)."""
+    export_committed(["tests/gpu"], project.root)
+    return project
+
+
 @functools.cache
 def _archive(repo: Path, paths: tuple[str, ...]) -> bytes:
     """A tar of `paths` at HEAD (once per session: HEAD does not move while the tests run)."""
@@ -186,8 +193,8 @@ def snapshot(root: Path, *, skip_git: bool = False) -> dict[str, tuple[object, .
 
 
 # -- the command line, as a test runs it -----------------------------------------------------------
-def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
-    code = main(["--project", str(root), *args])
+def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str | Path) -> tuple[int, str, str]:
+    code = main(["--project", str(root), *map(str, args)])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -627,7 +627,7 @@ def test_kit_members_are_refused_before_extraction(
 
 @pytest.fixture
 def real_kit(tmp_path: Path) -> Path:
-    from test_kit import WHEEL_FILES, make_wheel
+    from kits import WHEEL_FILES, make_wheel
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -899,7 +899,7 @@ def test_a_tampered_rebase_journal_is_refused(
 # -- 6. build outputs: nothing the tool did not create is removed --------------------------------------
 def _kit_in_build(project: Project, tmp: Path) -> Path:
     """`kit build`'s default output, as it leaves it (in the build folder it marked)."""
-    from test_kit import WHEEL_FILES, make_wheel
+    from kits import WHEEL_FILES, make_wheel
 
     build = project.root / "build"
     build.mkdir()

@@ -73,7 +73,7 @@ VLLM_WHEELS = (
 )
 # vllm-patchset itself on the host (`overlay apply`, the engine check): pyproject.toml's
 # [project].dependencies resolved for the GPU host (Python 3.12, no extras: the deploy
-# commands need packaging alone), pinned. A test (tests/test_kit_wheels.py) fails when they
+# commands need packaging alone), pinned. A test (tests/gpu_jobs/test_kitbuild.py) fails when they
 # drift from pyproject.toml or miss a dependency.
 TOOL_WHEELS = ("packaging==26.4",)
 ENGINE_WHEELS = VLLM_WHEELS + TOOL_WHEELS
