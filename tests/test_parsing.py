@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from packaging.version import Version
 from vllm_patchset.errors import BadInput, PatchsetError
 from vllm_patchset.infra import jsonfile
 from vllm_patchset.infra.fsio import plain_parts
@@ -27,7 +26,6 @@ from vllm_patchset.series.patches import (
     series_bytes,
 )
 from vllm_patchset.series.states import HunkFinding, Reason, State, Verdict
-from vllm_patchset.versions import parse as parse_version
 
 # -- a patch file --------------------------------------------------------------------------------
 HEAD = (
@@ -37,7 +35,11 @@ HEAD = (
     "Why.\n\nUpstream-PR: https://x/pull/1\nIntroduced-by: y\nIntroduced-in: 0.24.0\n"
     "Applied-upstream:\nRegression-test: tests/a.py::t tests/b.py::u\n---\n x | 1 +\n\n"
 )
+
+
 TRAILERS = Trailers("https://x/pull/1", "y", "0.24.0", "", ("tests/a.py::t", "tests/b.py::u"))
+
+
 ONE_LINE = "@@ -1,1 +1,1 @@\n-a\n+b\n"
 
 
@@ -52,6 +54,8 @@ def file_patch(
 
 
 A_TO_B = Hunk(1, 1, ("-a", "+b"))
+
+
 PATCHES = [
     # (patch text, the files it holds)
     (HEAD + diff("vllm/a.py"), (file_patch("vllm/a.py", A_TO_B),)),
@@ -104,6 +108,8 @@ TRAILER_BLOCK = (
     "Upstream-PR: https://x/pull/1\nIntroduced-by: y\nIntroduced-in: 0.24.0\n"
     "Applied-upstream:\nRegression-test: tests/a.py::t tests/b.py::u\n"
 )
+
+
 TRAILER_CASES = [
     # (what replaces the trailer block, the trailers read, or the error)
     (
@@ -242,7 +248,11 @@ def test_series_bytes_read_back(
 
 # -- the overlay lock ----------------------------------------------------------------------------
 ENTRY_A = LockEntry("vllm/a.py", "1" * 64, "2" * 64, ("0001-x.patch",))
+
+
 ENTRY_B = LockEntry("vllm/b/c.py", "3" * 64, "4" * 64, ("0001-x.patch", "0002-y.patch"))
+
+
 LOCK = Lock(
     package="vllm",
     version="0.24.0",
@@ -251,6 +261,8 @@ LOCK = Lock(
     patches=("0001-x.patch", "0002-y.patch"),
     entries=(ENTRY_A, ENTRY_B),
 )
+
+
 LOCK_JSON = """\
 {
   "schema": 2,
@@ -426,24 +438,6 @@ def test_plain_parts(rel: str, top: str | None, parts: tuple[str, ...] | None) -
     assert plain_parts(rel, top) == parts
 
 
-# -- versions and sources ------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("text", "version"),
-    [
-        ("0.24.0", Version("0.24.0")),
-        ("0.25.0rc1", Version("0.25.0rc1")),
-        ("1!2.0", Version("1!2.0")),
-        ("0.24.0+cu130", Version("0.24.0+cu130")),
-        ("latest", None),
-        ("", None),
-        ("git:nightly", None),
-        ("0.24.0-nightly", None),
-    ],
-)
-def test_parse_version(text: str, version: Version | None) -> None:
-    assert parse_version(text) == version
-
-
 @pytest.mark.parametrize(
     ("source", "remote"),
     [
@@ -463,6 +457,8 @@ def test_remote_git_sources(source: str, remote: bool) -> None:
 
 # -- verdicts as JSON (the rebase journal keeps them), through infra/codec.py -------------------
 HUNK = HunkFinding("vllm/a.py", 1, "@@ -1,2 +1,2 @@", None, None, False, True, ("x",), ("y",), 7)
+
+
 VERDICT = Verdict(
     patch="0001-x.patch",
     base="0.24.0",
@@ -476,6 +472,8 @@ VERDICT = Verdict(
     moved_to=(("vllm/a.py", "vllm/b.py"),),
     bug_present=True,
 )
+
+
 VERDICT_DOC: dict[str, Any] = {
     "patch": "0001-x.patch",
     "base": "0.24.0",
@@ -505,6 +503,8 @@ VERDICT_DOC: dict[str, Any] = {
     "refreshed": "",
     "bug_present": True,
 }
+
+
 BAD_VERDICTS = [
     (
         {"state": "gone"},

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import cli, with_gpu_tests
+from vllm_patchset.commands import validate
 from vllm_patchset.infra.config import Project
 
 VALIDATE_KIT_CASES = [
@@ -80,3 +81,16 @@ def test_validate_without_torch_says_so_in_one_line(
         " or take the trees there with `vllm-patchset bundle`\n",
     )
     assert not work.exists()
+
+
+TREES = ["pristine-1.0", "overlay-1.0"]
+UNKNOWN = [
+    ([], None),
+    (["overlay-1.0"], None),
+    (["overlay-1.0", "buggy", "other"], "validate --only buggy: no such tree (the trees: pristine-1.0, overlay-1.0)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("only", "refusal"), UNKNOWN)
+def test_the_first_only_that_names_no_tree(only: list[str], refusal: str | None) -> None:
+    assert validate.unknown_tree(TREES, only) == refusal

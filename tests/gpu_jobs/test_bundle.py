@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import with_gpu_tests
 from synthetic import UTILS
-from vllm_patchset.gpu import BUNDLE_NAME
+from vllm_patchset.gpu import BUNDLE_NAME, bundle, gpurun
 from vllm_patchset.gpu.bundle import _pinned, make_bundle
 from vllm_patchset.infra.config import Project
 
@@ -85,3 +85,16 @@ def test_bundle_with_a_broken_kit_writes_nothing(tiny: Project, tmp_path: Path) 
     with pytest.raises(Finding, match=r"^kit part kit.tar.xz.01 is missing from "):
         make_bundle(with_gpu_tests(tiny), out, wheels=False, level=0, kit=kit)
     assert not out.parent.exists()
+
+
+def test_the_readme_names_each_tree_s_expectations() -> None:
+    expect = (gpurun.Expectation("tests/gpu/test_a.py::test_x", "red", "bug"),)
+    specs = [
+        gpurun.TreeSpec("pristine-1.0", "trees/pristine-1.0", ("tests/gpu",), expect),
+        gpurun.TreeSpec("buggy-0001-1.1", "trees/buggy-0001-1.1", (), (), skipped="no reverse"),
+    ]
+    text = bundle.readme("b.tar.xz", specs)
+    assert "    tar -xJf b.tar.xz && sh vllm-patchset-gpu/run.sh\n" in text
+    assert text.endswith(
+        "Trees:\n  pristine-1.0: test_x red\n  buggy-0001-1.1: not built: no reverse\n"
+    )
