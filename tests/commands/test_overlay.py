@@ -40,7 +40,10 @@ def test_the_line_parsed(argv: tuple[str, ...], values: dict[str, object]) -> No
 
 
 SHA = "0123456789abcdef" * 4
-SHA_WORDS = [(SHA, "modified", "0123456789ab"), (SHA, "added", "0123456789ab (added)")]
+SHA_WORDS: list[tuple[str | None, str, str]] = [
+    (SHA, "modified", "0123456789ab"),
+    (SHA, "added", "0123456789ab (added)"),
+]
 SHA_WORDS += [(None, "deleted", "(deleted)")]
 
 
