@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kits import kit, wheel
 from support import (
     NIGHTLY_LINE_BUGGY,
     NIGHTLY_LINE_FIXED,
@@ -29,8 +30,8 @@ from vllm_install import full_pristine, overlay, pristine, target
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.upstream import Mirror
 
-# The real vLLM wheel's fixtures, for every test module.
-__all__ = ["full_pristine", "overlay", "pristine", "target"]
+# The real vLLM wheel's fixtures and the small kit's, for every test module.
+__all__ = ["full_pristine", "kit", "overlay", "pristine", "target", "wheel"]
 
 # Test directories in memory where the machine has a tmpfs with room (about 0.5 GB a session;
 # pytest keeps the last three): a session writes and removes some 70,000 files, which costs

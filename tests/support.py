@@ -24,6 +24,7 @@ from vllm_patchset.series.patches import Patch, Trailers
 
 if TYPE_CHECKING:
     import pytest
+    from vllm_patchset.infra.config import Project
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_FILES = (
@@ -106,6 +107,12 @@ def export_committed(paths: Iterable[str], dest: Path, repo: Path = REPO) -> Non
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(_archive(repo, tuple(paths)))) as archive:
         archive.extractall(dest, filter="data")
+
+
+def with_gpu_tests(project: Project) -> Project:
+    """The project with this project's committed tests/gpu (what validate ships and runs)."""
+    export_committed(["tests/gpu"], project.root)
+    return project
 
 
 @functools.cache
@@ -213,8 +220,8 @@ def bare_patch(key: str, upstream_pr: str = "https://github.com/vllm-project/vll
 
 
 # -- the command line, as a test runs it -----------------------------------------------------------
-def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
-    code = main(["--project", str(root), *args])
+def cli(capsys: pytest.CaptureFixture[str], root: Path, *args: str | Path) -> tuple[int, str, str]:
+    code = main(["--project", str(root), *map(str, args)])
     out, err = capsys.readouterr()
     return code, out, err
 

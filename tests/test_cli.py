@@ -1,10 +1,13 @@
 """cli.main's refusals before a command runs: a command whose extra is not installed (one
 line naming it, the handler never called), and a mistyped command or choice (the closest one
-named, difflib)."""
+named, difflib); and the parser built without importing any command's work."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 import pytest
 from vllm_patchset import registry
@@ -95,3 +98,20 @@ def test_an_error_line_fits_the_terminal_a_command_kept_whole(
         "vllm-patchset: unknown command 'stauts': did you\n"
         "  mean 'status'? (see `vllm-patchset --help`)\n"
     )
+
+
+HEAVY = ("git", "tomlkit", "ruamel", "rich", "torch")
+LIGHT_PARSER = """
+import json, sys
+from vllm_patchset.cli import build_parser
+build_parser()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})))
+"""
+
+
+def test_the_parser_imports_no_command_s_work() -> None:
+    """Every command module imports the modules that do its work in its handler: the whole
+    line is built on a serving image that has the core dependencies only."""
+    code = LIGHT_PARSER.format(heavy=HEAVY)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stderr, json.loads(done.stdout)) == (0, "", [])

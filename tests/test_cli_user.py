@@ -7,7 +7,6 @@ Terminal behaviour is tried on a real pseudo-terminal (pty): rich decides from t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pty
@@ -34,10 +33,12 @@ from vllm_install import (
     replace_file,
 )
 from vllm_patchset.cli import DESCRIPTION, EXIT_CODES, build_parser, main
-from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.gpu.kitbuild import write_kit
 from vllm_patchset.infra.config import Project
 
 SERIES = ", ".join(PATCHES)
+
+
 HEAD = ("ok", "command", "exit_code")
 
 
@@ -297,6 +298,8 @@ states: applies (needed, applies cleanly), upstream (the version has the fix),
   is gone (rewritten or removed upstream)
 1 cosmetic note(s) on upstreamed code (--verbose shows them)
 """
+
+
 # With --verbose the cosmetic note is shown where the count was.
 MATRIX_VERBOSE = MATRIX.replace(
     "1 cosmetic note(s) on upstreamed code (--verbose shows them)\n",
@@ -446,82 +449,6 @@ def test_a_download_shows_its_progress_on_a_terminal_only(
     code, out, err = tool(*argv, tmp_path / "cache-b")
     assert (code, err) == (0, "downloaded vllm-1.0.tar.gz, sha256 verified\n")
     assert out.startswith("1.0: v1.0 ")
-
-
-# -- the remaining faults ----------------------------------------------------------------------
-def test_validate_only_an_unknown_tree_is_refused_before_building(
-    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    work = tmp_path / "work"
-    assert cli(capsys, "--project", tiny.root, "validate", "--only", "nope", "--work", work) == (
-        2,
-        "",
-        "vllm-patchset: validate --only nope: no such tree (the trees: pristine-1.0,"
-        " overlay-1.0, buggy-0001-1.0, fixed-0001-1.0)\n",
-    )
-    assert not work.exists()
-
-
-def test_validate_without_torch_says_so_in_one_line(
-    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True)
-    python = tmp_path / "v" / "bin" / "python"
-    work = tmp_path / "work"
-    argv = ("--project", tiny.root, "validate", "--python", python, "--work", work)
-    assert cli(capsys, *argv) == (
-        2,
-        "",
-        f"vllm-patchset: validate needs torch (and a GPU): {python} cannot import it"
-        " (ModuleNotFoundError: No module named 'torch'); run it where they are (--python EXE),"
-        " or take the trees there with `vllm-patchset bundle`\n",
-    )
-    assert not work.exists()
-
-
-def test_fetch_from_a_missing_repository_keeps_git_s_fatal_line(
-    tiny: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    missing = tmp_path / "MISSING"
-    argv = ("--project", tiny.root, "fetch", "--git", missing, "--ref", "v1.0")
-    assert cli(capsys, *argv) == (
-        2,
-        "",
-        f"vllm-patchset: git fetch failed: fatal: '{missing}' does not appear to be a git"
-        " repository\n",
-    )
-
-
-def test_fetch_from_something_that_is_not_python_prints_no_script(
-    tiny: Project, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # echo prints its arguments: the probe's script among them, which must not be shown.
-    echo = shutil.which("echo")
-    assert echo is not None
-    assert cli(capsys, "--project", tiny.root, "fetch", "--python", echo) == (
-        2,
-        "",
-        f"vllm-patchset: cannot run --python {echo}: no answer (is it a Python interpreter?)\n",
-    )
-
-
-def test_status_names_the_other_overlay_applied_there(
-    overlay: Overlay, target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert (
-        cli(capsys, "--project", overlay.project.root, "overlay", "apply", "--target", target)[0]
-        == 0
-    )
-    other = tmp_path / "other"
-    shutil.copytree(overlay.project.root, other, ignore=shutil.ignore_patterns(".git"))
-    lock = dataclasses.replace(overlay.lock, patches=overlay.lock.patches[:1])
-    (other / "overlay" / "overlay.lock.json").write_text(lock.to_json())
-    code, out, err = cli(capsys, "--project", other, "overlay", "status", "--target", target)
-    assert (code, err) == (0, "")
-    assert out.splitlines()[-1] == (
-        f"  note: the overlay applied there ({SERIES} on 0.24.0) is not this one:"
-        " `vllm-patchset overlay revert` removes it, then `overlay apply` applies this one"
-    )
 
 
 def test_status_and_revert_need_only_the_record(

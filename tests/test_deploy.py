@@ -52,7 +52,7 @@ from vllm_install import (
 )
 from vllm_patchset.cli import main
 from vllm_patchset.deploy import guard
-from vllm_patchset.deploy.deploy import LOCK_TIMEOUT_ENV
+from vllm_patchset.infra.fsio import LOCK_TIMEOUT_ENV
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
 N = len(OVERLAID)

@@ -1,8 +1,7 @@
-"""The deploy planner and transaction on their own: `plan_apply` and `plan_revert` are pure
-(hashes, lock, record in; a `Plan` or a refusal out), so each case is a row of a table with the
-exact plan; `Transaction` and `recover` on a small package in a temp dir (a run stopped where a
-kill would stop it, then the next run's recovery). The whole commands on a real vLLM, killed at
-every write point, are in test_deploy.py."""
+"""The deploy planner on its own: `plan_apply` and `plan_revert` are pure (hashes, lock,
+record in; a `Plan` or a refusal out), so each case is a row of a table with the exact plan
+(`Transaction` and `recover`: tests/deploy/test_transaction.py). The whole commands on a real
+vLLM, killed at every write point, are in test_deploy.py."""
 
 from __future__ import annotations
 
@@ -12,24 +11,37 @@ from pathlib import Path
 
 import pytest
 from vllm_patchset.deploy.plan import Plan, plan_apply, plan_revert
-from vllm_patchset.deploy.record import Record, Step, read_record, write_record
+from vllm_patchset.deploy.record import Record, Step
 from vllm_patchset.deploy.report import FileState
-from vllm_patchset.deploy.target import HashMismatch, Target
-from vllm_patchset.deploy.transaction import Transaction
+from vllm_patchset.deploy.target import HashMismatch
 from vllm_patchset.errors import Finding, PatchsetError
-from vllm_patchset.infra import fsio
-from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
 A, B = "vllm/a.py", "vllm/b.py"
+
+
 # sha256s stand-ins: a0 pristine, a1 patched, a2 another overlay's, a9 neither
 ENTRIES = (LockEntry(A, "a0", "a1", ("p1",)), LockEntry(B, "b0", "b1", ("p1",)))
+
+
 LOCK = Lock("vllm", "0.24.0", "src", "c0", ("p1",), ENTRIES)
+
+
 OTHER = Lock("vllm", "0.24.0", "src", "c0", ("p0",), (LockEntry(A, "a0", "a2", ("p0",)),))
+
+
 EMPTY_OLD = Lock("vllm", "0.23.0", "src", "c0", (), ())
+
+
 REC = Record(LOCK, {A: "a0", B: "b0"}, "t1")
+
+
 REC_OTHER = Record(OTHER, {A: "a0"}, "t0")
+
+
 REC_OLD = Record(EMPTY_OLD, {}, "t0")
+
+
 BOTH_SAVED = frozenset({(A, "a0"), (B, "b0")})
 
 
@@ -55,13 +67,24 @@ class Files:
 
 
 PRISTINE = {A: "a0", B: "b0"}
+
+
 PATCHED = {A: "a1", B: "b1"}
+
+
 HALF = {A: "a1", B: "b0"}
+
+
 PATCH_A, PATCH_B = Step(A, "a0", "a1"), Step(B, "b0", "b1")
+
+
 UNDO_A, UNDO_B = Step(A, "a1", "a0"), Step(B, "b1", "b0")
+
+
 FORCED = (
     "--force: overwrote vllm/a.py (sha256 a9, neither the pristine nor the patched vllm 0.24.0);"
 )
+
 
 # (case, hashes, record, force, the plan)
 APPLY_PLANS = [
@@ -164,6 +187,7 @@ APPLY_PLANS = [
     ),
 ]
 
+
 # (case, hashes, record, force, the refusal)
 APPLY_REFUSALS = [
     (
@@ -195,6 +219,7 @@ APPLY_REFUSALS = [
         ),
     ),
 ]
+
 
 REVERT_PLANS = [
     (
@@ -271,6 +296,7 @@ REVERT_PLANS = [
         ),
     ),
 ]
+
 
 REVERT_REFUSALS = [
     (
@@ -357,106 +383,3 @@ def test_plan_revert_refuses(
 def test_plan_apply_done_only_when_recorded() -> None:
     done = [plan_apply(Files(PATCHED), LOCK, r, force=False).done for r in (REC, None)]
     assert done == [True, False]
-
-
-# -- the transaction over the journal, on real files ---------------------------------------------
-OLD = {A: b"a = 0\n", B: b"b = 0\n"}
-NEW = {A: b"a = 1\n", B: b"b = 1\n"}
-REAL = Lock(
-    "vllm",
-    "0.24.0",
-    "src",
-    "c0",
-    ("p1",),
-    tuple(LockEntry(p, sha256_bytes(OLD[p]), sha256_bytes(NEW[p]), ("p1",)) for p in (A, B)),
-)
-APPLY_STEPS = tuple(Step(p, sha256_bytes(OLD[p]), sha256_bytes(NEW[p])) for p in (A, B))
-REVERT_STEPS = tuple(
-    Step(p, s.after_sha256, s.before_sha256) for p, s in zip((A, B), APPLY_STEPS, strict=True)
-)
-
-
-def _target(root: Path, files: Mapping[str, bytes]) -> Target:
-    for rel, data in {"vllm/__init__.py": b"", **files}.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    target = Target(root, "vllm", "0.24.0")
-    for rel, data in OLD.items():  # the originals an apply saves first
-        fsio.atomic_write(target.state_path("originals", *rel.split("/")), data)
-    return target
-
-
-def _files(target: Target) -> dict[str, bytes]:
-    return {rel: (target.root / rel).read_bytes() for rel in (A, B)}
-
-
-def _state(target: Target) -> list[str]:
-    return sorted(str(p.relative_to(target.state)) for p in target.state.rglob("*"))
-
-
-def test_recover_rolls_back_an_apply_stopped_half_way(tmp_path: Path) -> None:
-    target = _target(tmp_path, OLD)
-    transaction = Transaction(target, "apply", APPLY_STEPS)
-    transaction.begin()
-    fsio.atomic_write(target.root / A, NEW[A])
-    transaction.mark_done(A)  # killed here: no record
-    note = Transaction.recover(target)
-    assert (note, _files(target), _state(target)) == (
-        "rolled back an interrupted apply (1 of 2 files had been replaced)",
-        OLD,
-        [],
-    )
-
-
-def test_recover_finishes_an_apply_that_had_committed(tmp_path: Path) -> None:
-    target = _target(tmp_path, NEW)
-    transaction = Transaction(target, "apply", APPLY_STEPS)
-    transaction.begin()
-    write_record(
-        target,
-        REAL,
-        {p: s.before_sha256 for p, s in zip((A, B), APPLY_STEPS, strict=True)},
-        transaction.id,
-        {},
-    )
-    note = Transaction.recover(target)  # killed after the record, before the journal went
-    record = read_record(target)
-    assert (note, _files(target), record and record.transaction) == (
-        "finished an interrupted apply (it had committed)",
-        NEW,
-        transaction.id,
-    )
-    assert _state(target) == [
-        "applied.json",
-        "originals",
-        "originals/vllm",
-        "originals/vllm/a.py",
-        "originals/vllm/b.py",
-    ]
-
-
-def test_recover_finishes_a_revert(tmp_path: Path) -> None:
-    target = _target(tmp_path, {A: OLD[A], B: NEW[B]})
-    write_record(target, REAL, {p: sha256_bytes(OLD[p]) for p in (A, B)}, "t0", {})
-    transaction = Transaction(target, "revert", REVERT_STEPS)
-    transaction.begin()
-    transaction.mark_done(A)  # killed here: A restored, B not
-    note = Transaction.recover(target)
-    assert (note, _files(target), _state(target)) == (
-        "finished an interrupted revert (1 of 2 files had been restored)",
-        OLD,
-        [],
-    )
-
-
-def test_run_rolls_back_at_an_error_and_says_what_it_left(tmp_path: Path) -> None:
-    target = _target(tmp_path, OLD)
-    with pytest.raises(Finding) as caught, Transaction.run(target, "apply", APPLY_STEPS) as tx:
-        fsio.atomic_write(target.root / A, NEW[A])
-        tx.mark_done(A)
-        raise Finding("disk full")
-    assert (caught.value.left, _files(target), _state(target)) == (
-        "rolled back an interrupted apply (1 of 2 files had been replaced): the target is as it was",
-        OLD,
-        [],
-    )

@@ -9,18 +9,20 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra.fsio import plain_parts
 from vllm_patchset.infra.installed import canonical_name, parse_record
 from vllm_patchset.overlay.build import compare_locks
 from vllm_patchset.overlay.lock import Lock, LockEntry
 from vllm_patchset.overlay.upstream import is_remote_url
-from vllm_patchset.versions import parse as parse_version
 
 # -- the overlay lock ----------------------------------------------------------------------------
 ENTRY_A = LockEntry("vllm/a.py", "1" * 64, "2" * 64, ("0001-x.patch",))
+
+
 ENTRY_B = LockEntry("vllm/b/c.py", "3" * 64, "4" * 64, ("0001-x.patch", "0002-y.patch"))
+
+
 LOCK = Lock(
     package="vllm",
     version="0.24.0",
@@ -29,6 +31,8 @@ LOCK = Lock(
     patches=("0001-x.patch", "0002-y.patch"),
     entries=(ENTRY_A, ENTRY_B),
 )
+
+
 LOCK_JSON = """\
 {
   "schema": 2,
@@ -202,24 +206,6 @@ PATHS = [
 @pytest.mark.parametrize(("rel", "top", "parts"), PATHS)
 def test_plain_parts(rel: str, top: str | None, parts: tuple[str, ...] | None) -> None:
     assert plain_parts(rel, top) == parts
-
-
-# -- versions and sources ------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("text", "version"),
-    [
-        ("0.24.0", Version("0.24.0")),
-        ("0.25.0rc1", Version("0.25.0rc1")),
-        ("1!2.0", Version("1!2.0")),
-        ("0.24.0+cu130", Version("0.24.0+cu130")),
-        ("latest", None),
-        ("", None),
-        ("git:nightly", None),
-        ("0.24.0-nightly", None),
-    ],
-)
-def test_parse_version(text: str, version: Version | None) -> None:
-    assert parse_version(text) == version
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ from synthetic import MOE, STORY_FIX, LocalIndex, Story, sdist_bytes
 from vllm_install import EDITED, EDITED_DIR, EDITED_MODULE, Overlay, Pristine, record_mismatches
 from vllm_patchset.cli import main
 from vllm_patchset.commands import status
-from vllm_patchset.gpu import bundle, kitparts
-from vllm_patchset.gpu.kit import write_kit
+from vllm_patchset.gpu import KIT_NAME, bundle, kitparts
+from vllm_patchset.gpu.kitbuild import write_kit
 from vllm_patchset.infra import archives, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import OWNER_MARKER
@@ -627,7 +627,7 @@ def test_kit_members_are_refused_before_extraction(
 
 @pytest.fixture
 def real_kit(tmp_path: Path) -> Path:
-    from test_kit import WHEEL_FILES, make_wheel
+    from kits import WHEEL_FILES, make_wheel
 
     wheel = make_wheel(tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl", WHEEL_FILES)
     kit = tmp_path / "kit"
@@ -676,7 +676,7 @@ def test_a_killed_assembly_is_swept(
 def test_run_sh_makes_its_folders_with_mktemp() -> None:
     """Was: fixed /tmp/vllm-patchset-site and /tmp/vllm-patchset-native, which another user of
     a shared GPU host could create first (with a sitecustomize.py run as root)."""
-    script = bundle.RUN_SH.format(kit=bundle.KIT_NAME)
+    script = bundle.RUN_SH.format(kit=KIT_NAME)
     assert "/tmp/vllm-patchset-" not in script
     assert script.count('$(mktemp -d "$TMP/vllm-patchset-') == 2
 
@@ -899,7 +899,7 @@ def test_a_tampered_rebase_journal_is_refused(
 # -- 6. build outputs: nothing the tool did not create is removed --------------------------------------
 def _kit_in_build(project: Project, tmp: Path) -> Path:
     """`kit build`'s default output, as it leaves it (in the build folder it marked)."""
-    from test_kit import WHEEL_FILES, make_wheel
+    from kits import WHEEL_FILES, make_wheel
 
     build = project.root / "build"
     build.mkdir()

@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 from synthetic import BUGGY, FIXED, MOE, MOE_TEXT, PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset.cli import main
-from vllm_patchset.gpu import gpurun, validate
+from vllm_patchset.gpu import gpurun
 
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
+
+
 TEST = "tests/gpu/test_synthetic.py::test_fix"
+
+
 # Archived: upstream merged it in 1.1 (written on 1.0, where the bug is).
 FIX = PatchSpec(
     "0001-moe-no-tensor-truthiness.patch",
@@ -24,7 +28,11 @@ FIX = PatchSpec(
     regression_test=TEST,
     base="1.0",
 )
+
+
 PYTEST = '\n[tool.pytest.ini_options]\naddopts = "-ra"\nmarkers = ["gpu: needs a GPU"]\n'
+
+
 NOT_REVERSED = (
     f"upstreamed/{FIX.name} does not reverse on 1.1 (upstream fixed the bug in other words):"
     " no tree with the bug to run its regression tests on"
@@ -55,22 +63,6 @@ def validated(
     out, err = capsys.readouterr()
     assert out == ""
     return code, err, work
-
-
-@pytest.mark.parametrize(
-    ("addopts", "kept"),
-    [
-        ("-ra -n auto --maxprocesses 8 --dist loadfile --strict-markers", "-ra --strict-markers"),
-        ("-nauto -ra --dist=load --numprocesses=2", "-ra"),
-        ("-ra --strict-markers", "-ra --strict-markers"),
-        (["-ra", "-n", "auto", "-k", "a b"], "-ra -k 'a b'"),
-        ("", ""),
-    ],
-)
-def test_the_gpu_run_is_serial(addopts: str | list[str], kept: str) -> None:
-    """The bundle's pytest.ini keeps the project's options but pytest-xdist's (a GPU host has
-    one pytest process per tree, and may have no pytest-xdist: `-n` was an unknown option)."""
-    assert validate.serial(addopts) == kept
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The command line: the one entry (`main`) and its error boundary, the global options, and the
-parser assembled from the commands' modules (`commands/`, and the rebase, deploy and GPU
-modules), each registering its commands through `registry.add_command`."""
+parser assembled from the modules of `commands/`, each registering its commands through
+`registry.add_command`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import argparse
 import codecs
 import contextlib
 import difflib
-import importlib
 import io
 import os
 import re
@@ -22,12 +21,14 @@ from typing import Any, NoReturn
 
 # The deploy commands (`overlay apply|verify|revert|status|diff`, on a serving image that has
 # the tool's wheel but maybe not every dependency of the other commands) import only what they
-# use: the command modules imported here import the modules that do the work in their handlers,
-# and those of COMMAND_MODULES are imported by build_parser for the lines that may name them.
+# use: the command modules imported here import the modules that do the work in their handlers.
 from vllm_patchset.commands import (
     backport,
+    bundle,
+    cache,
     check,
     fetch,
+    kit,
     matrix,
     overlay,
     patch,
@@ -36,19 +37,32 @@ from vllm_patchset.commands import (
     releases,
     status,
     tree,
+    validate,
 )
 from vllm_patchset.console import emit, fit, print_json
-from vllm_patchset.deploy import deploy
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.registry import Handler, add_subcommands, missing_extra, subcommand_names
 
 # The commands in their order on the line (and in --help).
-COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue, patch, backport, rebase)
-# Commands registered by modules of their own (each module's register_cli), imported only for
-# a line that may name them.
-COMMAND_MODULES = ("gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")
+COMMANDS = (
+    status,
+    check,
+    releases,
+    matrix,
+    fetch,
+    overlay,
+    tree,
+    queue,
+    patch,
+    backport,
+    rebase,
+    validate,
+    bundle,
+    kit,
+    cache,
+)
 
 # -- parser ------------------------------------------------------------------------------------
 DESCRIPTION = (
@@ -196,12 +210,13 @@ def version_report() -> tuple[str, dict[str, object]]:
     from importlib.metadata import PackageNotFoundError, version
 
     from vllm_patchset import __version__
+    from vllm_patchset.deploy.source import packaged_overlay
 
     try:
         installed = version("vllm-patchset")
     except PackageNotFoundError:  # run from a source tree without an install
         installed = __version__
-    packed = deploy.packaged_overlay()
+    packed = packaged_overlay()
     if packed is None:
         return f"vllm-patchset {installed}", {"version": installed, "overlay": None}
     lock = packed.lock
@@ -213,9 +228,8 @@ def version_report() -> tuple[str, dict[str, object]]:
     )
 
 
-def build_parser(*, every_command: bool = True) -> argparse.ArgumentParser:
-    """The command line; without `every_command`, the commands of COMMAND_MODULES left out
-    (their modules not imported)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the global options, then each command of COMMANDS."""
     parser = Parser(
         prog="vllm-patchset",
         description=textwrap.fill(DESCRIPTION, 79),
@@ -233,9 +247,6 @@ def build_parser(*, every_command: bool = True) -> argparse.ArgumentParser:
     sub = add_subcommands(parser, "command")
     for module in COMMANDS:
         module.register_cli(sub)
-    # Commands of their own modules, wired here by import: a renamed module fails loudly.
-    for name in COMMAND_MODULES if every_command else ():
-        importlib.import_module(f"vllm_patchset.{name}").register_cli(sub)
     _finish(parser, ())
     return parser
 
@@ -276,17 +287,6 @@ def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int
     return exit_code
 
 
-def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """The line parsed; a line that may be a deploy command first by a parser without the
-    commands of COMMAND_MODULES (anything else it refuses goes to the whole parser)."""
-    if "overlay" in argv:
-        with contextlib.suppress(UsageError):
-            args, extra = build_parser(every_command=False).parse_known_args(argv)
-            if args.command == "overlay" and not extra:
-                return args, extra
-    return build_parser().parse_known_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path or a line of code the encoding lacks
         if isinstance(stream, io.TextIOWrapper):
@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, verbose, as_json = "", "--verbose" in argv, "--json" in argv
     with fsio.signals_raise():
         try:
-            args, extra = _parse(argv)
+            args, extra = build_parser().parse_known_args(argv)
             command, verbose, as_json = args.command_name, args.verbose, args.json
             if extra:
                 raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")

@@ -131,6 +131,18 @@ def table(
     ]
     if not has_rich():
         return _plain_table(cells, columns, right)
+    return _rich_table(heading, rows, longest, colour=colour, right=right)
+
+
+def _rich_table(
+    heading: Sequence[str] | None,
+    rows: Sequence[Sequence[tuple[str, str]]],
+    longest: Sequence[int],
+    *,
+    colour: bool,
+    right: Sequence[int],
+) -> str:
+    """The table through rich, each column at least as wide as its `longest` word."""
     import io
 
     from rich.console import Console
@@ -139,6 +151,7 @@ def table(
 
     grid = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, show_header=heading is not None)
     grid.header_style = ""
+    columns = len(longest)
     for i in range(columns):
         name = heading[i] if heading else ""
         grid.add_column(name, min_width=longest[i], justify="right" if i in right else "left")

@@ -6,6 +6,8 @@ internal error (a bug of the tool: what no check foresaw).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -92,6 +94,15 @@ class PatchDoesNotApply(Finding):
         super().__init__(f"{patch} does not apply to {base}: {detail}")
 
 
-def by_exit_code(message: str, exit_code: int) -> PatchsetError:
-    """The project's error for a message and exit code from a stdlib-only module (kitparts)."""
-    return BadInput(message) if exit_code == 2 else Finding(message)
+@contextmanager
+def as_project_errors(kind: type[Exception]) -> Iterator[None]:
+    """Within: an error of `kind` from a stdlib-only module that carries its exit code
+    (kitparts' `KitError`, which cannot import this module) raised as the project's own, with
+    its message: BadInput for exit code 2, else a Finding."""
+    try:
+        yield
+    except kind as exc:
+        message = str(exc)
+        raise (
+            BadInput(message) if getattr(exc, "exit_code", 1) == 2 else Finding(message)
+        ) from None

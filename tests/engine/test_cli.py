@@ -45,7 +45,7 @@ def test_setup_with_a_kit_and_the_packed_wheel_then_overlay_apply(
     from test_pack import dependency_wheels
     from vllm_install import OVERLAID
     from vllm_patchset.cli import main
-    from vllm_patchset.gpu.kit import write_kit
+    from vllm_patchset.gpu.kitbuild import write_kit
 
     dist = tmp_path / "dist"
     assert (

@@ -1,10 +1,12 @@
-"""The commands that live with the command line, one module per command or command group, each
-with its handler and its `register_cli(sub)` (through `registry.add_command`). The commands of
-the rebase, deploy and GPU modules register themselves the same way from their own modules.
+"""Every command of the line, one module per command or command group, each with its handlers
+and its `register_cli(sub)` (through `registry.add_command`); `cli.COMMANDS` lists them in
+their order on the line. What the commands share is here: the project of a line, what an
+interrupt leaves, the base a command works on; `options.py` spells the options several
+commands take.
 
 A command module imports at its top only what the deploy path has anyway (`overlay apply` on a
 serving image imports every module here): the modules that do the work are imported by the
-handler.
+handler, so that building the parser imports no git, tomlkit, ruamel, rich or torch.
 """
 
 from __future__ import annotations
@@ -38,11 +40,3 @@ def base_of(project: Project, args: argparse.Namespace) -> Upstream:
     from vllm_patchset.overlay.upstream import mirror_for, resolve_base
 
     return resolve_base(project, mirror_for(project), args.base, args.git, args.ref)
-
-
-def add_base_options(parser: argparse.ArgumentParser, version_flag: str = "--base") -> None:
-    parser.add_argument(
-        version_flag, dest="base", metavar="VERSION", help="a vLLM release (default: the pin)"
-    )
-    parser.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")
-    parser.add_argument("--ref", metavar="REF", help="the ref of --git to use (tag, branch)")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vllm_patchset.commands import project_of, reads_only
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.registry import GIT, Subcommands, add_command
 
@@ -48,8 +49,6 @@ def register_cli(sub: Subcommands) -> None:
         needs=GIT,
     )
     p.add_argument("version", nargs="?", metavar="VERSION", help="a vLLM release from the index")
-    p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/")
-    p.add_argument("--ref", metavar="REF", help="the ref of --git to fetch (tag, branch)")
+    add_options(p, "--git", "--ref", ref="the ref of --git to fetch (tag, branch)")
     p.add_argument("--installed", action="store_true", help="the vllm of this interpreter")
-    p.add_argument("--python", metavar="EXE", help="the vllm of another interpreter")
-    p.add_argument("--target", type=Path, metavar="DIR", help="the vllm installed in DIR")
+    add_options(p, "--python", "--target")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_patchset.commands import project_of, reads_only
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import colours, emit, progress
 from vllm_patchset.errors import BadInput
 from vllm_patchset.registry import GIT, Subcommands, add_command
@@ -62,7 +63,7 @@ def register_cli(sub: Subcommands) -> None:
         needs=GIT,
     )
     p.add_argument("versions", nargs="*", metavar="VERSION", help="vLLM releases (e.g. 0.25.0)")
-    p.add_argument("--git", metavar="URL|PATH", help="a git repository holding vllm/, for --ref")
+    add_options(p, "--git", git="a git repository holding vllm/, for --ref")
     p.add_argument(
         "--ref", action="append", metavar="REF", help="a ref of --git as one more row (repeat)"
     )

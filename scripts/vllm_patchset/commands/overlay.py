@@ -1,14 +1,14 @@
-"""`vllm-patchset overlay build`, and the group `overlay` that the deploy commands (`deploy/`)
-and `overlay pack` (`deploy/pack.py`) join."""
+"""The group `overlay`: `overlay build`, `overlay pack` (the wheel for a serving image,
+`deploy/pack.py`), and the deploy commands (`commands/deploy.py`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from vllm_patchset.commands import add_base_options, base_of, project_of, staged_only
+from vllm_patchset.commands import base_of, deploy, project_of, staged_only
+from vllm_patchset.commands.options import add_base_options
 from vllm_patchset.console import emit, progress
-from vllm_patchset.deploy import deploy, pack
 from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 
@@ -58,6 +58,28 @@ def _sha_words(sha: str | None, change: str) -> str:
     return f"{sha[:12]} (added)" if change == "added" else sha[:12]
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from vllm_patchset.deploy.pack import pack
+
+    project = project_of(args)
+    packed = pack(project, args.out or project.root / "dist")
+    lock = packed.lock
+    patches = ", ".join(lock.patches) or "no patches"
+    text = (
+        f"wrote {packed.wheel}: vllm-patchset with the overlay for {lock.package} {lock.version}"
+        f" ({patches}; {len(lock.entries)} file(s))\n"
+        f"in the serving image: `pip install {packed.wheel.name} && vllm-patchset overlay apply`"
+    )
+    body = {
+        "wheel": str(packed.wheel),
+        "version": packed.version,
+        "sha256": packed.sha256,
+        "vllm": lock.version,
+        "patches": list(lock.patches),
+    }
+    return emit(args, text, body)
+
+
 def register_cli(sub: Subcommands) -> None:
     osub = add_group(sub, "overlay", help="build the overlay, or deploy it to an installed vllm")
     p = add_command(
@@ -76,5 +98,14 @@ def register_cli(sub: Subcommands) -> None:
         "--skip", action="append", default=[], metavar="PATCH", help="leave a patch out (repeat)"
     )
     add_base_options(p, "--pin")
-    pack.register_cli(osub)
+    p = add_command(
+        osub,
+        "pack",
+        cmd_pack,
+        help="a wheel of vllm-patchset with the overlay inside, for a serving image",
+        writes_checkout=True,  # it reads the overlay whole
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="where to write the wheel (default: dist/)"
+    )
     deploy.register_cli(osub)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_patchset.commands import project_of, staged_only
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
@@ -51,7 +52,7 @@ def register_cli(sub: Subcommands) -> None:
         writes_checkout=True,
         needs=GIT,
     )
-    p.add_argument("--force", action="store_true", help="replace a queue this tool made")
+    add_options(p, "--force", force="replace a queue this tool made")
     p = add_command(
         qsub,
         "export",

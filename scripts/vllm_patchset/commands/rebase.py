@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset.commands import project_of
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit
 from vllm_patchset.errors import BadInput, Finding, GitError, InternalError
 from vllm_patchset.infra import fsio
@@ -137,7 +138,7 @@ def register_cli(sub: Subcommands) -> None:
         "--continue", dest="resume", action="store_true", help="after a conflict or a decision"
     )
     what.add_argument("--abort", action="store_true", help="restore everything as it was")
-    p.add_argument("--ref", metavar="REF", help="the ref of --onto-git")
+    add_options(p, "--ref", ref="the ref of --onto-git")
     p.add_argument(
         "--keep",
         action="append",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_patchset.commands import add_base_options, base_of, project_of, staged_only
+from vllm_patchset.commands import base_of, project_of, staged_only
+from vllm_patchset.commands.options import add_base_options
 from vllm_patchset.console import emit, progress
 from vllm_patchset.registry import GIT, Subcommands, add_command
 

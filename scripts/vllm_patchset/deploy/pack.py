@@ -11,7 +11,6 @@ version.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import io
 import re
@@ -22,14 +21,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_patchset.console import emit
 from vllm_patchset.deploy.source import PACKED, overlay_files
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import record_hash, sha256_bytes
 from vllm_patchset.overlay.lock import Lock
-from vllm_patchset.registry import add_command
 
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
@@ -167,36 +164,3 @@ def pack(project: Project, out_dir: Path) -> Packed:
         raise BadInput(f"{out_dir} is not a directory")
     fsio.atomic_write(wheel, buffer.getvalue())
     return Packed(wheel, version, sha256_bytes(buffer.getvalue()), lock)
-
-
-def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(
-        osub,
-        "pack",
-        cmd_pack,
-        help="a wheel of vllm-patchset with the overlay inside, for a serving image",
-        writes_checkout=True,  # it reads the overlay whole
-    )
-    p.add_argument(
-        "--out", type=Path, metavar="DIR", help="where to write the wheel (default: dist/)"
-    )
-
-
-def cmd_pack(args: argparse.Namespace) -> int:
-    project = Project.load(args.project, args.cache_dir)
-    packed = pack(project, args.out or project.root / "dist")
-    lock = packed.lock
-    patches = ", ".join(lock.patches) or "no patches"
-    text = (
-        f"wrote {packed.wheel}: vllm-patchset with the overlay for {lock.package} {lock.version}"
-        f" ({patches}; {len(lock.entries)} file(s))\n"
-        f"in the serving image: `pip install {packed.wheel.name} && vllm-patchset overlay apply`"
-    )
-    body = {
-        "wheel": str(packed.wheel),
-        "version": packed.version,
-        "sha256": packed.sha256,
-        "vllm": lock.version,
-        "patches": list(lock.patches),
-    }
-    return emit(args, text, body)

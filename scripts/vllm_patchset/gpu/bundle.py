@@ -3,30 +3,28 @@
 It holds what `validate` runs (the pristine, overlaid and buggy vLLM trees, tests/gpu, the
 manifest of red/green expectations and gpurun.py, the checker), optionally the wheels of the
 pure-Python packages that vLLM's MoE code imports and such a host lacks, and run.sh. It must stay
-under 64 MiB so that it travels over narrow channels. A native-ops kit (`--kit`, kit.py) goes
-beside it as its own folder of parts; with it, the pin's trees run vLLM's real compiled ops.
+under 64 MiB so that it travels over narrow channels. A native-ops kit (`--kit`, kitbuild.py)
+goes beside it as its own folder of parts; with it, the pin's trees run vLLM's real compiled
+ops. The command is `commands/bundle.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import lzma
 import sys
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_patchset.console import emit, progress
-from vllm_patchset.errors import BadInput, Finding, by_exit_code
-from vllm_patchset.gpu import gpurun, kitparts
+from vllm_patchset.console import progress
+from vllm_patchset.errors import BadInput, Finding, as_project_errors
+from vllm_patchset.gpu import BUNDLE_NAME, KIT_NAME, gpurun, kitparts
 from vllm_patchset.gpu.validate import build_trees
 from vllm_patchset.infra import archives, fsio, jsonfile
 from vllm_patchset.infra.config import Project
-from vllm_patchset.registry import GIT, add_command
 
 LIMIT = 64 * 1024 * 1024
-NAME = "vllm-patchset-gpu"
-KIT_NAME = "vllm-patchset-kit"  # a native-ops kit's folder, beside the archive
 
 # What importing vLLM's fused MoE code needs beyond a GPU host with torch, triton, numpy,
 # transformers and their dependencies (seen on an H200 host; gguf for 0.21.0). openai < 3:
@@ -156,53 +154,13 @@ def make_bundle(
     # A kit already where the archive's kit goes (`kit build`'s default output, beside the
     # default archive) stays as it is: it is the input, never copied onto itself or removed.
     in_place = kit is not None and fsio.same_path(kit, kit_copy)
-    kit_files: list[str] = []
-    if kit is not None:
-        if kit_copy.exists() and not in_place:
-            raise BadInput(f"{kit_copy} exists already")
-        try:
-            manifest = kitparts.verify(kit)
-        except kitparts.KitError as exc:
-            raise by_exit_code(str(exc), exc.exit_code) from None
-        kit_files = [kitparts.MANIFEST, *(part.name for part in manifest.parts)]
+    kit_files = _kit_files(kit, kit_copy, in_place=in_place) if kit is not None else []
     with fsio.temp_dir("vllm-patchset-bundle-") as tmp:
-        root = tmp / NAME
-        with progress("bundle: building the trees"):
-            built = build_trees(project, root)
-        fsio.copy_file(Path(gpurun.__file__), root / "gpurun.py", metadata=True)
-        for module in (kitparts, archives, jsonfile):  # kitparts imports the other two
-            source = Path(module.__file__ or "")
-            fsio.copy_file(source, root / source.name, metadata=True)
-        if wheels:
-            with progress("bundle: downloading the wheels"):
-                download_wheels(root / "wheels", python_version)
-        fsio.write_file(root / "run.sh", RUN_SH.format(kit=KIT_NAME))
-        trees = "\n".join(
-            f"  {s.name}: "
-            + (
-                f"not built: {s.skipped}"
-                if s.skipped
-                else ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
-            )
-            for s in built.specs
-        )
-        readme = README.format(archive=archive.name, name=NAME, trees=trees)
-        fsio.write_file(root / "README.txt", readme)
+        root = tmp / BUNDLE_NAME
+        _stage(project, root, archive.name, wheels=wheels, python_version=python_version)
         fsio.make_dir(archive.parent, parents=True, exist_ok=True)
         partial = archive.with_name(archive.name + ".part")
-        # One xz stream with a 64 MiB window: the trees share most files, so they compress
-        # together to little more than one.
-        try:
-            with (
-                progress(f"bundle: compressing {archive.name}"),
-                fsio.writing(partial) as raw,
-                lzma.open(raw, "wb", preset=level) as xz,
-                tarfile.open(fileobj=xz, mode="w") as tar,
-            ):
-                tar.add(root, arcname=NAME)
-        except BaseException:
-            fsio.remove_file(partial)
-            raise
+        _compress(root, partial, level)
     size = partial.stat().st_size
     if size >= LIMIT:
         fsio.remove_file(partial)
@@ -218,48 +176,60 @@ def make_bundle(
     return archive
 
 
-def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(
-        sub,
-        "bundle",
-        cmd_bundle,
-        help="one archive to run the GPU validation offline",
-        writes_checkout=False,
-        needs=GIT,
-    )
-    p.add_argument("--out", type=Path, help=f"the archive (default: build/{NAME}.tar.xz)")
-    p.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave wheels out")
-    p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
-    p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
-    p.add_argument("--kit", type=Path, help=f"a native-ops kit (kit build), copied to {KIT_NAME}/")
+def _kit_files(kit: Path, kit_copy: Path, *, in_place: bool) -> list[str]:
+    """The files of the kit that go beside the archive (kit.json and its parts), each part
+    checked first; BadInput where another kit is there already."""
+    if kit_copy.exists() and not in_place:
+        raise BadInput(f"{kit_copy} exists already")
+    with as_project_errors(kitparts.KitError):
+        manifest = kitparts.verify(kit)
+    return [kitparts.MANIFEST, *(part.name for part in manifest.parts)]
 
 
-def cmd_bundle(args: argparse.Namespace) -> int:
-    project = Project.load(args.project, args.cache_dir)
-    out = args.out or fsio.build_dir(project.root) / f"{NAME}.tar.xz"
-    if args.out is None:  # our own build outputs, in the build folder we marked: replace them
-        fsio.remove_output(out)
-        if args.kit is None or not fsio.same_path(args.kit, out.with_name(KIT_NAME)):
-            fsio.remove_output(out.with_name(KIT_NAME))
-    archive = make_bundle(
-        project,
-        out,
-        wheels=args.wheels,
-        python_version=args.python_version,
-        level=args.level,
-        kit=args.kit,
+def _stage(
+    project: Project, root: Path, archive_name: str, *, wheels: bool, python_version: str
+) -> None:
+    """The bundle's folder: the trees, the scripts that travel alone, the wheels, run.sh and
+    the README."""
+    with progress("bundle: building the trees"):
+        built = build_trees(project, root)
+    fsio.copy_file(Path(gpurun.__file__), root / "gpurun.py", metadata=True)
+    for module in (kitparts, archives, jsonfile):  # kitparts imports the other two
+        source = Path(module.__file__ or "")
+        fsio.copy_file(source, root / source.name, metadata=True)
+    if wheels:
+        with progress("bundle: downloading the wheels"):
+            download_wheels(root / "wheels", python_version)
+    fsio.write_file(root / "run.sh", RUN_SH.format(kit=KIT_NAME))
+    fsio.write_file(root / "README.txt", readme(archive_name, built.specs))
+
+
+def readme(archive_name: str, specs: Sequence[gpurun.TreeSpec]) -> str:
+    """README.txt: how to run the bundle, and each tree's expectations (or why it was not
+    built)."""
+    trees = "\n".join(
+        f"  {s.name}: "
+        + (
+            f"not built: {s.skipped}"
+            if s.skipped
+            else ", ".join(f"{e.test.split('::')[-1]} {e.expect}" for e in s.expectations)
+        )
+        for s in specs
     )
-    size = archive.stat().st_size
-    lines = [f"wrote {archive} ({size / 2**20:.1f} MiB)"]
-    kit_copy = archive.with_name(KIT_NAME) if args.kit is not None else None
-    if kit_copy is not None:
-        lines.append(f"wrote {kit_copy} (the kit's parts: copy them beside it)")
-    run = f"tar -xJf {archive.name} && sh {NAME}/run.sh"
-    lines.append(f"on the GPU host: {run}")
-    body = {
-        "archive": str(archive),
-        "size": size,
-        "kit": str(kit_copy) if kit_copy else None,
-        "run": run,
-    }
-    return emit(args, "\n".join(lines), body)
+    return README.format(archive=archive_name, name=BUNDLE_NAME, trees=trees)
+
+
+def _compress(root: Path, partial: Path, level: int) -> None:
+    """`root` as one xz stream with a 64 MiB window into `partial` (removed on any error): the
+    trees share most files, so they compress together to little more than one."""
+    try:
+        with (
+            progress(f"bundle: compressing {partial.name.removesuffix('.part')}"),
+            fsio.writing(partial) as raw,
+            lzma.open(raw, "wb", preset=level) as xz,
+            tarfile.open(fileobj=xz, mode="w") as tar,
+        ):
+            tar.add(root, arcname=BUNDLE_NAME)
+    except BaseException:
+        fsio.remove_file(partial)
+        raise

@@ -16,8 +16,8 @@ byte is unpacked; the stream is unpacked into a staging folder, every `site/` fi
 against the wheel's RECORD (itself checked against kit.json), the wheels are checked and
 installed into `site/` with pip (no index), and only then is the staging folder renamed to
 DIR. A missing, truncated or altered part, or a file that is not the wheel's, is one line on
-stderr and nothing is written. `vllm-patchset kit build` (kit.py) writes kits; this module is
-also copied into `vllm-patchset bundle`'s archive, for hosts without vllm-patchset.
+stderr and nothing is written. `vllm-patchset kit build` (kitbuild.py) writes kits; this module
+is also copied into `vllm-patchset bundle`'s archive, for hosts without vllm-patchset.
 
 Since it travels alone, it keeps its own standard-library writes and children (open, rename,
 rmtree, mkdtemp, subprocess for pip) instead of the file-system layer (`infra/fsio/`), which
@@ -318,6 +318,8 @@ def _staging(dest: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# A copy of `infra/fsio/writes.py`'s `_alive`: this module travels alone to GPU hosts, where
+# the file-system layer is not.
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -20,24 +20,20 @@ from the pin's wheel (mode `native` in the report) instead of the stand-ins.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import shutil
-import sys
 import tomllib
-from contextlib import redirect_stdout
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_patchset import versions
-from vllm_patchset.console import emit, progress
-from vllm_patchset.errors import BadInput, by_exit_code
-from vllm_patchset.gpu import gpurun, kitparts
+from vllm_patchset.errors import BadInput
+from vllm_patchset.gpu import gpurun
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import TREE_INFO, TreeInfo, export_tree, patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
-from vllm_patchset.registry import GIT, add_command
 from vllm_patchset.series.patches import Patch
 from vllm_patchset.series.verdict import State
 
@@ -146,21 +142,7 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
 
     states = {v.patch: v.state for v in walk(mirror, pin, patches).verdicts}
     version = pin.version or pin.label
-    pristine_expect: list[gpurun.Expectation] = []
-    overlay_expect: list[gpurun.Expectation] = []
-    for patch in patches:
-        state = states[patch.key]
-        for test in patch.trailers.regression_tests:
-            red = state == State.APPLIES
-            why = f"{patch.key}: {state.value} on {version}"
-            pristine_expect.append(gpurun.Expectation(test, "red" if red else "green", why))
-            overlay_expect.append(gpurun.Expectation(test, "green", f"{patch.key} applied"))
-    named = {e.test for e in pristine_expect}
-    for test, path, why in NEW_PATH_TESTS:
-        brings = [p for p in patches if states[p.key] == State.APPLIES and path in p.paths]
-        if brings and test not in named:
-            pristine_expect.append(gpurun.Expectation(test, "red", f"{brings[0].key}: {why}"))
-            overlay_expect.append(gpurun.Expectation(test, "green", f"{brings[0].key} applied"))
+    pristine_expect, overlay_expect = pin_expectations(patches, states, version)
     for name, pristine, expect in (
         (f"pristine-{version}", True, pristine_expect),
         (f"overlay-{version}", False, overlay_expect),
@@ -178,6 +160,31 @@ def build_trees(project: Project, root: Path) -> BuiltTrees:
     fsio.write_file(root / "pytest.ini", ini)
     gpurun.write_manifest(root, specs)
     return BuiltTrees(root, tuple(specs))
+
+
+def pin_expectations(
+    patches: Sequence[Patch], states: Mapping[str, State], version: str
+) -> tuple[list[gpurun.Expectation], list[gpurun.Expectation]]:
+    """What the pin's pristine tree and its overlay tree expect of each test: a patch's
+    regression tests red on the pristine pin where the patch applies there (else green), green
+    on the overlay; and the tests of NEW_PATH_TESTS that no trailer names, where a patch that
+    applies brings their file."""
+    pristine_expect: list[gpurun.Expectation] = []
+    overlay_expect: list[gpurun.Expectation] = []
+    for patch in patches:
+        state = states[patch.key]
+        for test in patch.trailers.regression_tests:
+            red = state == State.APPLIES
+            why = f"{patch.key}: {state.value} on {version}"
+            pristine_expect.append(gpurun.Expectation(test, "red" if red else "green", why))
+            overlay_expect.append(gpurun.Expectation(test, "green", f"{patch.key} applied"))
+    named = {e.test for e in pristine_expect}
+    for test, path, why in NEW_PATH_TESTS:
+        brings = [p for p in patches if states[p.key] == State.APPLIES and path in p.paths]
+        if brings and test not in named:
+            pristine_expect.append(gpurun.Expectation(test, "red", f"{brings[0].key}: {why}"))
+            overlay_expect.append(gpurun.Expectation(test, "green", f"{brings[0].key} applied"))
+    return pristine_expect, overlay_expect
 
 
 def _upstreamed_trees(
@@ -228,24 +235,6 @@ def _upstreamed_trees(
     return specs
 
 
-def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(
-        sub,
-        "validate",
-        cmd_validate,
-        help="GPU tests on pristine, overlaid and buggy trees",
-        writes_checkout=False,
-        needs=GIT,
-    )
-    p.add_argument("--work", type=Path, help="where to build the trees (default: build/gpu)")
-    p.add_argument("--python", default=sys.executable, help="the interpreter with torch")
-    p.add_argument(
-        "--only", action="append", default=[], metavar="TREE", help="run this tree only (repeat)"
-    )
-    p.add_argument("--build-only", action="store_true", help="build the trees, run nothing")
-    p.add_argument("--kit", type=Path, help="a native-ops kit: the pin's trees run its real ops")
-
-
 def tree_names(project: Project) -> list[str]:
     """The names `build_trees` gives its trees, without building them."""
     mirror = mirror_for(project)
@@ -259,7 +248,7 @@ def tree_names(project: Project) -> list[str]:
     return names
 
 
-def _require_torch(python: str) -> None:
+def require_torch(python: str) -> None:
     """One line, before anything is built, where `python` cannot import torch."""
     try:
         done = fsio.run_child([python, "-c", "import torch"], capture_output=True, text=True)
@@ -271,50 +260,3 @@ def _require_torch(python: str) -> None:
             f"validate needs torch (and a GPU): {python} cannot import it ({lines[-1]}); run it"
             " where they are (--python EXE), or take the trees there with `vllm-patchset bundle`"
         )
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    project = Project.load(args.project, args.cache_dir)
-    names = tree_names(project)
-    unknown = [name for name in args.only if name not in names]
-    if unknown:
-        raise BadInput(
-            f"validate --only {unknown[0]}: no such tree (the trees: {', '.join(names)})"
-        )
-    if not args.build_only:
-        _require_torch(args.python)
-    work = args.work
-    if work is None:  # our own build output, in the build folder we marked: start clean
-        work = fsio.build_dir(project.root) / "gpu"
-        fsio.remove_output(work)
-    with progress("validate: building the trees"):
-        built = build_trees(project, work)
-    for spec in built.specs:
-        where = f"skipped: {spec.skipped}" if spec.skipped else spec.path
-        print(f"tree {spec.name}: {where}", file=sys.stderr)
-    native = None
-    if args.kit is not None:
-        try:
-            with progress("validate: assembling the kit"):
-                native = kitparts.assemble(args.kit, work / "native", args.python) / "site"
-        except kitparts.KitError as exc:
-            raise by_exit_code(str(exc), exc.exit_code) from None
-        print(f"native ops for the pin's trees from {native}", file=sys.stderr)
-    if args.build_only:
-        return emit(args, "", {"work": str(work), "trees": [s.name for s in built.specs]})
-    only = tuple(args.only)
-    count = len(only) or len(built.specs)
-    # gpurun prints a line per tree on stdout: here it goes to stderr, stdout holds the report.
-    running = progress(f"validate: tests/gpu on {count} tree(s)")
-    with running, redirect_stdout(sys.stderr):
-        rows = gpurun.run_all(built.root, built.root / "results", args.python, only, native)
-    unmet = [r for r in rows if not r.met]
-    body = {"work": str(work), "rows": [r.__dict__ for r in rows], "unmet": len(unmet)}
-    code = emit(args, gpurun.table(rows), body, 1 if unmet else 0)
-    if unmet:
-        print(
-            f"vllm-patchset: {len(unmet)} red/green expectation(s) unmet (UNMET in the table;"
-            f" logs in {built.root / 'results'})",
-            file=sys.stderr,
-        )
-    return code

@@ -23,7 +23,6 @@ named as the tool names its downloads.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import stat
@@ -33,13 +32,12 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_patchset import versions
-from vllm_patchset.console import emit, table
+from vllm_patchset.console import table
 from vllm_patchset.infra import fsio
-from vllm_patchset.infra.config import Project, default_cache_dir
+from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.overlay import upstream
 from vllm_patchset.overlay.lock import Lock
-from vllm_patchset.registry import GIT, Subcommands, add_command, add_group
 
 LOCK_REF = "refs/vllm-patchset/lock"  # keeps the lock's upstream commit through a gc
 _SDIST = re.compile(r"vllm-(?P<version>[^/]+)\.tar\.gz")
@@ -163,39 +161,30 @@ def _json(items: list[Item]) -> list[dict[str, object]]:
     ]
 
 
-def _project(args: argparse.Namespace, *, required: bool) -> Project | None:
-    root = args.project or Project.discover(Path.cwd())
-    if root is None and not required:
-        return None
-    return Project.load(root, args.cache_dir)
-
-
-def cmd_cache_list(args: argparse.Namespace) -> int:
-    fsio.interrupt_leaves("nothing was changed")
-    project = _project(args, required=False)
-    cache = project.cache_dir if project else (args.cache_dir or default_cache_dir())
-    # Shared: a prune waits. A cache without a lock file yet is read without one (nothing
-    # else has begun to write it; listing writes nothing).
+def listing(cache: Path, pin: str | None) -> tuple[str, dict[str, object]]:
+    """`cache list`'s report (text, JSON body) of `cache`, read under the cache's shared lock:
+    a prune waits. A cache without a lock file yet is read without one (nothing else has begun
+    to write it; listing writes nothing)."""
     with fsio.locked(cache / upstream.CACHE_LOCK, shared=True, holder=_HOLDER):
-        items = inventory(cache, project.pin if project else None)
+        items = inventory(cache, pin)
     body = {"cache": str(cache), "size": sum(i.size for i in items), "items": _json(items)}
-    return emit(args, _table(cache, items, "cache"), body)
+    return _table(cache, items, "cache"), body
 
 
 _HOLDER = "another vllm-patchset run (a fetch, build, matrix or cache prune)"
 
 
-def cmd_cache_prune(args: argparse.Namespace) -> int:
-    project = _project(args, required=True)
-    assert project is not None
+def prune(project: Project, *, dry_run: bool) -> tuple[str, dict[str, object]]:
+    """`cache prune` of the project's cache, under the cache's exclusive lock: its report
+    (text, JSON body)."""
     if not project.cache_dir.is_dir():
-        return _prune(args, project)
+        return _prune(project, dry_run=dry_run)
     fsio.no_symlink_below(project.cache_dir, (upstream.CACHE_LOCK,))
     with upstream.cache_exclusive(project.cache_dir):
-        return _prune(args, project)
+        return _prune(project, dry_run=dry_run)
 
 
-def _prune(args: argparse.Namespace, project: Project) -> int:
+def _prune(project: Project, *, dry_run: bool) -> tuple[str, dict[str, object]]:
     cache = project.cache_dir
     mirror = cache / "mirror.git"
     if mirror.is_symlink():
@@ -208,21 +197,21 @@ def _prune(args: argparse.Namespace, project: Project) -> int:
     freed = sum(i.size for i in gone)
     # Each file goes whole and git gc replaces packs atomically: the cache stays usable.
     removing = "some of the files listed removed; the cache is usable as it is"
-    fsio.interrupt_leaves("nothing was changed" if args.dry_run else removing)
-    if not args.dry_run:
+    fsio.interrupt_leaves("nothing was changed" if dry_run else removing)
+    if not dry_run:
         for item in gone:
             path = fsio.no_symlink_below(cache, item.path.split("/"))
             if fsio.is_regular(path):  # still what was listed: a regular file of ours
                 fsio.remove_file(path)
         if _is_mirror(mirror):
             freed += _gc(Repo(mirror), project)
-    verb = "would remove" if args.dry_run else "removed"
+    verb = "would remove" if dry_run else "removed"
     lines = [f"{verb} {len(gone)} file(s), {human(freed)}"]
     lines += [f"  {i.path} ({human(i.size)})" for i in gone]
-    if not args.dry_run:
+    if not dry_run:
         lines.append("mirror: unreachable objects removed, every tag kept")
-    body = {"dry_run": args.dry_run, "removed": _json(gone), "freed": freed}
-    return emit(args, "\n".join(lines), body)
+    body = {"dry_run": dry_run, "removed": _json(gone), "freed": freed}
+    return "\n".join(lines), body
 
 
 def _gc(repo: Repo, project: Project) -> int:
@@ -235,24 +224,3 @@ def _gc(repo: Repo, project: Project) -> int:
         repo.run("update-ref", LOCK_REF, commit)
     repo.run("gc", "--quiet", "--prune=now")
     return max(0, before - size_of(repo.path))
-
-
-def register_cli(sub: Subcommands) -> None:
-    csub = add_group(sub, "cache", help="what the cache holds, how big; prune it")
-    add_command(
-        csub,
-        "list",
-        cmd_cache_list,
-        help="sdists and wheels per release, the mirror, their sizes",
-        writes_checkout=False,
-        needs=GIT,
-    )
-    p = add_command(
-        csub,
-        "prune",
-        cmd_cache_prune,
-        help="remove imported sdists, other releases' wheels, git junk",
-        writes_checkout=False,
-        needs=GIT,
-    )
-    p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")

@@ -192,6 +192,7 @@ def sweep_staging(folder: Path) -> None:
                 remove_tree(folder / name)
 
 
+# `gpu/kitparts.py` keeps a copy: it travels alone to GPU hosts, where this layer is not.
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -1,5 +1,7 @@
-"""`vllm-patchset kit build|verify|assemble`: the pin's vLLM, with its compiled ops, for a GPU
-host that has torch but no vLLM install and no network.
+"""The native-ops kit written (`vllm-patchset kit build`; the commands are `commands/kit.py`):
+the pin's vLLM, with its compiled ops, for a GPU host that has torch but no vLLM install and no
+network. This module runs on the workstation; `kitparts.py` (the kit's format, its check and
+its assembly) travels alone to the host.
 
 `build` downloads the pin's wheel from the package index (sha256 checked against the index,
 cached), keeps the files that vLLM's engine and MoE path need, adds the wheels of the packages
@@ -19,7 +21,6 @@ A host with a normal vLLM install (users' CI, vLLM's images) needs none of this.
 
 from __future__ import annotations
 
-import argparse
 import io
 import lzma
 import tarfile
@@ -28,17 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from vllm_patchset.console import emit, progress
-from vllm_patchset.errors import BadInput, by_exit_code
-from vllm_patchset.gpu import kitparts
+from vllm_patchset.console import progress
+from vllm_patchset.errors import BadInput
+from vllm_patchset.gpu import KIT_PLATFORM, kitparts
 from vllm_patchset.gpu.bundle import download_wheels
 from vllm_patchset.infra import fsio, index, indexsettings
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import sha256_bytes, sha256_file
-from vllm_patchset.registry import add_command, add_group
 
-NAME = "vllm-patchset-kit"
-PLATFORM = "manylinux_2_28_x86_64"
 LEFT_OUT_FILES = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs")
 LEFT_OUT_DIRS = ("vllm/entrypoints/serve/instrumentator/static/",)
 THIRD_PARTY = "vllm/third_party/"
@@ -75,7 +73,7 @@ VLLM_WHEELS = (
 )
 # vllm-patchset itself on the host (`overlay apply`, the engine check): pyproject.toml's
 # [project].dependencies resolved for the GPU host (Python 3.12, no extras: the deploy
-# commands need packaging alone), pinned. A test (tests/test_kit_wheels.py) fails when they
+# commands need packaging alone), pinned. A test (tests/gpu_jobs/test_kitbuild.py) fails when they
 # drift from pyproject.toml or miss a dependency.
 TOOL_WHEELS = ("packaging==26.4",)
 ENGINE_WHEELS = VLLM_WHEELS + TOOL_WHEELS
@@ -114,7 +112,7 @@ def _index_wheel(
     )
 
 
-def pin_wheel(project: Project, platform: str = PLATFORM) -> tuple[Path, str]:
+def pin_wheel(project: Project, platform: str = KIT_PLATFORM) -> tuple[Path, str]:
     """The pin's wheel in the cache (`<cache>/wheels/`), downloaded once; sha256 checked against
     the index every time the index is reachable, and against the cached check otherwise."""
     setting = indexsettings.for_project(project)
@@ -197,7 +195,7 @@ def build_kit(
     level: int = 9,
     with_wheels: bool = True,
     python_version: str = "3.12",
-    platform: str = PLATFORM,
+    platform: str = KIT_PLATFORM,
 ) -> kitparts.Manifest:
     wheel, sha256 = pin_wheel(project, platform)
     scratch = dest.with_name(f".{dest.name}.wheels")
@@ -211,85 +209,3 @@ def build_kit(
             return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
     finally:
         fsio.discard_tree(scratch)
-
-
-def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ksub = add_group(sub, "kit", help="the pin's vLLM with its compiled ops, for GPU hosts")
-    p = add_command(
-        ksub,
-        "build",
-        cmd_kit_build,
-        help="download the pin's wheel, write the kit's parts",
-        writes_checkout=False,
-    )
-    p.add_argument("--out", type=Path, help=f"a new folder (default: build/{NAME})")
-    p.add_argument("--level", type=int, default=9, help="xz preset, 0 (fast) .. 9 (small)")
-    p.add_argument("--no-wheels", dest="wheels", action="store_false", help="vLLM's wheel only")
-    p.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels)")
-    p.add_argument("--platform", default=PLATFORM, help="the wheel's platform tag")
-    p = add_command(
-        ksub,
-        "verify",
-        cmd_kit_verify,
-        help="check every part's size and sha256",
-        writes_checkout=False,
-    )
-    p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
-    p = add_command(
-        ksub,
-        "assemble",
-        cmd_kit_assemble,
-        help="check, unpack, check every file against the RECORD",
-        writes_checkout=False,
-    )
-    p.add_argument("kit", type=Path, metavar="KIT", help="the kit's folder (kit.json and parts)")
-    p.add_argument("--dest", type=Path, required=True, help="the folder to create")
-
-
-def _parts(manifest: kitparts.Manifest) -> list[dict[str, object]]:
-    return [{"name": p.name, "size": p.size, "sha256": p.sha256} for p in manifest.parts]
-
-
-def cmd_kit_build(args: argparse.Namespace) -> int:
-    project = Project.load(args.project, args.cache_dir)
-    out = args.out or fsio.build_dir(project.root) / NAME
-    if args.out is None:  # our own build output, in the build folder we marked: replace it
-        fsio.remove_output(out)
-    manifest = build_kit(
-        project,
-        out,
-        level=args.level,
-        with_wheels=args.wheels,
-        python_version=args.python_version,
-        platform=args.platform,
-    )
-    size = sum(p.size for p in manifest.parts) / 2**20
-    wheels = len(manifest.wheels)
-    lines = [f"wrote {out}: {len(manifest.parts)} parts, {size:.1f} MiB, {wheels} wheels"]
-    lines += [f"  {part.name} {part.size} {part.sha256}" for part in manifest.parts]
-    body = {"kit": str(out), "vllm": manifest.vllm, "parts": _parts(manifest), "wheels": wheels}
-    return emit(args, "\n".join(lines), body)
-
-
-def cmd_kit_verify(args: argparse.Namespace) -> int:
-    try:
-        with progress("kit verify: checking the parts"):
-            manifest = kitparts.verify(args.kit)
-    except kitparts.KitError as exc:
-        raise by_exit_code(str(exc), exc.exit_code) from None
-    text = f"kit for vllm {manifest.vllm}: {len(manifest.parts)} parts ok"
-    return emit(
-        args, text, {"kit": str(args.kit), "vllm": manifest.vllm, "parts": _parts(manifest)}
-    )
-
-
-def cmd_kit_assemble(args: argparse.Namespace) -> int:
-    try:
-        with progress("kit assemble: checking and unpacking the parts"):
-            dest = kitparts.assemble(args.kit, args.dest)
-    except kitparts.KitError as exc:
-        raise by_exit_code(str(exc), exc.exit_code) from None
-    site = dest / "site"
-    return emit(
-        args, f"kit assembled in {dest}: PYTHONPATH={site}", {"dest": str(dest), "site": str(site)}
-    )

@@ -1,57 +1,29 @@
 """`overlay apply | verify | revert | status | diff` on the command line: which overlay (the
 checkout's, else the one a packed wheel carries, else the target's record), which target, and
-the report printed. The work is done by the modules beside this one:
-
-    target.py       the install deployed to (`Target`): its package, its state dir, the lock
-    record.py       the record (the commit point of an apply) and the journal, and their JSON
-    plan.py         the planner: hashes, lock and record in, a `Plan` out (it reads nothing)
-    transaction.py  a `Transaction` over the durable journal (begin, mark done, commit, roll
-                    back), and the recovery of a killed run
-    operations.py   apply, revert, verify, status, diff: plan once, under the lock, then a
-                    transaction
-    bytecode.py     the pycs beside an overlaid module
-    report.py       what a command reports; the unified diff
-    source.py       the overlay to deploy (a checkout's, or one packed into a wheel)
+the report printed. The work is done by `deploy/` (its modules are named in its `__init__`),
+imported by the handler.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import colours, emit, fit
-from vllm_patchset.deploy import guard
-from vllm_patchset.deploy.operations import (
-    DIFF_SHOWS,
-    apply,
-    diff,
-    orphaned,
-    revert,
-    status,
-    verify,
-)
-from vllm_patchset.deploy.record import read_record
-from vllm_patchset.deploy.report import Report, diff_text
-from vllm_patchset.deploy.source import Source, no_overlay, overlay_source, packaged_overlay
-from vllm_patchset.deploy.target import NoPackage, Target
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
-from vllm_patchset.infra.fsio import (  # re-exported: the tests and the README name them here
-    LOCK_TIMEOUT_ENV,
-    TMP_SUFFIX,
-    UnsafePath,
-)
-from vllm_patchset.infra.installed import STATE_DIR
-from vllm_patchset.overlay.lock import Lock
-from vllm_patchset.registry import add_command
+from vllm_patchset.registry import Subcommands, add_command
 
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["LOCK_TIMEOUT_ENV", "TMP_SUFFIX", "UnsafePath", "packaged_overlay"]
+    from vllm_patchset.deploy.report import Report
+    from vllm_patchset.deploy.source import Source
+    from vllm_patchset.deploy.target import Target
+    from vllm_patchset.overlay.lock import Lock
 
 HELPS = {
     "apply": "install the overlay into an installed vllm (every file or none)",
@@ -68,27 +40,19 @@ FORCES = {
 }
 
 
-def register_cli(osub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`overlay apply|verify|revert|status|diff`, called by cli.build_parser."""
+def register_cli(osub: Subcommands) -> None:
+    """`overlay apply|verify|revert|status|diff`, in the group `overlay` (commands/overlay.py)."""
     for name, text in HELPS.items():
         p = add_command(osub, name, cmd_deploy, help=text, writes_checkout=False)
-        where = p.add_mutually_exclusive_group()
-        where.add_argument(
+        add_options(
+            p.add_mutually_exclusive_group(),
             "--target",
-            type=Path,
-            metavar="DIR",
-            help="the dir holding the vllm package (site-packages, pip's --target)",
-        )
-        where.add_argument(
             "--python",
-            metavar="EXE",
-            help="the vllm of this interpreter (default: the one running vllm-patchset)",
+            target="the dir holding the vllm package (site-packages, pip's --target)",
+            python="the vllm of this interpreter (default: the one running vllm-patchset)",
         )
         if name in FORCES:
-            p.add_argument(
-                "--dry-run", action="store_true", help="say what would change, change nothing"
-            )
-            p.add_argument("--force", action="store_true", help=FORCES[name])
+            add_options(p, "--dry-run", "--force", force=FORCES[name])
         if name == "apply":
             p.add_argument(
                 "--diff", action="store_true", help="also print the changes as a unified diff"
@@ -111,6 +75,11 @@ NEEDS_NO_OVERLAY = ("status", "revert")  # these compare with the target's recor
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from vllm_patchset.deploy import guard
+    from vllm_patchset.deploy.operations import orphaned
+    from vllm_patchset.deploy.source import overlay_source
+    from vllm_patchset.deploy.target import NoPackage, Target
+
     command = args.overlay_command
     fsio.interrupt_leaves("nothing was changed")
     source = overlay_source(args.project, args.cache_dir)
@@ -143,6 +112,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def _state_left(root: Path | None) -> bool:
     """Is the state of an overlay left where the package is gone?"""
+    from vllm_patchset.infra.installed import STATE_DIR
+
     return root is not None and (root / STATE_DIR).is_dir() and not (root / STATE_DIR).is_symlink()
 
 
@@ -150,6 +121,8 @@ def _run(
     args: argparse.Namespace, target: Target, source: Source | None
 ) -> tuple[Report, dict[str, str]]:
     """The command on `target`: its report, and the diffs it shows."""
+    from vllm_patchset.deploy.operations import apply, diff, revert, status, verify
+
     command = args.overlay_command
     lock = source.lock if source else _recorded(target)
     if command == "diff":
@@ -167,7 +140,10 @@ def _run(
 
 
 def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> int:
-    doc = asdict(report)
+    from vllm_patchset.deploy.operations import DIFF_SHOWS
+    from vllm_patchset.deploy.report import diff_text
+
+    doc = dataclasses.asdict(report)
     if diffs:
         for item in doc["files"]:
             item["diff"] = diffs[item["path"]]
@@ -188,6 +164,9 @@ def _emit(args: argparse.Namespace, report: Report, diffs: dict[str, str]) -> in
 def _recorded(target: Target) -> Lock:
     """The lock of the overlay recorded at `target` (none given): status and revert need only
     that record."""
+    from vllm_patchset.deploy.record import read_record
+    from vllm_patchset.deploy.source import no_overlay
+
     target.refuse_symlinked_state()
     record = read_record(target)
     return record.lock if record is not None else no_overlay(target.package, target.version)
