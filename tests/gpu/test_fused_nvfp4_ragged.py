@@ -167,10 +167,16 @@ def test_ragged_same_bits_as_zero_padded(
     assert differ == 0, f"{differ} of {got.numel()} elements differ from the zero-padded layer"
 
 
-def _probe_outputs(name: str, entry: str, graph: bool) -> tuple[torch.Tensor, list]:
-    """The probe token's output alone (eager), and at a random row of each batch."""
-    shape, moe = SHAPES[name], _moe(name)
-    experts = moe_setup.nvfp4_emulation_experts(moe, shape, max(BATCHES))
+def probe_outputs(
+    shape: moe_setup.MoeShape,
+    moe: Nvfp4Moe,
+    entry: str,
+    graph: bool,
+    batches: tuple[int, ...] = BATCHES,
+) -> tuple[torch.Tensor, list]:
+    """The probe token's output alone (eager), and at a random row of each batch
+    (tests/gpu/test_shape_tables.py takes it too)."""
+    experts = moe_setup.nvfp4_emulation_experts(moe, shape, max(batches))
     kernel = moe_setup.emulation_or_bf16_kernel(experts)
     probe = moe_setup.random_inputs(1, shape, PROBE_SEED)
 
@@ -197,13 +203,13 @@ def _probe_outputs(name: str, entry: str, graph: bool) -> tuple[torch.Tensor, li
         return row, out[row].clone()
 
     alone = output(1, False)[1]
-    return alone, [(t, *output(t, graph)) for t in (1, *BATCHES)]
+    return alone, [(t, *output(t, graph)) for t in (1, *batches)]
 
 
 @pytest.mark.parametrize(("entry", "graph"), MODES)
 @pytest.mark.parametrize("shape", INVARIANCE_SHAPES)
 def test_ragged_batch_invariant(shape: str, entry: str, graph: bool) -> None:
-    alone, outputs = _probe_outputs(shape, entry, graph)
+    alone, outputs = probe_outputs(SHAPES[shape], _moe(shape), entry, graph)
     assert not alone.isnan().any()
     differ = [
         f"{tokens} tokens, row {row}: {int((out != alone).sum())} elements differ"
