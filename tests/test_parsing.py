@@ -1,6 +1,6 @@
-"""Unit tables for the readers of the project's and an install's data: a patch file, the series
-file, the overlay lock (and comparing two), an installed wheel's RECORD and names, paths from
-data, release versions and git sources. No git, no vLLM: text in, value (or one error) out."""
+"""Unit tables for the readers of the project's data: a patch file, the series file, the overlay
+lock (and comparing two), release versions, verdicts. No git, no vLLM: text in, value (or one
+error) out."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import pytest
 from packaging.version import Version
 from vllm_patchset.errors import BadInput, PatchsetError
 from vllm_patchset.infra import jsonfile
-from vllm_patchset.infra.fsio import plain_parts
-from vllm_patchset.infra.installed import canonical_name, parse_record
 from vllm_patchset.overlay.build import compare_locks
 from vllm_patchset.overlay.lock import Lock, LockEntry
-from vllm_patchset.overlay.upstream import is_remote_url
 from vllm_patchset.series.patches import (
     FilePatch,
     Hunk,
@@ -378,55 +375,7 @@ def test_compare_locks(lock: Lock, difference: str | None) -> None:
     assert compare_locks(lock, LOCK) == difference
 
 
-# -- an installed wheel --------------------------------------------------------------------------
-RECORDS = [
-    ("", {}),
-    (
-        "vllm/__init__.py,sha256=abc,12\nvllm-0.24.0.dist-info/RECORD,,\n",
-        {"vllm/__init__.py": "sha256=abc", "vllm-0.24.0.dist-info/RECORD": ""},
-    ),
-    ('"vllm/a,b.py",sha256=x,1\r\n\n', {"vllm/a,b.py": "sha256=x"}),  # CSV quoting, blank rows
-    ("a-row-with-no-hash-field\nvllm/x.py,sha256=y\n", {"vllm/x.py": "sha256=y"}),
-]
-
-
-@pytest.mark.parametrize(("text", "rows"), RECORDS)
-def test_parse_record(text: str, rows: dict[str, str]) -> None:
-    assert parse_record(text) == rows
-
-
-@pytest.mark.parametrize(
-    ("name", "canonical"),
-    [("vllm", "vllm"), ("VLLM", "vllm"), ("Foo.Bar_baz", "foo-bar-baz"), ("a_-_b", "a-b")],
-)
-def test_canonical_name(name: str, canonical: str) -> None:
-    assert canonical_name(name) == canonical
-
-
-PATHS = [
-    # (path from data, the top folder it must be under, its parts or None)
-    ("vllm/a.py", "vllm", ("vllm", "a.py")),
-    ("vllm/sub/a.py", None, ("vllm", "sub", "a.py")),
-    ("a", None, ("a",)),
-    ("vllm", "vllm", None),  # the package itself is no path in it
-    ("torch/a.py", "vllm", None),
-    ("", None, None),
-    ("/vllm/a.py", None, None),
-    ("vllm/", "vllm", None),
-    ("vllm//a.py", None, None),
-    ("vllm/./a.py", None, None),
-    ("vllm/../a.py", None, None),
-    ("vllm\\a.py", None, None),
-    ("vllm/a\x00.py", None, None),
-]
-
-
-@pytest.mark.parametrize(("rel", "top", "parts"), PATHS)
-def test_plain_parts(rel: str, top: str | None, parts: tuple[str, ...] | None) -> None:
-    assert plain_parts(rel, top) == parts
-
-
-# -- versions and sources ------------------------------------------------------------------------
+# -- versions ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "version"),
     [
@@ -442,23 +391,6 @@ def test_plain_parts(rel: str, top: str | None, parts: tuple[str, ...] | None) -
 )
 def test_parse_version(text: str, version: Version | None) -> None:
     assert parse_version(text) == version
-
-
-@pytest.mark.parametrize(
-    ("source", "remote"),
-    [
-        ("https://github.com/vllm-project/vllm", True),
-        ("git@github.com:vllm-project/vllm.git", True),
-        ("ssh://git@example.com/vllm.git", True),
-        ("git://example.com/vllm", True),
-        ("file:///srv/vllm", False),  # this machine's
-        ("/home/me/vllm", False),
-        ("../vllm", False),
-        ("host:path", False),
-    ],
-)
-def test_remote_git_sources(source: str, remote: bool) -> None:
-    assert is_remote_url(source) == remote
 
 
 # -- verdicts as JSON (the rebase journal keeps them), through infra/codec.py -------------------
