@@ -48,6 +48,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.infra.codec",
     "vllm_patchset.infra.config",
     "vllm_patchset.infra.fsio",
+    "vllm_patchset.infra.fsio.children",
     "vllm_patchset.infra.fsio.interrupts",
     "vllm_patchset.infra.fsio.locks",
     "vllm_patchset.infra.fsio.paths",

@@ -256,14 +256,8 @@ def _sweep_parts(folder: Path, filename: str) -> None:
     ran to remove them): regular files only, of a pid that is gone."""
     for path in folder.iterdir():
         pid = part_pid(path.name, filename)
-        if pid is None or not fsio.is_regular(path):
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if pid is not None and fsio.is_regular(path) and not fsio.process_alive(pid):
             fsio.remove_file(path)
-        except PermissionError:
-            continue
 
 
 def download(

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from vllm_patchset.infra.fsio.children import child, die_with_parent, run_child
+from vllm_patchset.infra.fsio.children import child, die_with_parent, process_alive, run_child
 
 ARGVS = [
     ["printf", "%s|", "plain"],
@@ -38,3 +38,9 @@ def test_run_child_returns_the_completed_process() -> None:
 def test_die_with_parent_is_a_preexec_on_linux() -> None:
     preexec = die_with_parent()
     assert callable(preexec) == sys.platform.startswith("linux")
+
+
+def test_process_alive() -> None:
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, check=True)
+    assert process_alive(os.getpid()) is True
+    assert process_alive(int(gone.stdout)) is False  # waited for: its pid names no process
