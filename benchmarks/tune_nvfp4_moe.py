@@ -1,7 +1,7 @@
 """Tile sweep for the fused NVFP4 emulation MoE kernel (patch 0002), and its bucket table.
 
-    python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--write-table [DIR]]
-                                        [--out DIR]
+    python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--tokens N ...]
+                                        [--write-table [DIR]] [--out DIR]
 
 DIR holds a vLLM tree with patch 0002 applied (the kernels live in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
@@ -11,14 +11,21 @@ process_weights_after_loading leaves them (the module's tiles, where it has them
 ``laid_out``), the reference reads the checkpoint's rows. Times each GEMM (w13 with
 silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on the --shapes
 (tests/gpu/moe_setup.SHAPES names; default the two the generic table was tuned on) and token
-counts 1, 8, 32, 128, 512 (CUDA graph replay, L2 flushed before each replay, median of 20),
+counts 1, 8, 32, 128, 512 (or those of --tokens; CUDA graph replay, L2 flushed before each
+replay, median of 20),
 checks the picked configs against the pure-torch reference (tests/gpu/nvfp4_reference.py),
 and with --write-table writes the picks as the kernel module's tile tables (JSON, as its
 nvfp4_moe_configs reads them) into DIR (default benchmarks/results/nvfp4_moe_tables/): one per
 shape, ``nvfp4_emulation_moe_tiles.E<experts held>_H<hidden>_I<intermediate>.<GPU>.json``,
 and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
-pick over all the shapes). The kernel reads them from the folder named by
-VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own folder, where patch 0002 ships them.
+pick over all the shapes; only when every token count was swept). With --tokens, a shape's
+table takes the picks for the buckets of the token counts swept and, for the other buckets,
+the entries the tree's kernel module takes today for that shape (a table shipped beside it,
+else the generic CUDA one): the pick for a token count t becomes a bucket of its own, bound t
+(the counts above the bucket below, up to t), and the entry that covered the counts above t
+stays, so that retuning one token count of a shape changes only the counts it measured. The
+kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
+folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
 specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
 shape.
@@ -351,23 +358,23 @@ def layout_kwargs() -> dict[str, bool]:
     return kwargs
 
 
-def all_tasks(shapes: list[moe_setup.MoeShape]) -> list[tuple]:
+def all_tasks(shapes: list[moe_setup.MoeShape], tokens: list[int]) -> list[tuple]:
     tasks = []
     for shape in shapes:
-        for t, groups in GROUPS.items():
+        for t, groups in ((t, GROUPS[t]) for t in tokens):
             for bm, naive, qdq in groups:
                 tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
                 tasks += [(shape.name, t, "w2", bm, naive, False, g) for g in W2[bm]]
     return list(dict.fromkeys(tasks))
 
 
-def make_cases(names) -> dict:
+def make_cases(names, tokens) -> dict:
     cases = {}
     for name in names:
         shape = shape_named(name)
         rows = moe_setup.make_moe(shape)
         moe = laid_out(rows)
-        for t in GROUPS:
+        for t in tokens:
             cases[shape.name, t] = Case(moe, shape, t, rows)
     return cases
 
@@ -375,7 +382,7 @@ def make_cases(names) -> dict:
 def compile_some(tree: Path, tasks: list[tuple]) -> None:
     global K
     K = load_kernel_module(tree)
-    cases = make_cases(sorted({t[0] for t in tasks}))
+    cases = make_cases(sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}))
     for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
             cases[name, t].gemm(kind, bm, naive, qdq, tile)()
@@ -419,6 +426,27 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
     return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
 
 
+def config_tuple(config) -> tuple:
+    """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2)."""
+    tiles = [(g.block_n, g.block_k, g.num_warps, g.num_stages) for g in (config.w13, config.w2)]
+    return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles)
+
+
+def device_name() -> str:
+    """This GPU's name as the kernel module names its table files ("NVIDIA_H200")."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())
+
+
+def shipped_table(shape: moe_setup.MoeShape) -> dict[int, tuple]:
+    """The table the tree's kernel module takes for shape on this GPU (the first of its
+    table_file_names shipped beside it, else the generic CUDA table), as picks."""
+    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
+    files = [Path(K.TABLES_DIR) / name for name in names]
+    shipped = next((f for f in files if f.is_file()), None)
+    table = K.CUDA_CONFIGS if shipped is None else K.parse_table(shipped.read_text(), str(shipped))
+    return {bound: config_tuple(config) for bound, config in table.items()}
+
+
 def moe_configs(table: dict[int, tuple]) -> dict:
     """The picks as the kernel module's table: bucket bound -> MoeConfig."""
     return {
@@ -430,7 +458,7 @@ def moe_configs(table: dict[int, tuple]) -> dict:
 def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
     """Each table as the JSON file the kernel module reads (its table_json), named as the
     module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
-    device = re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())  # as the module
+    device = device_name()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, table in tables.items():
@@ -466,6 +494,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help=f"write the JSON tile tables into DIR (default {DEFAULT_TABLES.relative_to(REPO)})",
     )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=list(GROUPS),
+        choices=list(GROUPS),
+        help="token counts to sweep (default: all); the other buckets of a shape's table stay"
+        " as the kernel module takes them today",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--jobs", type=int, default=14, help="compile processes")
     args = parser.parse_args(argv)
@@ -477,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 
-    tasks = all_tasks(shapes)
+    tokens = sorted(set(args.tokens))
+    every_bucket = tokens == sorted(GROUPS)
+    tasks = all_tasks(shapes, tokens)
 
     # One task per compiled variant: token counts do not specialize the kernel, and shapes
     # only by whether each GEMM's depth ends with a masked step (K_TAIL).
@@ -497,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         p.join()
     print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
 
-    cases = make_cases([s.name for s in shapes])
+    cases = make_cases([s.name for s in shapes], tokens)
     results, rows = {}, []
     for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
@@ -522,13 +561,22 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [s.name for s in shapes]
     # "" -> the pick over every shape (the GPU's table); each shape -> its own pick.
-    tables: dict[str, dict[int, tuple]] = {"": {}, **{n: {} for n in names}}
+    tables: dict[str, dict[int, tuple]] = {n: {} for n in names}
+    if every_bucket:
+        tables[""] = {}
+    else:  # the buckets not swept: as the kernel module takes them today
+        tables = {s.name: shipped_table(s) for s in shapes}
     picks = []
     for bound, (t, groups) in BUCKETS.items():
-        tables[""][bound] = pick(results, names, t, groups)[1]
+        if t not in tokens:
+            continue
+        if every_bucket:
+            tables[""][bound] = pick(results, names, t, groups)[1]
         for shape in shapes:
             totals, choice = pick(results, [shape.name], t, groups)
-            tables[shape.name][bound] = choice
+            # A partial sweep changes the table only up to the count it measured: its pick
+            # covers the counts from the bucket below up to t, the entry above t stays.
+            tables[shape.name][bound if every_bucket else t] = choice
             c = cases[shape.name, t]
             naive, bm, qdq, w13, w2 = choice
             cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
@@ -574,14 +622,16 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     if args.write_table is not None:
+        swept = "" if every_bucket else f" --tokens {' '.join(map(str, tokens))}"
         notes = {
-            "tuned": f"benchmarks/tune_nvfp4_moe.py on {torch.cuda.get_device_name()}",
+            "tuned": f"benchmarks/tune_nvfp4_moe.py{swept} on {torch.cuda.get_device_name()}",
             "torch": torch.__version__,
             "triton": triton.__version__,
         }
         for path in write_tables(args.write_table, tables, notes):
             print(f"wrote {path}")
-    print(K.table_json(moe_configs(tables[""])))
+    if every_bucket:
+        print(K.table_json(moe_configs(tables[""])))
     print(f"done in {time.time() - t0:.0f}s")
     return 0
 

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_patchset.cli import main
+from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series.patches import Patch, Trailers
 
 if TYPE_CHECKING:
     import pytest
@@ -183,6 +185,31 @@ def snapshot(root: Path, *, skip_git: bool = False) -> dict[str, tuple[object, .
             else:
                 found[rel] = (stat.S_IFMT(info.st_mode), mode)
     return found
+
+
+# -- a project's layout, for the unit tests of what reads its paths ----------------------------------
+def project_at(root: Path, pin: str = "1.0") -> Project:
+    """The project a checkout at `root` with the default layout is (nothing read from disk)."""
+    patches = root / "patches"
+    return Project(
+        root=root,
+        pin=pin,
+        package="vllm",
+        index_url="",
+        series_file=patches / "series",
+        upstreamed_file=patches / "upstreamed" / "series",
+        parked_file=patches / "parked" / "series",
+        overlay_dir=root / "overlay",
+        lock_path=root / "overlay" / "overlay.lock.json",
+        cache_dir=root / "cache",
+    )
+
+
+def bare_patch(key: str, upstream_pr: str = "https://github.com/vllm-project/vllm/pull/1") -> Patch:
+    """A patch under patches/ at `key` whose trailers say `upstream_pr` (its other trailers
+    filled, no files, no bytes): for the rules that read a patch's name and trailers only."""
+    trailers = Trailers(upstream_pr, "y", "1.0", "", ("tests/t.py::t",))
+    return Patch(key.rpartition("/")[2], key, Path(key), "x", trailers, (), b"")
 
 
 # -- the command line, as a test runs it -----------------------------------------------------------

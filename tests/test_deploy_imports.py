@@ -27,6 +27,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.commands.overlay",
     "vllm_patchset.commands.patch",
     "vllm_patchset.commands.queue",
+    "vllm_patchset.commands.rebase",
     "vllm_patchset.commands.releases",
     "vllm_patchset.commands.status",
     "vllm_patchset.commands.tree",

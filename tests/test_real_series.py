@@ -38,9 +38,9 @@ from vllm_patchset.infra.hashes import sha256_file
 from vllm_patchset.overlay.build import build_overlay, patches_for
 from vllm_patchset.overlay.lock import Lock
 from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import parse_patch_bytes
-from vllm_patchset.series.states import classify
-from vllm_patchset.sync.rebase import options
+from vllm_patchset.sync.rebase_rules import options
 from vllm_patchset.sync.rebase_state import Choice, Section
 
 FIX1 = "0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
@@ -49,12 +49,44 @@ NVFP4 = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 ARCHIVED_FIX1 = f"upstreamed/{FIX1}"
 TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
-# Files 0002 adds beside it: its kernels' module and the H200's tile table.
+# Files 0002 adds beside it: its kernels' module, the H200's tile table and the H200's tables
+# of the shapes (experts held, hidden, intermediate) tuned on their own.
 KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 H200_TABLE = (
     "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
 )
-TOUCHED_BY = {EMULATION: (FIX2, NVFP4), TRITON: (FIX2,), KERNELS: (NVFP4,), H200_TABLE: (NVFP4,)}
+H200_SHAPE_TABLES = tuple(
+    f"vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}"
+    ".NVIDIA_H200.json"
+    for e, h, i in (
+        (128, 2048, 192),  # Qwen3-30B-A3B TP4
+        (128, 2816, 176),  # Gemma-4-26B-A4B TP4
+        (128, 2816, 352),  # Gemma-4-26B-A4B TP2
+        (128, 4096, 192),  # Qwen3-235B-A22B TP8
+        (128, 5120, 1024),  # Llama-4-Maverick TP8
+        (128, 5120, 2048),  # Llama-4-Maverick TP4
+        (128, 5120, 4096),  # Llama-4-Maverick TP2
+        (128, 5120, 8192),  # Llama-4-Maverick
+        (16, 5120, 2048),  # Llama-4-Scout TP4
+        (16, 5120, 4096),  # Llama-4-Scout TP2
+        (16, 5120, 8192),  # Llama-4-Scout
+        (256, 2048, 64),  # Qwen3.6-35B-A3B TP8
+        (384, 7168, 1024),  # Kimi-K2 TP2
+        (384, 7168, 2048),  # Kimi-K2
+        (384, 7168, 256),  # Kimi-K2 TP8
+        (384, 7168, 512),  # Kimi-K2 TP4
+        (512, 4096, 1024),  # Qwen3.5-397B-A17B
+        (512, 4096, 256),  # Qwen3.5-397B-A17B TP4
+        (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
+    )
+)
+TOUCHED_BY = {
+    EMULATION: (FIX2, NVFP4),
+    TRITON: (FIX2,),
+    KERNELS: (NVFP4,),
+    H200_TABLE: (NVFP4,),
+    **{table: (NVFP4,) for table in H200_SHAPE_TABLES},
+}
 GPU_FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
 GPU_FIX2 = (
     "tests/gpu/test_fix2_deferred_quant_capture.py::test_deferred_fp8_static_scale_graph_capture"
@@ -178,7 +210,7 @@ def test_overlay_matches_the_committed_lock(
 ) -> None:
     assert main(["--project", str(project.root), "overlay", "build"]) == 0
     files = overlay_files(project.root)
-    assert sorted(files) == [KERNELS, EMULATION, H200_TABLE, TRITON]
+    assert sorted(files) == sorted([KERNELS, EMULATION, H200_TABLE, *H200_SHAPE_TABLES, TRITON])
     lock = Lock.load(project.lock_path)
     assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
     assert (lock.version, lock.patches) == ("0.24.0", (FIX2, NVFP4))

@@ -28,8 +28,8 @@ from synthetic import PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror
-from vllm_patchset.series.states import Verdict
-from vllm_patchset.sync.rebase import options
+from vllm_patchset.series.verdict import Verdict
+from vllm_patchset.sync.rebase_rules import options
 from vllm_patchset.sync.rebase_state import Choice, Section
 
 ORACLE = "vllm/oracle/nvfp4.py"

@@ -24,10 +24,7 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import patches_for, walk
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series import locate
-from vllm_patchset.series.edits import set_readme, set_torch_comment, set_unreleased_pin, torch_of
-from vllm_patchset.series.patches import Hunk
-from vllm_patchset.series.states import Verdict
-from vllm_patchset.sync.reports import unique_ids
+from vllm_patchset.series.verdict import Verdict
 
 MOE = "vllm/layers/moe.py"
 EMU = "vllm/layers/emulation.py"
@@ -479,102 +476,6 @@ def test_rebase_carries_a_reverted_archived_fix_again(
     assert cli(capsys, root, "check") == (0, "check: 2 patches, 0 problem(s)\n", "")
 
 
-# -- unit tables: location and scope on tiny sources ---------------------------------------------
-TOKENS = [
-    # (source, the tokens: comments and layout dropped, strings by value, trailing commas)
-    ("x = f(a,\n      b)  # c\n", ("x", "=", "f", "(", "a", ",", "b", ")")),
-    ("x = f(\n    a,\n    b,\n)\n", ("x", "=", "f", "(", "a", ",", "b", ")")),
-    ("x = 'q'\n", ("x", "=", "'q'")),
-    ('x = "q"\n', ("x", "=", "'q'")),
-    ("a = 1; b = 2\n", ("a", "=", "1", "b", "=", "2")),
-    ("y = a \\\n    or b\n", ("y", "=", "a", "or", "b")),
-    # A fragment that ends inside a bracket or starts in the middle of a call still reads.
-    ("    self.x,\n)\n", ("self", ".", "x", ")")),
-]
-
-
-@pytest.mark.parametrize(("source", "expected"), TOKENS)
-def test_tokens(source: str, expected: tuple[str, ...]) -> None:
-    assert locate.words(source) == expected
-
-
-SCOPES = """\
-import os
-
-
-class A:
-    x = 1
-
-    def f(self):
-        return 1
-
-    @property
-    def g(self):
-        return 2
-
-
-def h():
-    return 3
-"""
-SCOPE_CASES = [
-    # (first row, last row) -> scope
-    ((1, 1), ()),
-    ((5, 5), ("A",)),
-    ((8, 8), ("A", "f")),
-    ((8, 9), ("A",)),  # the end of f and the blank line after it: the class
-    ((10, 10), ("A", "g")),  # a decorator belongs to its function
-    ((16, 16), ("h",)),
-]
-
-
-@pytest.mark.parametrize(("rows", "scope"), SCOPE_CASES)
-def test_scope_of(rows: tuple[int, int], scope: tuple[str, ...]) -> None:
-    assert locate.scope_of(SCOPES, *rows) == scope
-
-
-HUNK = Hunk(
-    7,
-    7,
-    (
-        "     def f(self):",
-        "-        return 1",
-        "+        return 10",
-        " ",
-    ),
-)
-TWICE = SCOPES.replace("def h():\n    return 3\n", "class B:\n    def f(self):\n        return 1\n")
-LOCATIONS = [
-    # (source, the rows where the hunk's pre-image is, their scopes)
-    (SCOPES, [7], [("A", "f")]),
-    # Parentheses upstream added: other tokens, not the same code.
-    (SCOPES.replace("        return 1\n", "        return (\n            1\n        )\n"), [], []),
-    # Joined onto one line: the same tokens.
-    (
-        SCOPES.replace("    def f(self):\n        return 1", "    def f(self): return 1"),
-        [7],
-        [("A", "f")],
-    ),
-    # Two sites: the scope tells them apart.
-    (TWICE, [7, 16], [("A", "f"), ("B", "f")]),
-]
-
-
-@pytest.mark.parametrize(("source", "rows", "scopes"), LOCATIONS)
-def test_locate_pre_image(source: str, rows: list[int], scopes: list[tuple[str, ...]]) -> None:
-    pre = locate.side(HUNK, post=False)
-    found = locate.find(locate.words(source), pre.words)
-    assert [locate.tokens(source)[at].start[0] for at in found] == rows
-    assert [locate.site_scope(source, at, pre) for at in found] == scopes
-
-
-def test_refresh_keeps_the_layout_and_checks_the_tokens() -> None:
-    joined = SCOPES.replace("    def f(self):\n        return 1", "    def f(self): return 1")
-    pre = locate.side(HUNK, post=False)
-    (at,) = locate.find(locate.words(joined), pre.words)
-    out = locate.refresh(joined, [(HUNK, at)])
-    assert out == joined.replace("def f(self): return 1", "def f(self): return 10")
-
-
 def test_git_history(world: World) -> None:
     """Every case release is a tag of the one synthetic upstream."""
     tags = git(world.upstream.path, "tag").split()
@@ -653,26 +554,7 @@ def test_check_lists_every_problem_of_every_patch(
     ]
 
 
-# -- ids, downgrades -----------------------------------------------------------------------------
-IDS = [
-    # The real chain's archive after 0.25.0: two fixes numbered 0001 (were two `U0001`).
-    (
-        ["upstreamed/0001-nvfp4-oracle.patch", "upstreamed/0001-triton_moe-no.patch"],
-        ["U0001-nvfp4", "U0001-triton_moe"],
-    ),
-    (
-        ["upstreamed/0001-a.patch", "0001-b.patch", "parked/0001-c.patch"],
-        ["U0001", "0001", "P0001"],
-    ),
-    (["0001-x-a.patch", "0001-x-b.patch"], ["0001-x-a.patch", "0001-x-b.patch"]),
-]
-
-
-@pytest.mark.parametrize(("keys", "ids"), IDS)
-def test_short_ids_are_unique(keys: list[str], ids: list[str]) -> None:
-    assert list(unique_ids(keys).values()) == ids
-
-
+# -- downgrades -----------------------------------------------------------------------------------
 def test_a_downgrade_needs_saying_so(
     world: World, tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -686,60 +568,6 @@ def test_a_downgrade_needs_saying_so(
     doc = rebase_json(capsys, root, *onto(world, "1.0"), "--allow-downgrade", code=1)
     # On 1.0 the archived fix's bug is there: a decision, as for a revert.
     assert [d["patch"] for d in doc["decisions"]] == [f"upstreamed/{FIX.name}"]  # type: ignore[attr-defined]
-
-
-# -- the pin's other mentions --------------------------------------------------------------------
-PYPROJECT_COMMENT = "# the one it is built for (0.24.0: torch 2.11.0), so a rebase moves\n"
-CHANGELOG_PIN = (
-    "# Changelog\n\n## [Unreleased]\n\n### Pin\n- vllm **0.24.0** (sdist sha256 `ab`).\n\n"
-    "## [vllm-0.24.0] - 2026-06-27\n\n- vllm **0.24.0** (kept: a released section)\n"
-)
-
-
-def test_the_pins_other_mentions() -> None:
-    cuda = "-r common.txt\n\n# NVIDIA\ntorch==2.14.0\ntorchaudio==2.11.0\n"
-    assert torch_of(cuda) == "2.14.0"
-    assert torch_of("numba == 0.65.0\n") is None
-    assert set_torch_comment(PYPROJECT_COMMENT, "0.33.0", "2.14.0") == (
-        "# the one it is built for (0.33.0: torch 2.14.0), so a rebase moves\n"
-    )
-    assert set_torch_comment(PYPROJECT_COMMENT, "0.34.0", None) == (
-        "# the one it is built for (0.34.0: torch: see its requirements), so a rebase moves\n"
-    )
-    assert set_unreleased_pin(CHANGELOG_PIN, "0.25.0", "cd") == CHANGELOG_PIN.replace(
-        "- vllm **0.24.0** (sdist sha256 `ab`).", "- vllm **0.25.0** (sdist sha256 `cd`)."
-    )
-
-
-README_TEXT = """\
-The pin is **vllm 0.24.0** (`pyproject.toml`).
-
-```dockerfile
-FROM vllm/vllm-openai:v0.24.0
-```
-
-| patch | fixes | upstream | on 0.24.0 |
-|---|---|---|---|
-| `patches/0001-a.patch` | the bug | 0.25.0 | applies |
-| `patches/0002-b.patch` | slow | — | applies |
-| `patches/upstreamed/0001-c.patch` | old bug | 0.21.0 | upstream (kept as a guard) |
-"""
-
-
-def test_the_readme_follows_the_pin() -> None:
-    rows = {
-        "0001-a.patch": ("upstreamed/0001-a.patch", "0.25.0", "upstream"),
-        "0002-b.patch": None,  # dropped
-        "upstreamed/0001-c.patch": ("upstreamed/0001-c.patch", "0.21.0", "upstream"),
-    }
-    assert set_readme(README_TEXT, "0.24.0", "0.25.0", rows) == (
-        README_TEXT.replace("0.24.0", "0.25.0")
-        .replace(
-            "| `patches/0001-a.patch` | the bug | 0.25.0 | applies |",
-            "| `patches/upstreamed/0001-a.patch` | the bug | 0.25.0 | upstream |",
-        )
-        .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
-    )
 
 
 def test_parking_the_other_patch_archives_nothing(

@@ -32,6 +32,7 @@ from vllm_patchset.commands import (
     overlay,
     patch,
     queue,
+    rebase,
     releases,
     status,
     tree,
@@ -44,10 +45,10 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.registry import Handler, add_subcommands, missing_extra, subcommand_names
 
 # The commands in their order on the line (and in --help).
-COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue, patch, backport)
+COMMANDS = (status, check, releases, matrix, fetch, overlay, tree, queue, patch, backport, rebase)
 # Commands registered by modules of their own (each module's register_cli), imported only for
 # a line that may name them.
-COMMAND_MODULES = ("sync.rebase", "gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")
+COMMAND_MODULES = ("gpu.validate", "gpu.bundle", "gpu.kit", "overlay.cache")
 
 # -- parser ------------------------------------------------------------------------------------
 DESCRIPTION = (

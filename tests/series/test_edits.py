@@ -1,66 +1,56 @@
-"""The rebase's edits of README.md and CHANGELOG.md (`series/edits.py`) on the files as they
-are committed: the lines each edit changes, exactly (the README's pin line, image tag, wheel
-name and patch table; the CHANGELOG's `[Unreleased]` pin line and the new pin's section)."""
+"""`series/edits.py`: a patch's `Applied-upstream:` trailer and its paths edited, the rest of
+its bytes kept."""
 
 from __future__ import annotations
 
-import difflib
+import pytest
+from vllm_patchset.series.edits import rewrite_paths, with_trailer
 
-from support import REPO
-from vllm_patchset.series.edits import insert_entry, set_readme, set_unreleased_pin
-
-FIX2 = "0001-triton_moe-no-tensor-truthiness-when-quantizing-defe.patch"
-NVFP4 = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
-ARCHIVED = "upstreamed/0001-nvfp4-oracle-take-the-E2M1-table-s-device-from-w13.patch"
+RAW = b"From 0\nSubject: [PATCH] x\n\nWhy.\n\nApplied-upstream:\nRegression-test: t\n---\n x | 1 +\n\ndiff --git a/vllm/a.py b/vllm/a.py\nindex 1..2 100644\n--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1 +1 @@\n-Applied-upstream: a\n+b\n"
 
 
-def changed(old: str, new: str) -> list[str]:
-    """The lines removed (`-`, in order), then the lines added (`+`, in order)."""
-    diff = difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
-    lines = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    return [line for line in lines if line[0] == "-"] + [line for line in lines if line[0] == "+"]
+@pytest.mark.parametrize(
+    ("release", "line"), [("0.25.0", b"Applied-upstream: 0.25.0"), ("", b"Applied-upstream:")]
+)
+def test_with_trailer_changes_the_message_only(release: str, line: bytes) -> None:
+    out = with_trailer(RAW, release)
+    assert out == RAW.replace(b"\nApplied-upstream:\n", b"\n" + line + b"\n", 1)
+    assert out.endswith(b"-Applied-upstream: a\n+b\n")  # the diff is not touched
+    # And back; a message with no such trailer is left as it is.
+    assert with_trailer(out, "") == RAW
+    no_trailer = RAW.replace(b"Applied-upstream:\nRegression", b"Regression", 1)
+    assert with_trailer(no_trailer, release) == no_trailer
 
 
-def test_the_readme_follows_a_rebase_onto_0_25_0() -> None:
-    readme = (REPO / "README.md").read_text()
-    rows: dict[str, tuple[str, str, str] | None] = {
-        FIX2: (f"upstreamed/{FIX2}", "0.25.0", "upstream"),
-        NVFP4: (NVFP4, "", "conflict"),
-    }
-    new = set_readme(readme, "0.24.0", "0.25.0", rows)
-    fix2_cell = next(line for line in readme.splitlines() if line.startswith(f"| `patches/{FIX2}`"))
-    nvfp4_cell = next(
-        line for line in readme.splitlines() if line.startswith(f"| `patches/{NVFP4}`")
-    )
-    fixes2 = fix2_cell.split(" | ")[1]
-    fixes_nvfp4 = nvfp4_cell.split(" | ")[1]
-    assert changed(readme, new) == [
-        "-release that has them. The pin is **vllm 0.24.0** (`[tool.vllm-patchset]` in `pyproject.toml`).",
-        "-| patch | fixes | upstream | on 0.24.0 |",
-        f"-{fix2_cell}",
-        f"-{nvfp4_cell}",
-        "-It writes `dist/vllm_patchset-0.1.0+vllm0.24.0.<lock>-py3-none-any.whl`: the tool with the",
-        "-FROM vllm/vllm-openai:v0.24.0",
-        "+release that has them. The pin is **vllm 0.25.0** (`[tool.vllm-patchset]` in `pyproject.toml`).",
-        "+| patch | fixes | upstream | on 0.25.0 |",
-        f"+| `patches/upstreamed/{FIX2}` | {fixes2} | 0.25.0 | upstream |",
-        f"+| `patches/{NVFP4}` | {fixes_nvfp4} | — | conflict |",
-        "+It writes `dist/vllm_patchset-0.1.0+vllm0.25.0.<lock>-py3-none-any.whl`: the tool with the",
-        "+FROM vllm/vllm-openai:v0.25.0",
-    ]
-    # The archived fix's row is not the rebase's to change here (no row given for it).
-    assert f"| `patches/{ARCHIVED}` |" in new
+HEADERS = b"diff --git a/vllm/a.py b/vllm/a.py\nindex 1..2 100644\n--- a/vllm/a.py\n+++ b/vllm/a.py"
+TWO_FILES = RAW + RAW[RAW.index(b"diff --git") :].replace(b"vllm/a.py", b"vllm/c.py")
+REWRITES = [
+    # (patch, moves, the patch expected)
+    (
+        RAW,
+        {"vllm/a.py": "vllm/b/a.py"},
+        RAW.replace(HEADERS, HEADERS.replace(b"vllm/a.py", b"vllm/b/a.py")),
+    ),
+    (RAW, {"vllm/other.py": "vllm/x.py"}, RAW),
+    (RAW, {"vllm/a": "vllm/b"}, RAW),  # whole paths only, never a prefix
+    (
+        TWO_FILES,
+        {"vllm/c.py": "vllm/d.py", "vllm/a.py": "vllm/e.py"},
+        TWO_FILES.replace(HEADERS, HEADERS.replace(b"vllm/a.py", b"vllm/e.py")).replace(
+            HEADERS.replace(b"vllm/a.py", b"vllm/c.py"), HEADERS.replace(b"vllm/a.py", b"vllm/d.py")
+        ),
+    ),
+    (
+        RAW[: RAW.index(b"\ndiff --git")],
+        {"vllm/a.py": "vllm/b.py"},
+        RAW[: RAW.index(b"\ndiff --git")],
+    ),
+]
 
 
-def test_the_changelog_follows_a_rebase_onto_0_25_0() -> None:
-    changelog = (REPO / "CHANGELOG.md").read_text()
-    new = set_unreleased_pin(changelog, "0.25.0", "ab" * 32)
-    assert changed(changelog, new) == [
-        "-- vllm **0.24.0** (sdist sha256 `0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66`).",
-        f"+- vllm **0.25.0** (sdist sha256 `{'ab' * 32}`).",
-    ]
-    entry = "## [vllm-0.25.0] - 2026-12-03\n\n### Pin\n- vllm **0.25.0** (was 0.24.0).\n"
-    inserted = insert_entry(new, entry)
-    heads = [line for line in inserted.splitlines() if line.startswith("## ")]
-    assert heads == ["## [Unreleased]", "## [vllm-0.25.0] - 2026-12-03"]
-    assert inserted == new.rstrip("\n") + "\n\n" + entry  # newest first, under [Unreleased]
+@pytest.mark.parametrize(("raw", "moves", "expected"), REWRITES)
+def test_rewrite_paths_moves_the_diff_headers_only(
+    raw: bytes, moves: dict[str, str], expected: bytes
+) -> None:
+    """The message (which quotes `-Applied-upstream: a` here) and the hunks are kept."""
+    assert rewrite_paths(raw, moves) == expected

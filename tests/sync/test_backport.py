@@ -11,6 +11,8 @@ from backport_story import BUG, FIX_BODY, FIX_SUBJECT, UPSTREAM_TEST, backport_s
 from support import cli, git
 from synthetic import LocalIndex
 from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.series.verdict import Reason, State, Verdict
+from vllm_patchset.sync import backport
 
 PR = "https://github.com/vllm-project/vllm/pull/46735"
 NEEDS_BY = "the upstream pull request that brought the bug in (its URL), or `none (why)`"
@@ -262,3 +264,30 @@ def test_a_queue_with_other_problems_takes_the_fix_and_writes_nothing(
         "  1. fix those commits (vllm-patchset queue export lists each)",
     ]
     assert snapshot(root / "patches") == before
+
+
+A, X, C = State.APPLIES, State.ABSENT, State.CONFLICT
+REASONS = {A: Reason.APPLIES, X: Reason.NEVER_THERE, C: Reason.CONFLICT}
+INTRODUCED = [
+    # (the change's state on each older release, newest first) -> (Introduced-in, changed before)
+    ({}, ("0.24.0", "")),
+    ({"0.23.0": A, "0.22.0": A}, ("0.22.0", "")),
+    ({"0.23.0": A, "0.22.0": C, "0.21.0": A}, ("0.23.0", "0.22.0")),  # its code changed there
+    ({"0.23.0": X, "0.22.0": A}, ("0.24.0", "")),  # not there yet: the search stops
+]
+
+
+@pytest.mark.parametrize(("older", "expected"), INTRODUCED)
+def test_introduced_in_searches_back_while_the_change_applies(
+    older: dict[str, State], expected: tuple[str, str]
+) -> None:
+    asked: list[str] = []
+
+    def on_release(version: str) -> Verdict:
+        asked.append(version)
+        state = older[version]
+        return Verdict("x", version, state, REASONS[state], state, None, ())
+
+    assert backport._introduced_in(on_release, "0.24.0", list(older)) == expected
+    stop = next((i for i, v in enumerate(older) if older[v] != A), len(older) - 1)
+    assert asked == list(older)[: stop + 1]  # nothing classified past the stop

@@ -1,16 +1,17 @@
 """The queue on the synthetic story: the series as commits on the pin, and back, byte-identical
 without edits; an edit becomes a patch; uncommitted edits are refused. (The real series' round
-trip: test_real_series.py.)"""
+trip: test_real_series.py.) And tables of one commit's problems: its change, its trailers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from support import git
+from support import git, project_at
 from synthetic import STORY_FIX, STORY_LOCAL, UTILS
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
+from vllm_patchset.sync.queue import NEEDS, change_problems, message_trailers, said_trailers
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -239,3 +240,51 @@ def test_patch_new_writes_a_template_commit_and_says_the_next_steps(
     assert capsys.readouterr().err.endswith(
         "a patch's name is one line of words (its subject), not 'a\\nb'\n"
     )
+
+
+CHANGES = [
+    # (the change's bytes, its paths) -> the problems
+    (b"x", ["vllm/a.py"], []),
+    (b"", [], ["no change: make the fix in the queue's files, then `git commit -a --amend`"]),
+    (b"x", ["tests/a.py"], ["changes tests/a.py, outside the vllm/ package (take it out)"]),
+]
+
+
+@pytest.mark.parametrize(("data", "paths", "problems"), CHANGES)
+def test_change_problems(data: bytes, paths: list[str], problems: list[str]) -> None:
+    assert change_problems(project_at(Path("/checkout")), data, paths) == problems
+
+
+FULL = (
+    "x\n\nUpstream-PR: none (local)\nIntroduced-by: none (old)\nIntroduced-in: 1.0\n"
+    "Applied-upstream:\nRegression-test: tests/gpu/t.py::t\n"
+)
+SAID = {
+    "Upstream-PR": "none (local)",
+    "Introduced-by": "none (old)",
+    "Introduced-in": "1.0",
+    "Applied-upstream": "",
+    "Regression-test": "tests/gpu/t.py::t",
+}
+TRAILERS = [
+    # (message, unfinished) -> (the trailers said, the problems)
+    (FULL, False, (SAID, [])),
+    (
+        FULL.replace("Introduced-in: 1.0", "Introduced-in:"),
+        False,
+        ({k: v for k, v in SAID.items() if k != "Introduced-in"}, [f"Introduced-in: empty ({NEEDS['Introduced-in']})"]),
+    ),
+    (FULL.replace("Introduced-in: 1.0", "Introduced-in:"), True, ({k: v for k, v in SAID.items() if k != "Introduced-in"}, [])),
+    (
+        FULL.replace("Regression-test: tests/gpu/t.py::t\n", "# Regression-test: a template's\n"),
+        False,
+        ({k: v for k, v in SAID.items() if k != "Regression-test"}, [f"Regression-test: missing ({NEEDS['Regression-test']})"]),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("message", "unfinished", "expected"), TRAILERS)
+def test_said_trailers(
+    message: str, unfinished: bool, expected: tuple[dict[str, str], list[str]]
+) -> None:
+    assert said_trailers(message_trailers(message), unfinished=unfinished) == expected

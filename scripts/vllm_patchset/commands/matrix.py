@@ -14,13 +14,13 @@ from vllm_patchset.errors import BadInput
 from vllm_patchset.registry import GIT, Subcommands, add_command
 
 if TYPE_CHECKING:
-    from vllm_patchset.series.states import Verdict
+    from vllm_patchset.series.verdict import Verdict
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     from vllm_patchset.overlay.build import patches_for, walk_project
     from vllm_patchset.overlay.upstream import check_version, mirror_for, sort_versions
-    from vllm_patchset.sync.reports import matrix_body, matrix_table
+    from vllm_patchset.sync.verdict_reports import matrix_body, matrix_table
 
     reads_only()
     project = project_of(args)

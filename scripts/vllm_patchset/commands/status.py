@@ -13,9 +13,9 @@ from vllm_patchset.registry import GIT, Subcommands, add_command
 def cmd_status(args: argparse.Namespace) -> int:
     from vllm_patchset.overlay.build import walk
     from vllm_patchset.overlay.upstream import mirror_for, pin_base
-    from vllm_patchset.series.states import classify
+    from vllm_patchset.series.classify import classify
     from vllm_patchset.sync.checks import lock_freshness, project_series
-    from vllm_patchset.sync.reports import status_report
+    from vllm_patchset.sync.verdict_reports import status_report
 
     reads_only()
     project = project_of(args)

@@ -39,7 +39,7 @@ from vllm_patchset.overlay.build import TREE_INFO, TreeInfo, export_tree, patche
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
 from vllm_patchset.registry import GIT, add_command
 from vllm_patchset.series.patches import Patch
-from vllm_patchset.series.states import State
+from vllm_patchset.series.verdict import State
 
 TESTS = "tests/gpu"
 NVFP4_EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"

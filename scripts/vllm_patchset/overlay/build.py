@@ -27,8 +27,9 @@ from vllm_patchset.overlay.upstream import (
     pin_base,
     resolve_base,
 )
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import Patch, load_series, parse_patch_bytes
-from vllm_patchset.series.states import WHOLE_HEADERS, Reason, State, Verdict, classify
+from vllm_patchset.series.verdict import WHOLE_HEADERS, Reason, State, Verdict
 
 TREE_INFO = "vllm-patchset-tree.json"
 SYMLINK = "120000"  # git's mode of a symlink: a blob whose bytes are the target

@@ -1,1 +1,2 @@
-"""The patch series: patch files and trailers, where code is, per-patch states, text edits."""
+"""The patch series: patch files and trailers, where code is (by lines, by tokens, across the
+package), each patch's verdict on a tree (`classify`), text edits."""

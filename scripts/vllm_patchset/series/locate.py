@@ -73,20 +73,35 @@ def _parsed(text: str) -> tuple[ast.Module | None, str | None, frozenset[int]]:
         return None, None, frozenset()
     except (RecursionError, MemoryError):
         return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+    dead = _dead_rows_of(tree)
+    if dead is None:
+        return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
+    return tree, None, dead
+
+
+def _dead_rows_of(tree: ast.Module) -> frozenset[int] | None:
+    """The rows of `tree` that hold no live code (see `dead_rows`); None where the tree is
+    nested deeper than MAX_DEPTH (walked without recursion: the depth is what is checked)."""
     dead: set[int] = set()
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
-    while stack:  # iterative: the depth is what is checked
+    while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return None, f"nested deeper than the {MAX_DEPTH} levels read", frozenset()
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant | ast.JoinedStr):
-            if isinstance(node.value, ast.JoinedStr) or isinstance(node.value.value, str):
-                dead.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-        elif isinstance(node, ast.If) and _dead_test(node.test) and node.body:
-            last = node.body[-1].end_lineno or node.body[-1].lineno
-            dead.update(range(node.body[0].lineno, last + 1))
+            return None
+        dead.update(_unlive(node))
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return tree, None, frozenset(dead)
+    return frozenset(dead)
+
+
+def _unlive(node: ast.AST) -> range:
+    """The rows of a string statement, or of a dead branch's body; none for other nodes."""
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant | ast.JoinedStr):
+        if isinstance(node.value, ast.JoinedStr) or isinstance(node.value.value, str):
+            return range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    elif isinstance(node, ast.If) and _dead_test(node.test) and node.body:
+        last = node.body[-1].end_lineno or node.body[-1].lineno
+        return range(node.body[0].lineno, last + 1)
+    return range(0)
 
 
 def parse(text: str) -> ast.Module | None:
@@ -283,9 +298,20 @@ class Side:
 
 
 def side(hunk: Hunk, *, post: bool) -> Side:
+    """The pre-image (or, `post`, the post-image) of `hunk` as tokens, with its changes."""
+    lines, groups = _side_lines(hunk, post=post)
+    joined = "".join(f"{line}\n" for line in lines)
+    found = tokens(joined)
+    changes = tuple(_change_span(found, start, count) for start, count in groups)
+    return Side(found, changes, tuple(lines), _splittable(found, groups) and readable(joined))
+
+
+def _side_lines(hunk: Hunk, *, post: bool) -> tuple[list[str], list[tuple[int, int]]]:
+    """The lines of one side of `hunk`, and each change on it: (its first line on this side,
+    its lines there)."""
     mine, other = ("+", "-") if post else ("-", "+")
     lines: list[str] = []
-    groups: list[tuple[int, int]] = []  # each change: (first line on this side, lines)
+    groups: list[tuple[int, int]] = []
     in_run = False
     for line in hunk.lines:
         tag = line[0]
@@ -302,21 +328,41 @@ def side(hunk: Hunk, *, post: bool) -> Side:
             lines.append(line[1:])
         elif tag != other:  # pragma: no cover - the parser allows nothing else
             raise ValueError(line)
-    joined = "".join(f"{line}\n" for line in lines)
-    found = tokens(joined)
-    changes = []
-    for start, count in groups:
-        inside = [i for i, t in enumerate(found) if start < t.start[0] <= start + count]
-        before = sum(1 for t in found if t.start[0] <= start)
-        changes.append((inside[0], inside[-1] + 1) if inside else (before, before))
+    return lines, groups
+
+
+def _change_span(found: tuple[Token, ...], start: int, count: int) -> tuple[int, int]:
+    """The token range of a change of `count` lines after line `start` (empty where it has no
+    lines on this side: where it goes)."""
+    inside = [i for i, t in enumerate(found) if start < t.start[0] <= start + count]
+    before = sum(1 for t in found if t.start[0] <= start)
+    return (inside[0], inside[-1] + 1) if inside else (before, before)
+
+
+def _splittable(found: tuple[Token, ...], groups: list[tuple[int, int]]) -> bool:
+    """No token runs across a change's edge (a string the change edits inside cannot be
+    split)."""
     changed = {start + k for start, count in groups for k in range(1, count + 1)}
-    # A token across a change's edge (a string the change edits inside) cannot be split.
-    whole = all(
+    return all(
         len({row in changed for row in range(t.start[0], t.end[0] + 1)}) == 1
         for t in found
         if t.end[0] > t.start[0]
     )
-    return Side(found, tuple(changes), tuple(lines), whole and readable(joined))
+
+
+def change_runs(hunk: Hunk) -> list[tuple[list[str], list[str]]]:
+    """(removed lines, added lines) of each run of changed lines in the hunk."""
+    runs: list[tuple[list[str], list[str]]] = []
+    in_run = False
+    for line in hunk.lines:
+        if line[0] == " ":
+            in_run = False
+            continue
+        if not in_run:
+            runs.append(([], []))
+            in_run = True
+        (runs[-1][0] if line[0] == "-" else runs[-1][1]).append(line[1:])
+    return runs
 
 
 # -- scopes ------------------------------------------------------------------------------------
@@ -414,100 +460,3 @@ def dotted(scope: Scope | None) -> str:
     if scope is None:
         return "?"
     return ".".join(scope) or "<module>"
-
-
-# -- a refreshed file --------------------------------------------------------------------------
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
-
-
-def _reindent(lines: list[str], delta: int) -> list[str]:
-    if delta >= 0:
-        return [" " * delta + line if line.strip() else line for line in lines]
-    return [line[min(-delta, _indent(line)) :] if line.strip() else line for line in lines]
-
-
-def change_runs(hunk: Hunk) -> list[tuple[list[str], list[str]]]:
-    """(removed lines, added lines) of each run of changed lines in the hunk."""
-    runs: list[tuple[list[str], list[str]]] = []
-    in_run = False
-    for line in hunk.lines:
-        if line[0] == " ":
-            in_run = False
-            continue
-        if not in_run:
-            runs.append(([], []))
-            in_run = True
-        (runs[-1][0] if line[0] == "-" else runs[-1][1]).append(line[1:])
-    return runs
-
-
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    for i, char in enumerate(text):
-        if char == "\n":
-            starts.append(i + 1)
-    return starts
-
-
-def refresh(text: str, placements: list[tuple[Hunk, int]]) -> str | None:
-    """`text` with each hunk's change made at the token `at` where its pre-image is; None when
-    the result's tokens are not the post-images' (the refresh is then not trusted)."""
-    toks = tokens(text)
-    starts = _line_starts(text)
-    lines = text.split("\n")
-
-    def line_start(row: int) -> int:
-        return starts[row - 1] if row - 1 < len(starts) else len(text)
-
-    def offset(pos: tuple[int, int]) -> int:
-        return line_start(pos[0]) + pos[1]
-
-    edits: list[tuple[int, int, str]] = []  # (start offset, end offset, new text)
-    expected = list(words(text))
-    for hunk, at in sorted(placements, key=lambda p: -p[1]):
-        pre, post = side(hunk, post=False), side(hunk, post=True)
-        expected[at : at + len(pre.tokens)] = list(post.words)
-        for number, (a, b) in enumerate(pre.changes):
-            removed, added = change_runs(hunk)[number]
-            old_first = next((line for line in removed if line.strip()), None)
-            if a < b:  # the removed tokens' place
-                first_tok, last_tok = toks[at + a], toks[at + b - 1]
-                row, end_row = first_tok.start[0], last_tok.end[0]
-                head = lines[row - 1][: first_tok.start[1]]
-                tail = lines[end_row - 1][last_tok.end[1] :].split("#", 1)[0]
-                if not head.strip() and not tail.strip() and old_first is not None:
-                    delta = _indent(lines[row - 1]) - _indent(old_first)
-                    new = "".join(f"{line}\n" for line in _reindent(added, delta))
-                    edits.append((line_start(row), line_start(end_row + 1), new))
-                else:
-                    inline = " ".join(s for line in added if (s := line.split("#", 1)[0].strip()))
-                    edits.append((offset(first_tok.start), offset(last_tok.end), inline))
-                continue
-            if a >= len(pre.tokens):
-                return None  # an addition after the last token: no place to anchor it
-            next_tok = toks[at + a]
-            row = next_tok.start[0]
-            if lines[row - 1][: next_tok.start[1]].strip():
-                inline = " ".join(s for line in added if (s := line.split("#", 1)[0].strip()))
-                edits.append((offset(next_tok.start), offset(next_tok.start), inline + " "))
-                continue
-            anchor = next((line for line in reversed(pre.lines) if line.strip()), "")
-            old_next = _old_line_of(pre, a)
-            delta = _indent(lines[row - 1]) - _indent(old_next if old_next is not None else anchor)
-            # Blank lines before the next token in the hunk's pre-image stay before it.
-            new = "".join(f"{line}\n" for line in _reindent(added, delta))
-            edits.append((line_start(row), line_start(row), new))
-    out = text
-    for start, end, new in sorted(edits, key=lambda e: -e[0]):
-        out = out[:start] + new + out[end:]
-    if list(words(out)) != expected:
-        return None
-    return out
-
-
-def _old_line_of(pre: Side, index: int) -> str | None:
-    """The pre-image line that holds token `index`."""
-    if index >= len(pre.tokens):
-        return None
-    return pre.lines[pre.tokens[index].start[0] - 1]

@@ -10,7 +10,7 @@ series. The message keeps the upstream subject and body and gets the series' tra
 
 - `Upstream-PR`: the pull request of the commit's subject;
 - `Applied-upstream`: the first release after the pin whose code has the fix: the tool's own
-  classification (`series.states.classify`) of the change on each release, not the tags that
+  classification (`series.classify.classify`) of the change on each release, not the tags that
   contain the commit (a release that contains it but whose code lacks the fix, reverted or
   rewritten, is not it; a patch release that took the fix without the commit is);
 - `Introduced-in`: the first release whose code has the bug: going back from the pin, the
@@ -26,6 +26,7 @@ mirror (PyPI sdists); a release in both is read from the mirror.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -38,8 +39,9 @@ from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitargs import check_source
 from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
+from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import REQUIRED_TRAILERS, Patch, parse_patch_bytes
-from vllm_patchset.series.states import State, Verdict, classify
+from vllm_patchset.series.verdict import State, Verdict
 from vllm_patchset.sync.queue import (
     CommitProblems,
     export_queue,
@@ -205,6 +207,21 @@ def _state(mirror: Mirror, upstream: Upstream, patch: Patch) -> Verdict:
     return classify(mirror.repo, tree, patch, base=upstream.label, version=None, three_way=True)
 
 
+def _introduced_in(
+    on_release: Callable[[str], Verdict], pin_version: str, older: list[str]
+) -> tuple[str, str]:
+    """The earliest release the change applies to, searching back from the pin through
+    `older` (newest first) while it applies; and the release where the search stopped on a
+    conflict (its code changed there: the bug may be older), else ""."""
+    introduced = pin_version
+    for version in older:
+        verdict = on_release(version)
+        if verdict.state != State.APPLIES:
+            return introduced, version if verdict.state == State.CONFLICT else ""
+        introduced = version
+    return introduced, ""
+
+
 def provenance(
     mirror: Mirror, source: str, pin: Upstream, pin_version: str, patch: Patch, subject: str
 ) -> Provenance:
@@ -216,28 +233,23 @@ def provenance(
         raise BadInput(f"the pin {pin_version!r} is not a release version: no release to compare")
     known = releases(mirror, source)
     states: dict[str, str] = {}
+
+    def on_release(version: str) -> Verdict:
+        verdict = _state(mirror, _tree(mirror, source, known[version]), patch)
+        states[version] = verdict.words
+        return verdict
+
     with progress("classifying the fix on the releases"):
         on_pin = _state(mirror, pin, patch)
         states[pin_version] = on_pin.words
         if on_pin.state == State.UPSTREAM:
             raise Finding(f"the pin {pin_version} already has this fix: nothing to backport")
-        introduced = pin_version if on_pin.state == State.APPLIES else ""
-        changed_before = ""
-        older = sorted((v for v in known if Version(v) < pinned), key=Version, reverse=True)
-        for version in older if introduced else []:
-            verdict = _state(mirror, _tree(mirror, source, known[version]), patch)
-            states[version] = verdict.words
-            if verdict.state != State.APPLIES:
-                changed_before = version if verdict.state == State.CONFLICT else ""
-                break
-            introduced = version
-        applied = ""
-        for version in sorted((v for v in known if Version(v) > pinned), key=Version):
-            verdict = _state(mirror, _tree(mirror, source, known[version]), patch)
-            states[version] = verdict.words
-            if verdict.state == State.UPSTREAM:
-                applied = version
-                break
+        introduced, changed_before = "", ""
+        if on_pin.state == State.APPLIES:
+            older = sorted((v for v in known if Version(v) < pinned), key=Version, reverse=True)
+            introduced, changed_before = _introduced_in(on_release, pin_version, older)
+        newer = sorted((v for v in known if Version(v) > pinned), key=Version)
+        applied = next((v for v in newer if on_release(v).state == State.UPSTREAM), "")
     return Provenance(
         upstream_pr=PR_URL.format(number.group(1)) if number else "",
         introduced_in=introduced,

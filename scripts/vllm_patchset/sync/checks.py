@@ -22,8 +22,8 @@ from vllm_patchset.series.patches import (
     read_series_entries,
     read_series_file,
 )
-from vllm_patchset.series.states import Reason, State
-from vllm_patchset.sync.reports import lock_next_step
+from vllm_patchset.series.verdict import Reason, State, Verdict
+from vllm_patchset.sync.verdict_reports import lock_next_step
 
 
 def project_series(project: Project) -> Series:
@@ -184,6 +184,33 @@ def lint(project: Project) -> tuple[int, list[str], Series | None]:
     return count, found, project_series(project)
 
 
+def series_problems(verdict: Verdict, pin: str) -> list[str]:
+    """A series patch's verdict on the pin: it must apply there as it is (no other reason, no
+    offset)."""
+    if verdict.state != State.APPLIES:
+        return [f"{verdict.patch}: {verdict.words} on the pin {pin}"]
+    if verdict.reason != Reason.APPLIES:
+        return [
+            f"{verdict.patch}: applies to {pin} only {verdict.reason.value} (its code there is"
+            " reformatted, moved or in several places): refresh it (queue import, queue export)"
+        ]
+    if verdict.offsets:
+        return [
+            f"{verdict.patch}: applies to {pin} only at an offset {verdict.offsets}: refresh it"
+            " (queue import, queue export)"
+        ]
+    return []
+
+
+def archive_problems(verdict: Verdict) -> list[str]:
+    """An archived patch's verdict on the pin: it must neither apply there nor find its bug."""
+    if verdict.state == State.APPLIES:
+        return [f"{verdict.patch}: archived as upstream, yet applies to the pin"]
+    if verdict.bug_present:
+        return [f"{verdict.patch}: archived as upstream, yet its bug is on the pin"]
+    return []
+
+
 def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:
     """The number of patches and every problem: each patch file and its trailers (`lint`),
     then: every series patch applies to the pin with no fuzz and no offset, no archived patch
@@ -195,23 +222,10 @@ def problems(project: Project, mirror: Mirror) -> tuple[int, list[str]]:
     result = walk(mirror, pin_base(project, mirror), series.upstreamed + series.active)
     active = {p.key for p in series.active}
     for verdict in result.verdicts:
-        if verdict.patch in active and verdict.state != State.APPLIES:
-            found.append(f"{verdict.patch}: {verdict.words} on the pin {project.pin}")
-        elif verdict.patch in active and verdict.reason != Reason.APPLIES:
-            found.append(
-                f"{verdict.patch}: applies to {project.pin} only {verdict.reason.value} (its"
-                " code there is reformatted, moved or in several places): refresh it (queue"
-                " import, queue export)"
-            )
-        elif verdict.patch in active and verdict.offsets:
-            found.append(
-                f"{verdict.patch}: applies to {project.pin} only at an offset "
-                f"{verdict.offsets}: refresh it (queue import, queue export)"
-            )
-        elif verdict.patch not in active and verdict.state == State.APPLIES:
-            found.append(f"{verdict.patch}: archived as upstream, yet applies to the pin")
-        elif verdict.patch not in active and verdict.bug_present:
-            found.append(f"{verdict.patch}: archived as upstream, yet its bug is on the pin")
+        if verdict.patch in active:
+            found += series_problems(verdict, project.pin)
+        else:
+            found += archive_problems(verdict)
     for name, reason in read_series_entries(project.parked_file):
         if not reason:
             found.append(

@@ -286,22 +286,10 @@ def commit_problems(
     """Every problem of one commit: its change (none, or outside the package), each trailer
     missing or empty, then `check`'s rules on those given (versions, the pull request, the
     regression test in tests/), then the patch file as `series.patches` parses it."""
-    out = []
-    if not data:
-        out.append("no change: make the fix in the queue's files, then `git commit -a --amend`")
-    for path in paths:
-        if PurePosixPath(path).parts[:1] != (project.package,):
-            out.append(f"changes {path}, outside the {project.package}/ package (take it out)")
+    out = change_problems(project, data, paths)
     trailers = message_trailers(message)
-    said = {}
-    for key in REQUIRED_TRAILERS:
-        value = trailers.get(key, [None])[0]
-        if value is None:
-            out.append(f"{key}: missing ({NEEDS[key]})")
-        elif not value and key in NOT_EMPTY and not unfinished:
-            out.append(f"{key}: empty ({NEEDS[key]})")
-        elif value or key not in NOT_EMPTY:
-            said[key] = value
+    said, missing = said_trailers(trailers, unfinished=unfinished)
+    out += missing
     patch = Patch(
         name=name,
         key=name,
@@ -329,6 +317,34 @@ def commit_problems(
         except MalformedPatch as exc:
             out.append(str(exc).removeprefix(f"malformed patch {name}: "))
     return out
+
+
+def change_problems(project: Project, data: bytes, paths: list[str]) -> list[str]:
+    """A commit's change: there is one, and it stays inside the package."""
+    out = []
+    if not data:
+        out.append("no change: make the fix in the queue's files, then `git commit -a --amend`")
+    for path in paths:
+        if PurePosixPath(path).parts[:1] != (project.package,):
+            out.append(f"changes {path}, outside the {project.package}/ package (take it out)")
+    return out
+
+
+def said_trailers(
+    trailers: dict[str, list[str]], *, unfinished: bool
+) -> tuple[dict[str, str], list[str]]:
+    """The trailers a message gives a value (the first of each), and a problem for each one
+    missing, or empty where a finished patch needs it (`unfinished`: a template's, allowed)."""
+    said, out = {}, []
+    for key in REQUIRED_TRAILERS:
+        value = trailers.get(key, [None])[0]
+        if value is None:
+            out.append(f"{key}: missing ({NEEDS[key]})")
+        elif not value and key in NOT_EMPTY and not unfinished:
+            out.append(f"{key}: empty ({NEEDS[key]})")
+        elif value or key not in NOT_EMPTY:
+            said[key] = value
+    return said, out
 
 
 def problems_text(path: Path, problems: tuple[CommitProblems, ...], commits: int) -> str:

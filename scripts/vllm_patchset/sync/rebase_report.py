@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_patchset.series.edits import rewrite_paths
 from vllm_patchset.sync.rebase_state import Action, Choice, Phase, RebaseState, Section, Step
-from vllm_patchset.sync.reports import verdict_json, versions_json
+from vllm_patchset.sync.verdict_reports import verdict_json, versions_json
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def range_diff(old: bytes, new: bytes, moves: dict[str, str] | None = None) -> t
 
 
 # -- short names ---------------------------------------------------------------------------------
-def short_id(key: str, keys: tuple[str, ...]) -> str:
+def option_name(key: str, keys: tuple[str, ...]) -> str:
     """ "0002" for "0002-....patch" (and "upstreamed/0001" for an archived one) when no other
     patch has that number, else the whole key: what `--keep`/`--drop` accept."""
     match = re.match(r"^((?:[^/]+/)?\d+)-", key)
@@ -74,7 +74,7 @@ def short_id(key: str, keys: tuple[str, ...]) -> str:
 
 
 def option_flags(step: Step, keys: tuple[str, ...], release: str | None) -> list[str]:
-    name = short_id(step.key, keys)
+    name = option_name(step.key, keys)
     flags = []
     for choice in step.options:
         flag = f"{choice.flag} {name}"

@@ -18,7 +18,7 @@ from vllm_patchset.infra import codec, jsonfile
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import atomic_write, plain_parts
 from vllm_patchset.overlay.upstream import Upstream
-from vllm_patchset.series.states import THREE_WAY, Verdict
+from vllm_patchset.series.verdict import THREE_WAY, Verdict
 
 REBASE_DIR = ".rebase"
 STATE_FILE = "state.json"

@@ -27,7 +27,10 @@ from vllm_patchset.infra.fsio import fsync_dir, remove_file, remove_tree
 from vllm_patchset.infra.gitrepo import Repo
 from vllm_patchset.overlay.build import build_overlay
 from vllm_patchset.overlay.upstream import Mirror, Upstream, git_source_commit, is_remote_url
-from vllm_patchset.series.edits import (
+from vllm_patchset.series.edits import with_trailer
+from vllm_patchset.series.patches import Patch, read_series_entries, write_series_file
+from vllm_patchset.sync.checks import problems, project_series
+from vllm_patchset.sync.project_files import (
     insert_entry,
     set_ci_images,
     set_pin,
@@ -35,10 +38,7 @@ from vllm_patchset.series.edits import (
     set_torch_comment,
     set_unreleased_pin,
     torch_of,
-    with_trailer,
 )
-from vllm_patchset.series.patches import Patch, read_series_entries, write_series_file
-from vllm_patchset.sync.checks import problems, project_series
 from vllm_patchset.sync.rebase_report import changelog_entry, range_diff, today
 from vllm_patchset.sync.rebase_state import Action, RebaseState, Section, Step, rebase_dir
 
@@ -184,6 +184,22 @@ class _Lists:
     parked: dict[str, str]  # name -> reason
 
 
+@dataclass(frozen=True)
+class Staging:
+    """What staging one patch's file needs: the project, the worktree the patches were taken
+    in, the rebase's state, the stage folder, and the series lists being rewritten."""
+
+    project: Project
+    worktree: Repo
+    state: RebaseState
+    stage: Path
+    lists: _Lists
+
+    def staged(self, path: Path) -> Path:
+        """Where the checkout's `path` is under the stage."""
+        return self.stage / rel(self.project, path)
+
+
 def stage_series(project: Project, worktree: Repo, state: RebaseState, stage: Path) -> RebaseState:
     """`patches/` as the steps leave it: taken patches from the worktree's commits, archived,
     parked and dropped ones moved or removed, and the series, archive and parked lists."""
@@ -196,10 +212,8 @@ def stage_series(project: Project, worktree: Repo, state: RebaseState, stage: Pa
         archived=[p.name for p in series.upstreamed],
         parked=dict(read_series_entries(project.parked_file)),
     )
-    steps = tuple(
-        _stage_step(project, worktree, state, stage, step, old[step.key], lists)
-        for step in state.steps
-    )
+    staging = Staging(project, worktree, state, stage, lists)
+    steps = tuple(_stage_step(staging, step, old[step.key]) for step in state.steps)
     write_series_file(stage / rel(project, project.series_file), lists.unarchived + lists.active)
     write_series_file(stage / rel(project, project.upstreamed_file), lists.archived)
     if lists.parked or project.parked_file.exists():
@@ -209,28 +223,21 @@ def stage_series(project: Project, worktree: Repo, state: RebaseState, stage: Pa
     return dataclasses.replace(state, steps=steps)
 
 
-def _stage_step(
-    project: Project,
-    worktree: Repo,
-    state: RebaseState,
-    stage: Path,
-    step: Step,
-    patch: Patch,
-    lists: _Lists,
-) -> Step:
-    """One patch's file under the stage as its step says, and its name in `lists`."""
-    here = stage / rel(project, patch.path)
+def _stage_step(staging: Staging, step: Step, patch: Patch) -> Step:
+    """One patch's file under the stage as its step says, and its name in the lists."""
+    project, lists = staging.project, staging.lists
+    here = staging.staged(patch.path)
     if step.action.committed:
-        return _stage_taken(project, worktree, state, stage, step, patch, lists)
+        return _stage_taken(staging, step, patch)
     if step.action == Action.ARCHIVED and step.section == Section.SERIES:
-        archive_dir = stage / rel(project, project.upstreamed_file.parent)
+        archive_dir = staging.staged(project.upstreamed_file.parent)
         fsio.write_file(
             _new_file(archive_dir / step.name), with_trailer(patch.raw, step.applied_upstream)
         )
         remove_file(here)
         lists.archived.append(step.name)
     elif step.action == Action.PARKED and step.section == Section.SERIES:
-        parked_dir = stage / rel(project, project.parked_file.parent)
+        parked_dir = staging.staged(project.parked_file.parent)
         fsio.make_dir(parked_dir, parents=True, exist_ok=True)
         fsio.move(here, _new_file(parked_dir / step.name))
         lists.parked[step.name] = step.parked_reason.replace("#", "").replace("\n", " ")
@@ -241,20 +248,13 @@ def _stage_step(
     return step
 
 
-def _stage_taken(
-    project: Project,
-    worktree: Repo,
-    state: RebaseState,
-    stage: Path,
-    step: Step,
-    patch: Patch,
-    lists: _Lists,
-) -> Step:
+def _stage_taken(staging: Staging, step: Step, patch: Patch) -> Step:
     """A patch taken in the worktree: its commit as the new patch file, with the range-diff
     against the old one."""
-    here = stage / rel(project, patch.path)
+    lists, new_pin = staging.lists, staging.state.new_pin
+    here = staging.staged(patch.path)
     assert step.commit is not None
-    (_, data), *_ = worktree.format_patches(f"{step.commit}^", step.commit)
+    (_, data), *_ = staging.worktree.format_patches(f"{step.commit}^", step.commit)
     if step.section == Section.UPSTREAMED:  # carried again (--keep), by hand or not
         data = with_trailer(data, "")
         remove_file(here)
@@ -262,9 +262,7 @@ def _stage_taken(
         lists.unarchived.append(step.name)
     else:
         lists.active.append(step.name)
-        if versions.older(step.applied_upstream, state.new_pin) or (
-            step.applied_upstream == state.new_pin
-        ):
+        if versions.older(step.applied_upstream, new_pin) or (step.applied_upstream == new_pin):
             # Its trailer says merged by now; the code says needed (a revert, or a
             # trailer that was wrong): the code decides, the trailer is emptied.
             data = with_trailer(data, "")
@@ -273,10 +271,11 @@ def _stage_taken(
                 notes=(
                     *step.notes,
                     f"Applied-upstream: {step.applied_upstream} emptied: the bug is"
-                    f" still in {state.new_pin}",
+                    f" still in {new_pin}",
                 ),
             )
-    fsio.write_file(_new_file(stage / rel(project, project.patches_dir) / step.name, here), data)
+    new_file = _new_file(staging.staged(staging.project.patches_dir) / step.name, here)
+    fsio.write_file(new_file, data)
     kind, diff = range_diff(patch.raw, data, dict(step.verdict.moved_to))
     return dataclasses.replace(step, range_diff=kind, diff_of_diffs=diff)
 

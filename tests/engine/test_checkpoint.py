@@ -15,12 +15,11 @@ import torch
 
 safetensors = pytest.importorskip("safetensors.torch", reason="it writes safetensors files")
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
-import engine_checkpoint as ckpt  # noqa: E402
 import nvfp4_reference  # noqa: E402
+from engine_check import checkpoint as ckpt  # noqa: E402
 
 TINY = ckpt.MoeModel(
     layers=2, experts=4, hidden=64, intermediate=32, top_k=2, vocab=128, heads=4, kv_heads=2,

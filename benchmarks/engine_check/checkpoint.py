@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 # The NVFP4 and FP8 quantizers are the GPU tests' reference (tests/gpu/nvfp4_reference.py):
 # what the checkpoint holds is what the tests check vLLM against.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 from nvfp4_reference import (
     BLOCK,
     E2M1_MAX,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_patchset.console import table
-from vllm_patchset.series.states import WHOLE_HEADERS, Verdict
+from vllm_patchset.series.verdict import WHOLE_HEADERS, Verdict
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:
@@ -120,7 +120,7 @@ LEGEND = (
 )
 
 
-def short_id(patch: str) -> str:
+def column_id(patch: str) -> str:
     """A patch's column heading: its number, `U` before an upstreamed one's, `P` before a
     parked one's (`0002`, `U0001`, `P0003`); a file with no number keeps its name."""
     folder, _, name = patch.rpartition("/")
@@ -131,10 +131,10 @@ def short_id(patch: str) -> str:
 
 
 def unique_ids(patches: Sequence[str]) -> dict[str, str]:
-    """Each patch's short id, unique among `patches` (series, archive and parked together):
+    """Each patch's column id, unique among `patches` (series, archive and parked together):
     where two share one (`U0001` for two archived fixes numbered 0001), the first word of
     the name joins it (`U0001-nvfp4`), else the whole key."""
-    short = {p: short_id(p) for p in patches}
+    short = {p: column_id(p) for p in patches}
     shared = {i for i in short.values() if list(short.values()).count(i) > 1}
     ids = {
         p: f"{i}-{p.rpartition('/')[2].split('-')[1]}" if i in shared and i != p else i
@@ -144,24 +144,27 @@ def unique_ids(patches: Sequence[str]) -> dict[str, str]:
     return {p: p if taken.count(i) > 1 else i for p, i in ids.items()}
 
 
+def _state_cells(verdicts: Sequence[Verdict], patches: Sequence[str]) -> list[tuple[str, str]]:
+    """One version's row of the matrix: each patch's state cell and its style ("-" where the
+    version has no verdict of it)."""
+    by_patch = {v.patch: v for v in verdicts}
+    return [
+        (state_cell(by_patch[p]), STATE_STYLES[by_patch[p].state.value])
+        if p in by_patch
+        else ("-", "")
+        for p in patches
+    ]
+
+
 def matrix_table(
     columns: dict[str, Sequence[Verdict]], *, colour: bool = False, verbose: bool = False
 ) -> str:
-    """Versions as rows, patches as columns under their short ids (a rich `Table`: a cell
+    """Versions as rows, patches as columns under their column ids (a rich `Table`: a cell
     too wide for the terminal is wrapped inside its column), a legend of both; states
     coloured when `colour`. The legend and the notes are fitted by `console.emit`."""
     patches = list(dict.fromkeys(v.patch for vs in columns.values() for v in vs))
     ids = unique_ids(patches)
-    rows: list[list[tuple[str, str]]] = []
-    for label, verdicts in columns.items():
-        by_patch = {v.patch: v for v in verdicts}
-        cells = [
-            (state_cell(by_patch[p]), STATE_STYLES[by_patch[p].state.value])
-            if p in by_patch
-            else ("-", "")
-            for p in patches
-        ]
-        rows.append([(label, ""), *cells])
+    rows = [[(label, ""), *_state_cells(verdicts, patches)] for label, verdicts in columns.items()]
     lines = [table(["version", *(ids[p] for p in patches)], rows, colour=colour)]
     key = max(len(i) for i in ids.values()) if ids else 0
     # Under patches/ (not named on each line: the archive's longest names would need 82 of

@@ -1,4 +1,4 @@
-"""The engine check's float64 reference forward (benchmarks/engine_reference.py) on the CPU:
+"""The engine check's float64 reference forward (benchmarks/engine_check/reference.py) on the CPU:
 its architecture against transformers' own Qwen3-MoE in float64 (where transformers can be
 installed), its NVFP4 weights exact, its W4A4 experts quantizing both activations with the one
 NVFP4 reference (tests/gpu/nvfp4_reference.py), and its logprobs as the engine reports them."""
@@ -16,13 +16,12 @@ pytest.importorskip("safetensors.torch", reason="it reads safetensors files")
 import torch
 from safetensors.torch import load_file, save_file
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
-import engine_checkpoint as ckpt  # noqa: E402
-import engine_reference as ref  # noqa: E402
 import nvfp4_reference  # noqa: E402
+from engine_check import checkpoint as ckpt  # noqa: E402
+from engine_check import reference as ref  # noqa: E402
 
 TINY = ckpt.MoeModel(
     layers=2, experts=8, hidden=64, intermediate=32, top_k=3, vocab=256, heads=4, kv_heads=2,

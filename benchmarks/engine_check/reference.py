@@ -1,7 +1,7 @@
 """The engine check's Qwen3-MoE checkpoints, forward in float64: the exact model the engines
 approximate, for their teacher-forced logprobs to be judged against.
 
-Pure torch, read from the checkpoint folder the engines load (engine_checkpoint.py writes it):
+Pure torch, read from the checkpoint folder the engines load (checkpoint.py writes it):
 ``config.json``, the safetensors files of ``model.safetensors.index.json`` and, for ModelOpt
 NVFP4, ``hf_quant_config.json``. Everything is computed in float64:
 
@@ -25,7 +25,7 @@ NVFP4, ``hf_quant_config.json``. Everything is computed in float64:
 
 ``prompt_logprobs(model, prompts)``: per prompt, the logprob of each token after the first
 given the ones before it, as vLLM's ``SamplingParams(prompt_logprobs=0)`` reports them
-(engine_e2e.py ``_prompt_logprobs``); engine_e2e.py's ``reference`` command writes them.
+(worker.py ``prompt_logprobs``); the check's ``reference`` command writes them.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 from nvfp4_reference import dequantize, quant_dequant
 
 F64 = torch.float64

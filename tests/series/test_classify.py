@@ -1,4 +1,6 @@
-"""Per-patch states on the synthetic story (tests/synthetic.py): each of the four states and
+"""series/classify.py: the one-line fix of tests/tiny_series.py classified on each tree, the
+state, the reason and the warnings exactly (the rule chain end to end, on tiny trees); then
+through the commands on the synthetic story (tests/synthetic.py): each of the four states and
 the finer verdicts, text and trailers disagreeing, releases and git refs, `status` and `check`
 on the pin. Today's real states are pinned in test_real_series.py."""
 
@@ -8,16 +10,88 @@ import json
 
 import pytest
 from synthetic import STORY_ARCHIVED, STORY_FIX, STORY_LOCAL, Story
+from tiny_series import MOE, Trees
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
+from vllm_patchset.series.classify import classify
+from vllm_patchset.series.patches import Patch
 
-ARCHIVED = f"upstreamed/{STORY_ARCHIVED.name}"
-FIX = STORY_FIX.name
-LOCAL = STORY_LOCAL.name
 GONE = (
     "text says absent, trailers say applies: the code it changes is gone (rewritten or removed"
     " upstream)"
 )
+LIVE_AT = "the bug (`or self.a1_gscale`) is live at "
+NOWHERE = "its fix is nowhere in vllm/moe.py"
+CLASSIFIED = [
+    # (the tree, the release's version) -> (state, reason, warnings)
+    ("pin", "1.1", ("applies", "applies", ())),
+    ("fixed", "1.1", ("upstream", "upstream", ())),
+    # The fix live, the bug only in a comment: upstream.
+    ("commented", "1.1", ("upstream", "upstream", ())),
+    (
+        "joined",
+        "1.1",
+        (
+            "applies",
+            "refreshed",
+            (f"hunk 1 ({MOE}): placed by token match at {MOE}:1 (Experts.apply)",),
+        ),
+    ),
+    ("changed", "1.1", ("conflict", "conflict", (f"{LIVE_AT}{MOE}:3 (Experts.apply); {NOWHERE}",))),
+    ("moved", "1.1", ("applies", "moved", ("moved: vllm/moe.py -> vllm/layers/moe.py",))),
+    ("gone", "1.1", ("conflict", "rewritten", (GONE,))),
+    ("gone", "0.9", ("absent", "never-there", ())),  # before Introduced-in: 1.0
+    (
+        "copied",
+        "1.1",
+        (
+            "conflict",
+            "ambiguous",
+            (
+                f"{LIVE_AT}{MOE}:3 (Experts.apply), vllm/other.py:6 (Emulated.apply) (the patch"
+                f" does not reach every place); {NOWHERE}",
+            ),
+        ),
+    ),
+    (
+        "helper",
+        "1.1",
+        (
+            "conflict",
+            "ambiguous",
+            (
+                "the code it fixes is not where the patch says; it is at vllm/other.py:6"
+                " (Emulated.apply): carry the fix there by hand (queue import) or decide",
+                f"{LIVE_AT}vllm/other.py:6 (Emulated.apply); {NOWHERE}",
+            ),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("on", "version", "expected"), CLASSIFIED)
+def test_classify(
+    trees: Trees, fix: Patch, on: str, version: str, expected: tuple[str, str, tuple[str, ...]]
+) -> None:
+    verdict = classify(trees.repo, trees.on(on), fix, base=on, version=version)
+    assert (verdict.state.value, verdict.reason.value, verdict.warnings) == expected
+
+
+def test_a_move_is_followed_only_when_asked(trees: Trees, fix: Patch) -> None:
+    """Not followed: the code found at its new path is a stop that names it."""
+    tree = trees.on("moved")
+    verdict = classify(trees.repo, tree, fix, base="moved", version="1.1", follow_moves=False)
+    assert (verdict.state.value, verdict.reason.value, verdict.candidates) == (
+        "conflict",
+        "ambiguous",
+        ("vllm/layers/moe.py:3 (Experts.apply)",),
+    )
+
+
+# -- through the commands, on the synthetic story ---------------------------------------------
+ARCHIVED = f"upstreamed/{STORY_ARCHIVED.name}"
+FIX = STORY_FIX.name
+LOCAL = STORY_LOCAL.name
 # 0.9 predates the MoE code (the fix: never there) and has the clamp bug (the archived fix
 # applies); 1.0 is the pin; 1.1 has the MoE fix and changed the label line the local patch
 # changes; 1.2 rewrote the MoE function both patches change. (state, verdict) per patch:
