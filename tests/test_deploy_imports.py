@@ -59,9 +59,7 @@ DEPLOY_MODULES = [
     "vllm_patchset.infra.fsio.locks",
     "vllm_patchset.infra.fsio.paths",
     "vllm_patchset.infra.fsio.writes",
-    # git's boundary module, for its checks of git sources; GitPython itself is imported at the
-    # first git call only (blocked here).
-    "vllm_patchset.infra.gitrepo",
+    "vllm_patchset.infra.gitargs",  # the settings' checks of a pin's git source and ref: no git
     "vllm_patchset.infra.hashes",
     "vllm_patchset.infra.installed",
     "vllm_patchset.infra.jsonfile",

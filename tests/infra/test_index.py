@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_patchset.errors import BadInput, DownloadFailed
+from vllm_patchset.errors import DownloadFailed
 from vllm_patchset.infra import index
 from vllm_patchset.infra.indexsettings import resolve
 
@@ -140,34 +140,6 @@ def test_a_missing_file_index_is_one_line(tmp_path: Path) -> None:
         f"cannot read the package index {(tmp_path / 'none').as_uri()}: no folder"
         f" {tmp_path / 'none'} and the release is not cached"
     )
-
-
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("VLLM_PATCHSET_INDEX_TIMEOUT", "0"),
-        ("VLLM_PATCHSET_INDEX_TIMEOUT", "soon"),
-        ("VLLM_PATCHSET_INDEX_MIN_RATE", "-5"),
-        ("VLLM_PATCHSET_DOWNLOAD_LIMIT", "1.5"),
-        ("VLLM_PATCHSET_DOWNLOAD_LIMIT", "inf"),
-    ],
-)
-def test_a_bad_limit_is_one_line_naming_it(
-    monkeypatch: pytest.MonkeyPatch, name: str, value: str
-) -> None:
-    monkeypatch.setenv(name, value)
-    with pytest.raises(BadInput) as info:
-        index.Limits.from_env()
-    assert str(info.value).startswith(f"{name}={value!r}: expected a positive number (e.g. ")
-
-
-def test_limits_default_and_declared_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("VLLM_PATCHSET_INDEX_TIMEOUT", "VLLM_PATCHSET_INDEX_MIN_RATE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("VLLM_PATCHSET_DOWNLOAD_LIMIT", raising=False)
-    assert index.Limits.from_env() == index.Limits(60.0, 50_000.0, 2 << 30)
-    assert index.Limits.from_env(declared=1234).size == 1234
-    assert index.Limits.from_env(page=True).size == index.PAGE_LIMIT
 
 
 # -- TLS ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from support import cli, git, snapshot
 from synthetic import LocalIndex, Story, sdist_bytes
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.upstream import CACHE_LOCK, IMPORT_LOCK
+from vllm_patchset.overlay.cachelocks import CACHE_LOCK, IMPORT_LOCK
 
 # The user's own things a cache entry may point at.
 Setup = Callable[[Path, Path], Path]  # (cache, elsewhere) -> the folder the case could touch

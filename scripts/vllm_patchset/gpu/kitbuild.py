@@ -117,7 +117,7 @@ def pin_wheel(project: Project, platform: str = KIT_PLATFORM) -> tuple[Path, str
     the index every time the index is reachable, and against the cached check otherwise."""
     setting = indexsettings.for_project(project)
     entry = _index_wheel(project, platform, setting)
-    from vllm_patchset.overlay.upstream import reading
+    from vllm_patchset.overlay.cachelocks import reading
 
     with reading(project.cache_dir):  # a prune waits
         wheel = index.fetch(entry, project.cache_dir / "wheels", setting)

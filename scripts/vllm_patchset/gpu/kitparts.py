@@ -318,8 +318,8 @@ def _staging(dest: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-# A copy of `infra/fsio/writes.py`'s `_alive`: this module travels alone to GPU hosts, where
-# the file-system layer is not.
+# A copy of `infra/fsio/children.py`'s `process_alive`: this module travels alone to GPU
+# hosts, where the file-system layer is not.
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_patchset.errors import BadInput, PatchsetError
 from vllm_patchset.infra.fsio import no_symlink_below, plain_parts, read_regular
-from vllm_patchset.infra.gitrepo import check_rev, check_source
+from vllm_patchset.infra.gitargs import check_rev, check_source
 
 
 def default_cache_dir() -> Path:

@@ -4,15 +4,13 @@ GitPython runs the git command line; its errors become `GitError` with git's own
 Commits made here have a fixed identity and date, so the same tree gives the same commit id
 in every mirror.
 
-Git runs with a clean environment: the caller's `GIT_*` variables are dropped (a git hook that
-runs the tool exports `GIT_DIR`, which would make every call act on the hook's repository),
-but for the few that only say how to reach a remote (`TRANSPORT_ENV`). A value from data or
-the command line never reaches git where it could read as an option: a revision or ref that
-starts with `-` is refused, sources are checked (`check_source`), and `--` goes before
-repositories and paths.
+Git runs with a clean environment (`gitargs.git_env`: the caller's `GIT_*` variables dropped,
+but for the few that say how to reach a remote). A value from data or the command line never
+reaches git where it could read as an option: a revision or ref that starts with `-` is
+refused, sources are checked (`gitargs.py`), and `--` goes before repositories and paths.
 
 Answers that depend on git objects alone (a file of a tree, whether a patch applies to a
-tree, the tree it makes) are asked of git once per process and repository (`_Memo`): an
+tree, the tree it makes) are asked of git once per process and repository (`gitmemo.py`): an
 object id names the same bytes forever. Revisions that are names (tags, HEAD) are asked
 every time.
 """
@@ -24,17 +22,18 @@ import io
 import os
 import re
 import tarfile
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from vllm_patchset.errors import BadInput, GitError, NoGit
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.fsio import child
+from vllm_patchset.infra.gitargs import check_rev, check_source, git_argv, git_env
+from vllm_patchset.infra.gitmemo import Memo
 
 BOT_NAME = "vllm-patchset"
 BOT_EMAIL = "vllm-patchset@users.noreply.github.com"
@@ -60,126 +59,11 @@ FORMAT_PATCH_ARGS = (
     "--subject-prefix=PATCH",
 )
 
-# The caller's GIT_* variables that are kept: how to reach a remote (ssh, a proxy, TLS), none
-# of which says which repository, index, work tree or configuration git uses.
-TRANSPORT_ENV = frozenset(
-    {
-        "GIT_SSH",
-        "GIT_SSH_COMMAND",
-        "GIT_SSH_VARIANT",
-        "GIT_ASKPASS",
-        "GIT_PROXY_COMMAND",
-        "GIT_SSL_CAINFO",
-        "GIT_SSL_CAPATH",
-        "GIT_SSL_NO_VERIFY",
-        "GIT_HTTP_USER_AGENT",
-    }
-)
-# Sources a git repository is fetched from: a URL of one of these schemes, an scp-like
-# `user@host:path`, or a local path.
-URL_SCHEMES = ("https", "http", "ssh", "git", "file")
-# [user@]host:path, as git reads it; never `<transport>::<address>` (`ext::` runs a command).
-_SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!:)[^-]")
-_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
-
-
-def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of every git child: the caller's without its GIT_* variables (but
-    TRANSPORT_ENV), plain C messages, no prompt, then `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in TRANSPORT_ENV}
-    return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **(extra or {})}
-
-
-def git_argv(args: list[str], env: dict[str, str]) -> list[str]:
-    """The command line of a git child. GitPython starts every child with the caller's whole
-    environment updated by the one given (it cannot drop a variable), so the caller's GIT_*
-    variables that `env` lacks are unset by env(1) in front of git."""
-    dropped = sorted(k for k in os.environ if k.startswith("GIT_") and k not in env)
-    unset = ["env", *(a for k in dropped for a in ("-u", k))] if dropped else []
-    return [*unset, "git", *args]
-
-
-def check_source(source: str, what: str = "a git source") -> str:
-    """`source` when it is a URL of a known scheme, an scp-like address or a local path, never
-    something git could read as an option; else BadInput naming it."""
-    scheme = _URL.match(source)
-    plain = not any(c in source for c in "\x00\n\r") and source.strip() == source
-    if scheme is not None:  # no host that ssh could read as an option (`ssh://-oProxy…`)
-        rest = source[scheme.end() :]
-        host = rest.rpartition("@")[2]
-        ok = scheme.group(1) in URL_SCHEMES and plain
-        ok = ok and not rest.startswith("-") and not host.startswith("-")
-    else:
-        ok = plain and bool(source) and not source.startswith("-")
-        ok = ok and ("://" not in source)
-        ok = ok and (bool(_SCP_LIKE.match(source)) or ":" not in source.split("/", 1)[0])
-    if not ok:
-        schemes = ", ".join(f"{s}://" for s in URL_SCHEMES)
-        raise BadInput(
-            f"{what} {source!r} is not a URL ({schemes}), user@host:path or a local path"
-        )
-    return source
-
-
-def check_rev(rev: str, what: str = "a revision") -> str:
-    """`rev` when git cannot read it as an option (no leading `-`, no space or control
-    character); else BadInput naming it. (A ref to fetch may not hold `:` either: see
-    `fetch`.)"""
-    if not rev or rev.startswith("-") or any(c.isspace() or ord(c) < 32 for c in rev):
-        raise BadInput(f"{what} {rev!r} is not a git ref or commit")
-    return rev
-
-
-_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_T = TypeVar("_T")
-
-
-class _Memo:
-    """The last `size` answers about git objects, keyed by the repository (its path and the
-    inode there: a repository made again at the same path is another) and the question."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.answers: OrderedDict[tuple[object, ...], object] = OrderedDict()
-
-    def ask(
-        self,
-        repo: Path,
-        rev: str,
-        question: tuple[object, ...],
-        ask: Callable[[], _T],
-        *,
-        keep_none: bool = True,
-    ) -> _T:
-        """`ask()`, kept where `rev` is an object id (`is_object_id`): a name (a tag, HEAD)
-        is asked every time. `keep_none=False`: a None answer is not kept (an object
-        missing now may be fetched later)."""
-        if not is_object_id(rev):
-            return ask()
-        try:
-            key = (str(repo), os.stat(repo).st_ino, rev, *question)
-        except OSError:
-            return ask()  # git says what is wrong with the path
-        if key in self.answers:
-            self.answers.move_to_end(key)
-            return self.answers[key]  # type: ignore[return-value]  # asked with this `ask`
-        answer = ask()
-        if answer is not None or keep_none:
-            self.answers[key] = answer
-            if len(self.answers) > self.size:
-                self.answers.popitem(last=False)
-        return answer
-
 
 # About 2,000 files of a vLLM release's package, read by a rebase; a blob larger than
 # _MEMO_BLOB_BYTES is read again each time (at most 512 MiB held, typically a few MiB).
-_MEMO = _Memo(4096)
+_MEMO = Memo(4096)
 _MEMO_BLOB_BYTES = 128 << 10
-
-
-def is_object_id(rev: str) -> bool:
-    """A full object id (SHA-1 or SHA-256), whose object never changes."""
-    return _OBJECT_ID.fullmatch(rev) is not None
 
 
 @dataclass(frozen=True)

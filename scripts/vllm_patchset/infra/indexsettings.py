@@ -201,14 +201,7 @@ def split(url: str) -> Parts | None:
     if scheme == "file":
         host, sep, tail = rest.partition("/")
         return Parts(scheme, None, None, host, None, sep + tail)
-    cut = 0
-    for at in [i for i, c in enumerate(rest) if c == "@"][::-1]:  # the last `@` that fits
-        user = rest[:at].partition(":")[0]
-        authority = re.split(r"[/?#]", rest[at + 1 :], maxsplit=1)[0]
-        if not any(c in user for c in "/?#") and _HOSTPORT.match(authority):
-            cut = at + 1
-            break
-    userinfo = rest[: cut - 1] if cut else None
+    cut = _userinfo_end(rest)
     authority = re.split(r"[/?#]", rest[cut:], maxsplit=1)[0]
     tail = rest[cut + len(authority) :]
     hostport = _HOSTPORT.match(authority)
@@ -218,12 +211,29 @@ def split(url: str) -> Parts | None:
     port = int(port_text) if port_text else None
     if port is not None and port > 65535:
         return None
-    user = password = None
-    if userinfo is not None:
-        raw_user, colon, raw_password = userinfo.partition(":")
-        user = urllib.parse.unquote(raw_user)
-        password = urllib.parse.unquote(raw_password) if colon else ""
+    user, password = _credentials(rest[: cut - 1] if cut else None)
     return Parts(scheme, user, password, hostport["host"], port, tail)
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the host of `rest` (a URL after its `scheme://`) starts: after the last `@` that
+    leaves a user without `/`, `?` or `#` and a host[:port] after it (a password may hold
+    `@`), else 0 (no userinfo)."""
+    for at in [i for i, c in enumerate(rest) if c == "@"][::-1]:
+        user = rest[:at].partition(":")[0]
+        authority = re.split(r"[/?#]", rest[at + 1 :], maxsplit=1)[0]
+        if not any(c in user for c in "/?#") and _HOSTPORT.match(authority):
+            return at + 1
+    return 0
+
+
+def _credentials(userinfo: str | None) -> tuple[str | None, str | None]:
+    """(user, password) of a URL's userinfo, percent-decoded: a user without `:` has the
+    password "" (the keyring may know it); no userinfo, (None, None)."""
+    if userinfo is None:
+        return None, None
+    raw_user, colon, raw_password = userinfo.partition(":")
+    return urllib.parse.unquote(raw_user), urllib.parse.unquote(raw_password) if colon else ""
 
 
 UNPARSEABLE = "(a URL that cannot be parsed)"

@@ -144,19 +144,25 @@ def probe(python: str, package: str) -> Probe:
     except (OSError, subprocess.TimeoutExpired) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise BadInput(f"cannot run --python {python}: {why}") from None
-    out = done.stdout.decode("utf-8", "replace").splitlines()
-    answer = next((line for line in reversed(out) if line.startswith("vllm-patchset-probe ")), "")
-    try:
-        doc = json.loads(answer.partition(" ")[2]) if done.returncode == 0 else {}
-        found: Probe | None = Probe(
-            doc["origin"], doc["version"], doc["record"], tuple(str(d) for d in doc["dirs"])
-        )
-    except (ValueError, TypeError, KeyError):
-        found = None
-    if found is None or not all(
-        isinstance(v, str | None) for v in (found.origin, found.version, found.record)
-    ):
+    found = _answer(done.stdout) if done.returncode == 0 else None
+    if found is None:
         err = done.stderr.decode("utf-8", "replace").strip().splitlines()
         why = f"exit {done.returncode}: {err[-1]}" if done.returncode and err else "no answer"
         raise BadInput(f"cannot run --python {python}: {why} (is it a Python interpreter?)")
     return found
+
+
+def _answer(stdout: bytes) -> Probe | None:
+    """The probe's answer in what `_PROBE` printed (its last `vllm-patchset-probe` line), or
+    None when there is none of the expected shape."""
+    out = stdout.decode("utf-8", "replace").splitlines()
+    answer = next((line for line in reversed(out) if line.startswith("vllm-patchset-probe ")), "")
+    try:
+        doc = json.loads(answer.partition(" ")[2])
+        found = Probe(
+            doc["origin"], doc["version"], doc["record"], tuple(str(d) for d in doc["dirs"])
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+    fields = (found.origin, found.version, found.record)
+    return found if all(isinstance(v, str | None) for v in fields) else None

@@ -18,7 +18,7 @@ from vllm_patchset.errors import BadInput, LockMismatch, PatchDoesNotApply
 from vllm_patchset.infra import codec, fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import sha256_bytes
-from vllm_patchset.overlay.lock import Lock, LockEntry
+from vllm_patchset.overlay.lock import Lock, LockEntry, compare_locks
 from vllm_patchset.overlay.upstream import (
     Mirror,
     Upstream,
@@ -241,36 +241,6 @@ def without(patches: tuple[Patch, ...], skip: tuple[str, ...]) -> tuple[Patch, .
     if unknown:
         raise BadInput(f"--skip {unknown[0]}: no such patch in the series or the archive")
     return tuple(p for p in patches if p.key not in skip and p.name not in skip)
-
-
-def compare_locks(built: Lock, committed: Lock) -> str | None:
-    """A one-line description of the first difference, or None."""
-    if (built.version, built.upstream_commit) != (committed.version, committed.upstream_commit):
-        return (
-            f"lock is for {committed.version} ({committed.upstream_commit[:12]}), "
-            f"build is for {built.version} ({built.upstream_commit[:12]})"
-        )
-    paths = sorted({e.path for e in built.entries} | {e.path for e in committed.entries})
-    for path in paths:
-        a, b = built.entry(path), committed.entry(path)
-        if a != b:
-            what = (
-                "missing from the lock"
-                if b is None
-                else "not built"
-                if a is None
-                else (
-                    "patched sha256 differs"
-                    if a.patched_sha256 != b.patched_sha256
-                    else "pristine sha256 differs"
-                    if a.pristine_sha256 != b.pristine_sha256
-                    else "patch list differs"
-                )
-            )
-            return f"{path}: {what}"
-    if built.patches != committed.patches:
-        return f"applied patches {list(built.patches)} differ from {list(committed.patches)}"
-    return None
 
 
 def build_overlay(

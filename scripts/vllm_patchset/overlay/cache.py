@@ -14,7 +14,7 @@ git). Anything else there is not the tool's, and is listed as `other`, never rem
 `--dry-run` lists what would go and removes nothing.
 
 Only the cache's own is touched: `list` holds the cache's lock shared and `prune` exclusive
-(`upstream.cache_exclusive`: a fetch, build or matrix running meanwhile finishes first, or
+(`cachelocks.cache_exclusive`: a fetch, build or matrix running meanwhile finishes first, or
 waits), nothing in it is followed through a symlink (a `mirror.git`, `sdists` or `wheels` that
 is a link is listed as `other`, and `prune` refuses a linked `mirror.git`: it would gc a
 repository that is not the cache's), and a file is removed only when it is a regular file
@@ -36,7 +36,7 @@ from vllm_patchset.console import table
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.gitrepo import Repo
-from vllm_patchset.overlay import upstream
+from vllm_patchset.overlay import cachelocks
 from vllm_patchset.overlay.lock import Lock
 
 LOCK_REF = "refs/vllm-patchset/lock"  # keeps the lock's upstream commit through a gc
@@ -98,7 +98,7 @@ def inventory(cache: Path, pin: str | None) -> list[Item]:
     items: list[Item] = []
     others: list[Item] = []
     for entry in sorted(cache.iterdir()):
-        if entry.name in (upstream.CACHE_LOCK, upstream.IMPORT_LOCK):
+        if entry.name in (cachelocks.CACHE_LOCK, cachelocks.IMPORT_LOCK):
             continue  # the cache's locks
         if entry.name in ("sdists", "wheels") and entry.is_dir() and not entry.is_symlink():
             for file in sorted(entry.iterdir()):
@@ -165,7 +165,7 @@ def listing(cache: Path, pin: str | None) -> tuple[str, dict[str, object]]:
     """`cache list`'s report (text, JSON body) of `cache`, read under the cache's shared lock:
     a prune waits. A cache without a lock file yet is read without one (nothing else has begun
     to write it; listing writes nothing)."""
-    with fsio.locked(cache / upstream.CACHE_LOCK, shared=True, holder=_HOLDER):
+    with fsio.locked(cache / cachelocks.CACHE_LOCK, shared=True, holder=_HOLDER):
         items = inventory(cache, pin)
     body = {"cache": str(cache), "size": sum(i.size for i in items), "items": _json(items)}
     return _table(cache, items, "cache"), body
@@ -179,8 +179,8 @@ def prune(project: Project, *, dry_run: bool) -> tuple[str, dict[str, object]]:
     (text, JSON body)."""
     if not project.cache_dir.is_dir():
         return _prune(project, dry_run=dry_run)
-    fsio.no_symlink_below(project.cache_dir, (upstream.CACHE_LOCK,))
-    with upstream.cache_exclusive(project.cache_dir):
+    fsio.no_symlink_below(project.cache_dir, (cachelocks.CACHE_LOCK,))
+    with cachelocks.cache_exclusive(project.cache_dir):
         return _prune(project, dry_run=dry_run)
 
 

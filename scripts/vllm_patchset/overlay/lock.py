@@ -98,3 +98,33 @@ class Lock:
                 f"no overlay lock at {path}: run `vllm-patchset overlay build --update-lock`"
             )
         return Lock.from_json(data.decode("utf-8", "surrogateescape"), str(path))
+
+
+def compare_locks(built: Lock, committed: Lock) -> str | None:
+    """A one-line description of the first difference, or None."""
+    if (built.version, built.upstream_commit) != (committed.version, committed.upstream_commit):
+        return (
+            f"lock is for {committed.version} ({committed.upstream_commit[:12]}), "
+            f"build is for {built.version} ({built.upstream_commit[:12]})"
+        )
+    paths = sorted({e.path for e in built.entries} | {e.path for e in committed.entries})
+    for path in paths:
+        a, b = built.entry(path), committed.entry(path)
+        if a != b:
+            what = (
+                "missing from the lock"
+                if b is None
+                else "not built"
+                if a is None
+                else (
+                    "patched sha256 differs"
+                    if a.patched_sha256 != b.patched_sha256
+                    else "pristine sha256 differs"
+                    if a.pristine_sha256 != b.pristine_sha256
+                    else "patch list differs"
+                )
+            )
+            return f"{path}: {what}"
+    if built.patches != committed.patches:
+        return f"applied patches {list(built.patches)} differ from {list(committed.patches)}"
+    return None

@@ -36,7 +36,8 @@ from vllm_patchset import versions
 from vllm_patchset.console import progress
 from vllm_patchset.errors import BadInput, Finding, GitError
 from vllm_patchset.infra.config import Project
-from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo, check_source
+from vllm_patchset.infra.gitargs import check_source
+from vllm_patchset.infra.gitrepo import FORMAT_PATCH_ARGS, Repo
 from vllm_patchset.overlay.upstream import Mirror, Upstream, mirror_for, pin_base
 from vllm_patchset.series.classify import classify
 from vllm_patchset.series.patches import REQUIRED_TRAILERS, Patch, parse_patch_bytes

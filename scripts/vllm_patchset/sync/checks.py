@@ -10,8 +10,8 @@ from vllm_patchset import versions
 from vllm_patchset.errors import MalformedPatch
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.fsio import plain_parts, read_regular
-from vllm_patchset.overlay.build import Walk, compare_locks, lock_for, walk
-from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.overlay.build import Walk, lock_for, walk
+from vllm_patchset.overlay.lock import Lock, compare_locks
 from vllm_patchset.overlay.upstream import Mirror, pin_base
 from vllm_patchset.series.patches import (
     Patch,

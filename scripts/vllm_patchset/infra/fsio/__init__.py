@@ -10,7 +10,8 @@ and child processes go through here. By concern:
 - `locks`: flocks, one writer at a time;
 - `interrupts`: SIGINT/SIGTERM raise or wait, and what an interrupt leaves (`signals_raise`
   yields the block's `Interrupts`, `interrupt_leaves` notes on it);
-- `children`: every child process dies with the run (`child`, `run_child`).
+- `children`: every child process dies with the run (`child`, `run_child`); whether a
+  process is still there (`process_alive`).
 
 Callers import this package (`from vllm_patchset.infra import fsio`); the names below are its
 API. Standard library only. Each name's module is imported when the name is first used
@@ -25,7 +26,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vllm_patchset.infra.fsio.children import child, die_with_parent, run_child
+    from vllm_patchset.infra.fsio.children import (
+        child,
+        die_with_parent,
+        process_alive,
+        run_child,
+    )
     from vllm_patchset.infra.fsio.interrupts import (
         Interrupted,
         Interrupts,
@@ -83,7 +89,7 @@ if TYPE_CHECKING:
 
 # Each name of the API by the module that defines it.
 _HOMES = {
-    "children": ("child", "die_with_parent", "run_child"),
+    "children": ("child", "die_with_parent", "process_alive", "run_child"),
     "interrupts": (
         "Interrupted",
         "Interrupts",
@@ -189,6 +195,7 @@ __all__ = [
     "no_symlink_below",
     "observed",
     "plain_parts",
+    "process_alive",
     "read_chunks",
     "read_regular",
     "remove_dir",

@@ -1,6 +1,7 @@
 """Child processes: every one the tool starts dies with it (PR_SET_PDEATHSIG), and every one is
 started here (`run_child`) or, for git, with the command line `child` makes (gitrepo.py hands
-it to GitPython). Standard library only, imported where it is used.
+it to GitPython); whether a process is still there (`process_alive`). Standard library only,
+imported where it is used.
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ def run_child(argv: list[str], **options: Any) -> subprocess.CompletedProcess[An
 
     command, preexec = child(argv)
     return subprocess.run(command, preexec_fn=preexec, **options)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process `pid` is there (signal 0 reaches it, or it is another user's): a
+    leftover named by its pid (a staging dir, a download's `.part`) is swept only once its run
+    is gone. (gpu/kitparts.py keeps its own copy: it travels alone, without this layer.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _setpriv: list[str] = []

@@ -45,31 +45,12 @@ def locked(
     gets the lock on the removed file sees that it is no longer at `path`, and takes it again."""
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    flags |= os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT
     while True:
-        info = lstat_or_none(path)
-        if info is not None and not stat.S_ISREG(info.st_mode):  # a FIFO would block the open
-            raise UnsafePath(f"refusing {path}: it is {kind_of(info.st_mode)}, not a regular file")
+        fd = _open_lock_file(path, shared)
+        if fd is None:  # shared, and no file: nothing to guard
+            yield
+            return
         try:
-            if not shared:
-                make_dirs(path.parent)
-            fd = os.open(path, flags, 0o644)
-        except FileNotFoundError:
-            if shared:
-                yield
-                return
-            raise
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePath(f"refusing {path}: it is a symlink") from None
-            raise WriteFailed(path, exc) from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UnsafePath(f"refusing {path}: it is not a regular file")
-            if info is None and not shared:  # made here: readable by all, whatever the umask
-                with suppress(OSError):
-                    os.fchmod(fd, 0o644)
             _flock(fd, shared, deadline, f"{holder} holds {path} (waited {timeout:g} s)")
             held, now = os.fstat(fd), lstat_or_none(path)
         except BaseException:
@@ -82,6 +63,39 @@ def locked(
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def _open_lock_file(path: Path, shared: bool) -> int | None:
+    """The lock file `path` opened without blocking or following a link (made, with its dir,
+    readable by all, for an exclusive lock), or None for a shared lock on a missing file; a
+    link or a file that is not regular is refused (UnsafePath)."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags |= os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT
+    info = lstat_or_none(path)
+    if info is not None and not stat.S_ISREG(info.st_mode):  # a FIFO would block the open
+        raise UnsafePath(f"refusing {path}: it is {kind_of(info.st_mode)}, not a regular file")
+    try:
+        if not shared:
+            make_dirs(path.parent)
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if shared:
+            return None
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"refusing {path}: it is a symlink") from None
+        raise WriteFailed(path, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath(f"refusing {path}: it is not a regular file")
+        if info is None and not shared:  # made here: readable by all, whatever the umask
+            with suppress(OSError):
+                os.fchmod(fd, 0o644)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextmanager

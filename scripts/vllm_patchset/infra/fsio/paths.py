@@ -109,19 +109,25 @@ def read_regular(path: Path, *, limit: int | None = None, follow: bool = False) 
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafePath(f"refusing {path}: it is not a regular file")
-        chunks = []
-        left = limit
-        while left is None or left > 0:
-            chunk = os.read(fd, 1 << 20 if left is None else min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left = None if left is None else left - len(chunk)
-        return b"".join(chunks)
+        return _read_up_to(fd, limit)
     except OSError as exc:
         raise ReadFailed(path, exc) from None
     finally:
         os.close(fd)
+
+
+def _read_up_to(fd: int, limit: int | None) -> bytes:
+    """The bytes of the open file `fd` from where it stands, the first `limit` of them (all
+    with None), read a MiB at a time."""
+    chunks = []
+    left = limit
+    while left is None or left > 0:
+        chunk = os.read(fd, 1 << 20 if left is None else min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left = None if left is None else left - len(chunk)
+    return b"".join(chunks)
 
 
 def is_regular(path: Path) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vllm_patchset.errors import BadInput, Finding
+from vllm_patchset.infra.fsio.children import process_alive
 from vllm_patchset.infra.fsio.interrupts import deferred_signals
 from vllm_patchset.infra.fsio.paths import kind_of, lstat_or_none
 
@@ -188,19 +189,8 @@ def sweep_staging(folder: Path) -> None:
     with suppress(FileNotFoundError, NotADirectoryError):
         for name in os.listdir(folder):
             pid = name.removeprefix(STAGING_PREFIX).split("-")[0]
-            if name.startswith(STAGING_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if name.startswith(STAGING_PREFIX) and pid.isdigit() and not process_alive(int(pid)):
                 remove_tree(folder / name)
-
-
-# `gpu/kitparts.py` keeps a copy: it travels alone to GPU hosts, where this layer is not.
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager

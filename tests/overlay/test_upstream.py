@@ -1,4 +1,5 @@
-"""Upstream sources agree by content: a PyPI sdist, a git clone and an installed wheel."""
+"""overlay/upstream.py: upstream sources agree by content (a PyPI sdist, a git clone and an
+installed wheel), a modified install is refused, and which git sources are remote."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from vllm_install import CHANGED, FIRST, Overlay, Pristine, replace_file, run_cli
 from vllm_patchset.cli import main
 from vllm_patchset.infra.config import Project
-from vllm_patchset.overlay.upstream import Mirror
+from vllm_patchset.overlay.upstream import Mirror, is_remote_url
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe"
 
@@ -104,3 +105,20 @@ def test_an_install_with_the_overlay_applied_gives_its_pristine_tree(
         " 0.24.0 was modified (an overlay is applied there and keeps no original of this file:"
         f" `vllm-patchset overlay revert --target {target}` first)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("source", "remote"),
+    [
+        ("https://github.com/vllm-project/vllm", True),
+        ("git@github.com:vllm-project/vllm.git", True),
+        ("ssh://git@example.com/vllm.git", True),
+        ("git://example.com/vllm", True),
+        ("file:///srv/vllm", False),  # this machine's
+        ("/home/me/vllm", False),
+        ("../vllm", False),
+        ("host:path", False),
+    ],
+)
+def test_remote_git_sources(source: str, remote: bool) -> None:
+    assert is_remote_url(source) == remote
