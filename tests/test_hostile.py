@@ -730,9 +730,7 @@ def test_upgraded_vllm_and_rebased_project_can_apply_and_revert(
     assert (code, out.splitlines()[0]) == (1, f"overlay verify: NOT verified {where}")
     before = snapshot(target)
     words = {rel: "patched" if rel in ADDED else "modified" for rel in OVERLAID}
-    added_note = (
-        f"  note: removed what the overlay had added: {', '.join(ADDED)}\n" if ADDED else ""
-    )
+    added_note = "".join(f"  note: removed what the overlay had added: {rel}\n" for rel in ADDED)
     assert run(*args, "revert", "--target", target, "--dry-run") == (
         0,
         f"overlay revert: would remove a stale record ({target}/vllm, 0.25.0; overlay for 0.24.0:"

@@ -11,8 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from command_lines import parse_line
 from support import cli, snapshot
 from synthetic import Story
+from vllm_patchset.commands import cache as cache_command
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.cache import human
 
@@ -142,3 +144,16 @@ def cli_outside(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, st
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+CACHE = {"command": "cache", "writes_checkout": False, "needs": ("git",)}
+CACHE_LINES = [
+    (("list",), {"func": cache_command.cmd_cache_list, "cache_command": "list"}),
+    (("prune",), {"func": cache_command.cmd_cache_prune, "cache_command": "prune", "dry_run": False}),
+    (("prune", "--dry-run"), {"func": cache_command.cmd_cache_prune, "cache_command": "prune", "dry_run": True}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "values"), CACHE_LINES)
+def test_the_line_parsed(argv: tuple[str, ...], values: dict[str, object]) -> None:
+    assert parse_line(cache_command, "cache", *argv) == {**CACHE, **values}

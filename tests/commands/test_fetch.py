@@ -7,7 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from command_lines import parse_line
 from support import cli
+from vllm_patchset.commands import fetch
 from vllm_patchset.infra.config import Project
 
 
@@ -35,3 +37,24 @@ def test_fetch_from_something_that_is_not_python_prints_no_script(
         "",
         f"vllm-patchset: cannot run --python {echo}: no answer (is it a Python interpreter?)\n",
     )
+
+
+FETCH = {"command": "fetch", "func": fetch.cmd_fetch, "writes_checkout": False, "needs": ("git",)}
+NONE = {
+    "version": None,
+    "git": None,
+    "ref": None,
+    "installed": False,
+    "python": None,
+    "target": None,
+}
+LINES = [
+    ((), NONE),
+    (("0.25.0",), {**NONE, "version": "0.25.0"}),
+    (("--git", "/src/vllm", "--ref", "v1"), {**NONE, "git": "/src/vllm", "ref": "v1"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "values"), LINES)
+def test_the_line_parsed(argv: tuple[str, ...], values: dict[str, object]) -> None:
+    assert parse_line(fetch, "fetch", *argv) == {**FETCH, **values}

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 import pytest
+from command_lines import parse_line
 from kits import LIMIT, WHEEL_FILES, listing, make_wheel
 from vllm_patchset.cli import main
+from vllm_patchset.commands import kit as kit_command
 from vllm_patchset.gpu import kitparts
 from vllm_patchset.gpu.kitbuild import write_kit
 
@@ -171,3 +173,14 @@ def test_destination_taken(kit: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     message = f"{dest} exists already and holds no assembly of this kit"
     assert capsys.readouterr().err == f"vllm-patchset: {message}\n"
     assert os.listdir(dest) == []
+
+
+def test_kit_verify_line_parsed() -> None:
+    assert parse_line(kit_command, "kit", "verify", "/k") == {
+        "command": "kit",
+        "func": kit_command.cmd_kit_verify,
+        "writes_checkout": False,
+        "needs": (),
+        "kit_command": "verify",
+        "kit": Path("/k"),
+    }

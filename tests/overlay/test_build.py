@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import cli, git
+from support import bare_patch, cli, git
 from synthetic import (
     BASE,
     MOE,
@@ -24,6 +24,8 @@ from synthetic import (
     SyntheticUpstream,
     make_project,
 )
+from vllm_patchset.errors import BadInput
+from vllm_patchset.overlay.build import without
 
 IMPL = "vllm/layers/experts/moe_impl.py"
 LINK_HOPS = 8  # the most links overlay/build.py follows from one path
@@ -189,3 +191,23 @@ def test_a_link_out_absolute_dangling_or_looping_is_one_line(
         f"vllm-patchset: {REFUSED[version][1]}\n",
     )
     assert not dest.exists()
+
+
+SERIES = (bare_patch("patches/0001-a.patch"), bare_patch("patches/upstreamed/0002-b.patch"))
+WITHOUT = [
+    ((), ("patches/0001-a.patch", "patches/upstreamed/0002-b.patch")),
+    (("0001-a.patch",), ("patches/upstreamed/0002-b.patch",)),  # by name
+    (("patches/upstreamed/0002-b.patch",), ("patches/0001-a.patch",)),  # by key
+    (("0001-a.patch", "0002-b.patch"), ()),
+]
+
+
+@pytest.mark.parametrize(("skip", "kept"), WITHOUT)
+def test_without(skip: tuple[str, ...], kept: tuple[str, ...]) -> None:
+    assert tuple(p.key for p in without(SERIES, skip)) == kept
+
+
+def test_without_an_unknown_patch_is_one_line() -> None:
+    with pytest.raises(BadInput) as caught:
+        without(SERIES, ("0001-a.patch", "0009-z.patch"))
+    assert str(caught.value) == "--skip 0009-z.patch: no such patch in the series or the archive"

@@ -19,6 +19,7 @@ import pytest
 from support import cli, git, snapshot
 from synthetic import LocalIndex, Story, sdist_bytes
 from vllm_patchset.infra.config import Project
+from vllm_patchset.overlay.cache import human, inventory, size_of
 from vllm_patchset.overlay.cachelocks import CACHE_LOCK, IMPORT_LOCK
 
 # The user's own things a cache entry may point at.
@@ -315,3 +316,30 @@ def test_a_prune_during_a_fetch_leaves_both_whole(
         check=True,
     )
     assert tags.stdout == "v7.0\n"
+
+
+HUMAN = [
+    (0, "0 B"),
+    (999, "999 B"),
+    (1000, "1.0 kB"),
+    (1_234_567, "1.2 MB"),
+    (999_999_999, "1000.0 MB"),
+    (5_000_000_000_000, "5000.0 GB"),
+]
+
+
+@pytest.mark.parametrize(("size", "text"), HUMAN)
+def test_human(size: int, text: str) -> None:
+    assert human(size) == text
+
+
+def test_size_of_a_file_and_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "a").write_bytes(b"x" * 10)
+    (tmp_path / "d" / "e" / "b").write_bytes(b"y" * 5)
+    assert (size_of(tmp_path / "d" / "a"), size_of(tmp_path / "d")) == (10, 15)
+
+
+def test_inventory_of_an_empty_cache(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir()
+    assert inventory(tmp_path / "cache", "0.24.0") == []

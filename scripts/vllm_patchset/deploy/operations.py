@@ -142,7 +142,7 @@ def remove_added(target: Target, lock: Lock, keep: Lock | None = None) -> list[s
     bytecode and the folders that leaves empty (`keep`'s files stay): vLLM reinstalled,
     upgraded or uninstalled under an applied overlay leaves them, pip knows nothing of them.
     Each removal is whole and the record goes after them: a run stopped half-way leaves the
-    rest to the next one. The note, if any."""
+    rest to the next one. The notes: one a file removed."""
     removed = []
     for entry in lock.entries:
         if entry.pristine_sha256 is not None or (keep is not None and keep.entry(entry.path)):
@@ -154,7 +154,8 @@ def remove_added(target: Target, lock: Lock, keep: Lock | None = None) -> list[s
         remove_bytecode(path, strict=False)
         _remove_empty_folders(target.root, path.parent)
         removed.append(entry.path)
-    return [f"removed what the overlay had added: {', '.join(removed)}"] if removed else []
+    # One note a file: patches may add many (patch 0002 adds 21), each path on its own line.
+    return [f"removed what the overlay had added: {path}" for path in removed]
 
 
 def _remove_empty_folders(root: Path, folder: Path) -> None:
