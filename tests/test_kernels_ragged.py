@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import kernels
 import moe_setup
 import standins
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, zero_padded
 from vllm_install import Overlay, Pristine
 
 # name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)
@@ -124,28 +124,6 @@ def test_nothing_beyond_k_enters(results: dict[str, Any]) -> None:
 
 
 # -- the child process ------------------------------------------------------------------------
-def padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
-    """``moe`` with depths padded to ``hidden`` and ``inter``: zero codes, zero block scales;
-    w13's gate and up halves each padded to ``inter`` rows."""
-    e, two_i, _ = moe.w13.shape
-    i, h = two_i // 2, moe.w2.size(1)
-
-    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
-        """t's rows [src, src + count) at rows [dst, dst + count) of zeros [E, n, cols]."""
-        raw = t.view(torch.uint8)
-        out = torch.zeros(e, n, cols, dtype=torch.uint8)
-        for src, dst, count in blocks:
-            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
-        return out.view(t.dtype)
-
-    halves = [(0, 0, i), (i, inter, i)]
-    return dataclasses.replace(
-        moe,
-        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
-        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
-        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
-        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
-    )
 
 
 def up128(n: int) -> int:
@@ -195,7 +173,7 @@ def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     }
     wide = torch.zeros(tokens, up128(h), dtype=hidden.dtype)
     wide[:, :h] = hidden
-    big = padded(moe, up128(h), up128(i))
+    big = zero_padded(moe, up128(h), up128(i))
     out["padded"] = apply(fused, big, wide, weights, ids, ep, layout=True)[:, :h].contiguous()
     if ep:
         weights = weights * (ids % 2 == 0)  # the odd experts live on other ranks: zeros

@@ -219,6 +219,31 @@ class Nvfp4Moe:
         return w13.to(dtype).float(), w2.to(dtype).float()
 
 
+def zero_padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
+    """``moe`` with both depths zero-padded to ``hidden`` and ``inter`` (zero E2M1 codes, zero
+    block scales: they add exactly zero): w13's gate and up halves each to ``inter`` rows of
+    ``hidden`` weights; w2 to ``hidden`` rows of ``inter`` weights."""
+    e, two_i, _ = moe.w13.shape
+    i, h = two_i // 2, moe.w2.size(1)
+
+    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
+        """t's rows [src, src + count) at rows [dst, dst + count) of zeros [E, n, cols]."""
+        raw = t.view(torch.uint8)
+        out = torch.zeros(e, n, cols, dtype=torch.uint8, device=t.device)
+        for src, dst, count in blocks:
+            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
+        return out.view(t.dtype)
+
+    halves = [(0, 0, i), (i, inter, i)]
+    return dataclasses.replace(
+        moe,
+        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
+        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
+        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
+        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
+    )
+
+
 def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
     """SwiGLU in h's dtype: silu(gate) rounded to that dtype, times up (vLLM's op)."""
     gate, up = h.chunk(2, dim=-1)

@@ -35,7 +35,7 @@ pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_T
 
 import cuda_graphs
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, zero_padded
 from test_fused_nvfp4_emulation import assert_agree  # one tolerance for every path
 from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
 
@@ -85,30 +85,6 @@ def up128(n: int) -> int:
     return -(-n // 128) * 128
 
 
-def padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
-    """``moe`` with both depths zero-padded (zero codes, zero block scales): w13's gate and up
-    halves each to ``inter`` rows, every row to ``hidden`` weights; w2 to ``hidden`` rows of
-    ``inter`` weights."""
-    e, two_i, _ = moe.w13.shape
-    i, h = two_i // 2, moe.w2.size(1)
-
-    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
-        raw = t.view(torch.uint8)
-        out = torch.zeros(e, n, cols, dtype=torch.uint8, device=t.device)
-        for src, dst, count in blocks:
-            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
-        return out.view(t.dtype)
-
-    halves = [(0, 0, i), (i, inter, i)]
-    return dataclasses.replace(
-        moe,
-        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
-        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
-        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
-        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
-    )
-
-
 def layer(name: str, tokens: int, moe: Nvfp4Moe | None = None) -> moe_setup.MoeLayer:
     shape = SHAPES[name]
     moe = moe or _moe(name)
@@ -155,7 +131,7 @@ def test_ragged_same_bits_as_zero_padded(
     ragged = layer(shape, tokens)
     got = ragged.apply().clone()
     wide_shape = dataclasses.replace(s, hidden=up128(s.hidden), intermediate=up128(s.intermediate))
-    wide_moe = padded(_moe(shape), wide_shape.hidden, wide_shape.intermediate)
+    wide_moe = zero_padded(_moe(shape), wide_shape.hidden, wide_shape.intermediate)
     experts = moe_setup.nvfp4_emulation_experts(wide_moe, wide_shape, tokens)
     wide = moe_setup.MoeLayer(wide_moe, wide_shape, tokens, experts)
     wide.hidden.zero_()
