@@ -44,3 +44,20 @@ def test_unified_diff(before: bytes | None, after: bytes | None, diff: str) -> N
 
 def test_diff_text_without_colour_is_the_diffs_in_order() -> None:
     assert diff_text({"b": "--- b\n", "a": "--- a\n"}, colour=False) == "--- b\n--- a\n"
+
+
+def test_state_of_a_file_added_or_deleted() -> None:
+    """A lock entry with no pristine sha256 (a file the overlay adds) or no patched one (a file
+    it deletes): no file is its pristine (or patched) state."""
+    added = LockEntry("vllm/n.py", None, "n1", ("p1",))
+    deleted = LockEntry("vllm/d.py", "d0", None, ("p1",))
+    assert [state_of(added, sha) for sha in (None, "n1", "x9")] == [
+        "pristine",
+        "patched",
+        "modified",
+    ]
+    assert [state_of(deleted, sha) for sha in ("d0", None, "x9")] == [
+        "pristine",
+        "patched",
+        "modified",
+    ]

@@ -1,6 +1,6 @@
 """`deploy/transaction.py` on a small package in a temp dir: a run stopped where a kill would
 stop it, then the next run's recovery (rolled back before the commit point, finished after
-it); an error inside a run rolled back, the message saying what it left. The whole commands on
+it; files the overlay adds and deletes too, killed after each file); an error inside a run rolled back, the message saying what it left. The whole commands on
 a real vLLM, killed at every write point, are in test_deploy.py."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from test_deploy_plan import A, B
-from vllm_patchset.deploy.record import Step, read_record, write_record
+from vllm_patchset.deploy.record import ABSENT, Step, read_record, write_record
 from vllm_patchset.deploy.target import Target
 from vllm_patchset.deploy.transaction import Transaction
 from vllm_patchset.errors import Finding
@@ -19,6 +18,7 @@ from vllm_patchset.infra.hashes import sha256_bytes
 from vllm_patchset.overlay.lock import Lock, LockEntry
 
 # -- the transaction over the journal, on real files ---------------------------------------------
+A, B = "vllm/a.py", "vllm/b.py"
 OLD = {A: b"a = 0\n", B: b"b = 0\n"}
 
 
@@ -43,12 +43,14 @@ REVERT_STEPS = tuple(
 )
 
 
-def _target(root: Path, files: Mapping[str, bytes]) -> Target:
+def _target(root: Path, files: Mapping[str, bytes], originals: Mapping[str, bytes] = OLD) -> Target:
+    """A small vllm package in ``root`` holding ``files``, with ``originals`` saved (what an
+    apply saves first)."""
     for rel, data in {"vllm/__init__.py": b"", **files}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     target = Target(root, "vllm", "0.24.0")
-    for rel, data in OLD.items():  # the originals an apply saves first
+    for rel, data in originals.items():
         fsio.atomic_write(target.state_path("originals", *rel.split("/")), data)
     return target
 
@@ -127,3 +129,52 @@ def test_run_rolls_back_at_an_error_and_says_what_it_left(tmp_path: Path) -> Non
         OLD,
         [],
     )
+
+
+# -- a killed run over files the overlay adds (N) and deletes (D), after each file -----------------
+M, N, D = "vllm/m.py", "vllm/n.py", "vllm/d.py"  # modified, added (new), deleted
+ADD_OLD = {M: b"m = 0\n", D: b"d = 0\n"}
+ADD_NEW = {M: b"m = 1\n", N: b"n = 1\n"}
+ADD_STEPS = (
+    Step(M, sha256_bytes(ADD_OLD[M]), sha256_bytes(ADD_NEW[M])),
+    Step(N, ABSENT, sha256_bytes(ADD_NEW[N])),
+    Step(D, sha256_bytes(ADD_OLD[D]), ABSENT),
+)
+
+
+def _present(root: Path) -> dict[str, bytes]:
+    return {rel: (root / rel).read_bytes() for rel in (M, N, D) if (root / rel).exists()}
+
+
+@pytest.mark.parametrize("done", range(4))
+def test_recover_rolls_back_an_apply_killed_after_each_file(tmp_path: Path, done: int) -> None:
+    target = _target(tmp_path, ADD_OLD, ADD_OLD)
+    transaction = Transaction(target, "apply", ADD_STEPS)
+    transaction.begin()
+    for step in ADD_STEPS[:done]:
+        if step.after_sha256 == ABSENT:
+            fsio.remove_file(tmp_path / step.path)
+        else:
+            fsio.atomic_write(tmp_path / step.path, ADD_NEW[step.path])
+        transaction.mark_done(step.path)  # killed after the last of these: no record
+    note = Transaction.recover(target)
+    assert note == f"rolled back an interrupted apply ({done} of 3 files had been replaced)"
+    assert _present(tmp_path) == ADD_OLD
+    assert sorted(p.name for p in target.state.rglob("*")) == []
+
+
+@pytest.mark.parametrize("done", range(4))
+def test_recover_finishes_a_revert_killed_after_each_file(tmp_path: Path, done: int) -> None:
+    target = _target(tmp_path, ADD_OLD, ADD_OLD)
+    for rel, data in ADD_NEW.items():
+        (tmp_path / rel).write_bytes(data)
+    (tmp_path / D).unlink()
+    undo = tuple(Step(s.path, s.after_sha256, s.before_sha256) for s in ADD_STEPS)
+    transaction = Transaction(target, "revert", undo)
+    transaction.begin()
+    for step in undo[:done]:
+        transaction.restore(step)
+        transaction.mark_done(step.path)
+    note = Transaction.recover(target)
+    assert note == f"finished an interrupted revert ({done} of 3 files had been restored)"
+    assert _present(tmp_path) == ADD_OLD
