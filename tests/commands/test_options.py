@@ -51,3 +51,23 @@ def test_the_base_options(flag: str) -> None:
     add_base_options(parser, flag)
     values = vars(parser.parse_args([flag, "0.25.0", "--git", "/src"]))
     assert values == {"base": "0.25.0", "git": "/src", "ref": None}
+
+
+@pytest.mark.parametrize(
+    ("text", "level"),
+    [("0", 0), ("9", 9), ("10", None), ("99", None), ("-1", None), ("x", None), ("", None)],
+)
+def test_level_is_an_xz_preset(
+    text: str, level: int | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused when the line is parsed: no command has claimed its build folder yet."""
+    parser = argparse.ArgumentParser(prog="p")
+    add_options(parser, "--level")
+    if level is not None:
+        assert parser.parse_args(["--level", text]).level == level
+        return
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--level", text])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"p: error: argument --level: xz level {text} is not in 0..9"
+    )

@@ -7,6 +7,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+
+def xz_level(text: str) -> int:
+    """`--level`: an xz preset, 0 to 9, refused when the line is parsed (before a command
+    claims or clears its build folder)."""
+    if not (text.isdigit() and int(text) <= 9):
+        raise argparse.ArgumentTypeError(f"xz level {text} is not in 0..9")
+    return int(text)
+
+
 # The options that several commands take, each spelled here once (argparse's keywords); a
 # command may give one its own help (`add_options`).
 SHARED_OPTIONS: dict[str, dict[str, Any]] = {
@@ -16,7 +25,7 @@ SHARED_OPTIONS: dict[str, dict[str, Any]] = {
     "--python": {"metavar": "EXE", "help": "the vllm of another interpreter"},
     "--dry-run": {"action": "store_true", "help": "say what would change, change nothing"},
     "--force": {"action": "store_true"},
-    "--level": {"type": int, "default": 9, "help": "xz preset, 0 (fast) .. 9 (small)"},
+    "--level": {"type": xz_level, "default": 9, "help": "xz preset, 0 (fast) .. 9 (small)"},
     "--python-version": {"default": "3.12", "help": "the GPU host's Python (wheels)"},
     "--no-wheels": {"dest": "wheels", "action": "store_false"},
     "--kit": {"type": Path},

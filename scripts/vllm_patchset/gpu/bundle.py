@@ -148,8 +148,6 @@ def make_bundle(
     the archive as vllm-patchset-kit/ (its parts travel on their own: each is under 60 MiB)."""
     if archive.exists():
         raise BadInput(f"{archive} exists already")
-    if not 0 <= level <= 9:
-        raise BadInput(f"xz level {level} is not in 0..9")
     kit_copy = archive.with_name(KIT_NAME)
     # A kit already where the archive's kit goes (`kit build`'s default output, beside the
     # default archive) stays as it is: it is the input, never copied onto itself or removed.

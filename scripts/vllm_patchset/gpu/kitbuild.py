@@ -145,8 +145,6 @@ def write_kit(
     """Write the kit of `wheel` (plus dependency `wheels`) into the new folder `dest`."""
     if dest.exists():
         raise BadInput(f"{dest} exists already: give a new folder")
-    if not 0 <= level <= 9:
-        raise BadInput(f"xz level {level} is not in 0..9")
     fsio.make_dir(dest.parent, parents=True, exist_ok=True)
     staging = dest.with_name(f".{dest.name}.partial")
     fsio.discard_tree(staging)
