@@ -1,7 +1,7 @@
 """Tile sweep for the fused NVFP4 emulation MoE kernel (patch 0002), and its bucket table.
 
     python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--tokens N ...]
-                                        [--write-table [DIR]] [--out DIR]
+                                        [--write-table [DIR]] [--out DIR] [--wide]
 
 DIR holds a vLLM tree with patch 0002 applied (the kernels live in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
@@ -182,6 +182,30 @@ W2 = {
     ),
     64: _tiles((64, 4, 3), (64, 2, 3), (128, 4, 3), (128, 8, 3)),
 }
+
+# --wide adds these tiles to the sweep (one K step still): more warps over 16 rows for the
+# latency-bound 1-token GEMMs, and wider or deeper programs for the shapes whose 512-token
+# cells the tiles above left slower than Marlin (top-1 over few experts; small intermediate
+# sizes at TP4/TP8). Not in the default sweep: they add about 40% more timings.
+WIDE_W13 = {
+    8: _tiles((16, 2, 4), (16, 4, 4)),
+    16: _tiles((16, 4, 4), (128, 4, 4)),
+    32: _tiles((64, 8, 3), (128, 8, 4), (256, 8, 3)),
+    64: _tiles((64, 4, 4), (128, 4, 3), (128, 4, 4), (256, 8, 3)),
+}
+WIDE_W2 = {
+    8: _tiles((16, 1, 4), (16, 2, 4), (32, 4, 4)),
+    16: _tiles((128, 4, 4), (256, 8, 3)),
+    32: _tiles((64, 4, 4), (128, 8, 3), (256, 8, 3)),
+    64: _tiles((64, 4, 4), (128, 4, 4), (128, 8, 4), (256, 8, 3)),
+}
+
+
+def widen() -> None:
+    """--wide: the WIDE_ tiles join each token block's candidates."""
+    for tiles, extra in ((W13, WIDE_W13), (W2, WIDE_W2)):
+        for bm, more in extra.items():
+            tiles[bm] = list(dict.fromkeys(tiles[bm] + more))
 
 
 KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
@@ -505,7 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--jobs", type=int, default=14, help="compile processes")
+    parser.add_argument(
+        "--wide", action="store_true", help="sweep the WIDE_W13 / WIDE_W2 tiles too"
+    )
     args = parser.parse_args(argv)
+    if args.wide:
+        widen()
     tree = args.tree.resolve()
     shapes = [shape_named(n) for n in args.shapes.split(",") if n]
     K = load_kernel_module(tree)
