@@ -15,6 +15,8 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   report gives each engine's mean |Δ| in nats against the reference, with the spread over its
   runs (the `emulation`/`baselines` phases' runs count as one each), and the overlay paired
   with the pristine emulation prompt by prompt (paired.py: a bootstrap interval over prompts);
+  `layers` runs the three engines once more, each MoE layer call of the batch compared in the
+  worker with the float64 experts on exactly that call's inputs (layers.py);
 - generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
   repeats) on a 12-layer model, where the MoE dominates the step: pristine emulation, the
   overlay's emulation, Marlin and the BF16 model; then one more generation per batch under
@@ -78,6 +80,7 @@ from .runs import (
     RESULTS,
     VARIANCE_RUNS,
     Run,
+    layer_runs,
     numerics_runs,
     prompts,
     round_runs,
@@ -240,6 +243,14 @@ def cmd_numerics(args: argparse.Namespace) -> int:
     return _interleaved(args, lambda i: numerics_runs(args.model, i), args.runs)
 
 
+def cmd_layers(args: argparse.Namespace) -> int:
+    """The logprob check's engines (overlay, pristine emulation, Marlin) on the 2-layer model,
+    once each, every MoE layer call compared in the worker with the float64 experts on its
+    inputs (layers.py); the install is left pristine. `report` shows the figures."""
+    once = argparse.Namespace(work=args.work, model=REFERENCE_MODEL, first=1)
+    return _interleaved(once, lambda i: layer_runs(REFERENCE_MODEL), 1)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     results = load_results(args.work / "results")
     if not results:  # a mistyped --work must not overwrite a report with an empty one
@@ -332,7 +343,8 @@ def _setup_commands(sub: Any) -> None:
 
 
 def _measure_commands(sub: Any) -> None:
-    """phases, rounds, reference, numerics: the engines' runs and the float64 reference."""
+    """phases, rounds, reference, numerics, layers: the engines' runs and the float64
+    reference."""
     p = _with_work(sub.add_parser("phases", help="run phases side by side: " + ", ".join(PHASES)))
     p.add_argument("names", nargs="+", choices=list(PHASES))
     p.add_argument("--gpus", type=int)
@@ -362,6 +374,13 @@ def _measure_commands(sub: Any) -> None:
     p.add_argument("--first", type=_count, default=1, help="the first run's number")
     p.add_argument("--model", choices=NVFP4_MODELS, default=REFERENCE_MODEL)
     p.set_defaults(func=cmd_numerics)
+    p = _with_work(
+        sub.add_parser(
+            "layers",
+            help="the logprob check's engines once, each MoE layer call against float64",
+        )
+    )
+    p.set_defaults(func=cmd_layers)
 
 
 def _install_report_commands(sub: Any) -> None:

@@ -66,7 +66,7 @@ class MoeDump:
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             out = forward(*args, **kwargs)
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 return out
             given = dict(zip(("x", "topk_weights", "topk_ids"), args, strict=False)) | kwargs
             result = out[0] if isinstance(out, tuple) else out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .compare import compare_greedy, compare_logprobs
+from .layers import layer_lines, layer_rows
 from .numerics import against_reference, paired_with_pristine, reference_lines
 from .results import measured
 from .rounds import round_medians, round_pairs
@@ -94,6 +95,7 @@ def summarize(
         "logprobs": logprob_rows(ok),
         "reference": engines,
         "paired": paired_with_pristine(engines),
+        "layers": layer_rows(ok),
         "greedy": greedy_rows(ok),
         "throughput": throughput_rows(ok),
         "rounds": round_pairs(ok),
@@ -192,6 +194,7 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
     lines += logprob_section(summary["logprobs"])
     if summary.get("reference"):
         lines += reference_lines(summary["reference"], summary.get("paired"))
+    lines += layer_lines(summary.get("layers") or [])
     lines += greedy_section(summary["greedy"])
     lines += throughput_section(summary["throughput"])
     lines += rounds_section(summary["rounds"])

@@ -42,6 +42,9 @@ class Run:
     compile: bool = True
     graphs: bool = True
     dump: bool = False
+    # The logprob check's batch alone, every MoE layer call compared in the worker with the
+    # float64 experts on that call's inputs (`layers`, layers.py).
+    layers: bool = False
     # One more generation per batch under torch's profiler (gpu_busy), and the environment
     # the engine gets beside ENGINE_ENV ((name, value) pairs).
     profile: bool = False
@@ -50,6 +53,12 @@ class Run:
     @property
     def gpus(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def hooks_moe(self) -> bool:
+        """Whether the worker hooks the MoE layers (MoeDump): the engine core must then run
+        in the worker's process."""
+        return self.dump or self.layers
 
 
 MODELS = {  # folder -> (format, layers)
@@ -123,6 +132,17 @@ def numerics_runs(model: str, i: int) -> tuple[tuple[str, Run], ...]:
         ("overlay", Run(f"emulation-L{layers}-n{i}", model, logprobs=True)),
         ("pristine", Run(f"emulation-L{layers}-n{i}", model, logprobs=True)),
         ("pristine", Run(f"marlin-L{layers}-n{i}", model, backend="marlin", logprobs=True)),
+    )
+
+
+def layer_runs(model: str) -> tuple[tuple[str, Run], ...]:
+    """`layers`: the overlay's emulation (the overlay applied), then the pristine emulation's
+    and Marlin's (reverted), each MoE layer call compared with the float64 experts."""
+    layers = MODELS[model][1]
+    return (
+        ("overlay", Run(f"emulation-L{layers}-layers", model, layers=True)),
+        ("pristine", Run(f"emulation-L{layers}-layers", model, layers=True)),
+        ("pristine", Run(f"marlin-L{layers}-layers", model, backend="marlin", layers=True)),
     )
 
 

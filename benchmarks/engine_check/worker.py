@@ -77,7 +77,7 @@ def worker(run: Run, model: Path, out: Path) -> None:
     """Start the engine, measure what the run asks for, write the result to `out`."""
     result: dict[str, Any] = {"run": dataclasses.asdict(run), "kwargs": engine_kwargs(run, model)}
     started = time.monotonic()
-    if run.dump:  # the engine core in this process: the dump's hooks run where the model is
+    if run.hooks_moe:  # the engine core in this process: the hooks run where the model is
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     traces = profiler_dir(model)
     if run.profile:
@@ -101,9 +101,11 @@ def worker(run: Run, model: Path, out: Path) -> None:
     dump = MoeDump.install(llm) if run.dump else None
     if run.logprobs:
         result.update(logprob_check(llm, dump, out))
+    if run.layers:
+        result.update(layer_check(llm, model, run.backend))
     if run.greedy:
         result["greedy"] = greedy_tokens(llm)
-    if run.dp > 1 or not (run.logprobs or run.greedy or run.batches):
+    if run.dp > 1 or not (run.logprobs or run.greedy or run.batches or run.layers):
         result["generated"] = generated_tokens(llm)
     result.update(throughput(llm, run, traces))
     result["finished"] = True
@@ -132,6 +134,27 @@ def logprob_check(llm: Any, dump: MoeDump | None, out: Path) -> dict[str, Any]:
     result["logprobs_single"] = [prompt_logprobs(generate(llm, [p], params)[0], p) for p in texts]
     if dump is not None:
         result["moe_dump"] = dump.finish(out.with_suffix(".dump.pt"))
+    return result
+
+
+def layer_check(llm: Any, model: Path, backend: str) -> dict[str, Any]:
+    """The logprob check's batch with every MoE layer call recorded (MoeDump, batch phase
+    only), each call compared on this GPU with the float64 experts on its inputs (layers.py);
+    the figures, not the tensors, kept (and the batch's logprobs)."""
+    from vllm import SamplingParams
+
+    from .layers import RESULT_KEY, layer_figures
+
+    dump = MoeDump.install(llm)
+    texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+    outputs = generate(llm, texts, params)
+    result: dict[str, Any] = {
+        "logprobs_batch": [prompt_logprobs(o, p) for o, p in zip(outputs, texts, strict=True)]
+    }
+    calls, dump.calls = dump.calls["batch"], {"batch": [], "single": []}
+    dump.phase = "single"  # what runs after this is not recorded in ``calls``
+    result[RESULT_KEY] = layer_figures(dump, calls, model, backend)
     return result
 
 

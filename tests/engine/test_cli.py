@@ -184,3 +184,32 @@ def test_numerics_repeats_the_three_engines(
         ("pristine-emulation-L2-n3", "emulation", True, ()),
         ("pristine-marlin-L2-n3", "marlin", True, ()),
     ]
+
+
+def test_layers_runs_the_three_engines_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`layers`: the overlay's emulation (applied, then reverted), the pristine emulation's and
+    Marlin's, on the 2-layer model, each comparing its MoE layer calls and nothing else."""
+    calls: list[object] = []
+
+    def overlay(args: Any) -> int:
+        calls.append(args.action)
+        return 0
+
+    def engine(host: Any, run: Any, state: str, gpus: list[int]) -> dict[str, Any]:
+        calls.append((f"{state}-{run.name}", run.model, run.backend, run.layers, run.logprobs))
+        return run_result(f"{state}-{run.name}")
+
+    monkeypatch.setattr(host.Host, "state", lambda self: "pristine")
+    monkeypatch.setattr(cli, "cmd_overlay", overlay)
+    monkeypatch.setattr(cli, "run_engine", engine)
+    (tmp_path / "models" / "nvfp4-L2").mkdir(parents=True)
+    assert cli.main(["layers", "--work", str(tmp_path)]) == 0
+    assert calls == [
+        "apply",
+        ("overlay-emulation-L2-layers", "nvfp4-L2", "emulation", True, False),
+        "revert",
+        ("pristine-emulation-L2-layers", "nvfp4-L2", "emulation", True, False),
+        ("pristine-marlin-L2-layers", "nvfp4-L2", "marlin", True, False),
+    ]

@@ -8,6 +8,7 @@ from engine_results import (
     RESULTS,
     ROUND_RESULTS,
     logprob_runs,
+    run_result,
 )
 
 MARKDOWN = """\
@@ -105,3 +106,45 @@ def test_the_reference_in_the_report() -> None:
     assert "over 4 positions" in lines[table - 2]
     assert report.summarize(logprob_runs())["reference"] == []  # no reference: no section
     assert head not in report.markdown(report.summarize(logprob_runs()), "T").splitlines()
+
+
+def test_the_layer_check_in_the_report() -> None:
+    """A `layers` run's figures: in the summary (JSON) as rows, in the Markdown after the
+    logprob table; a run that failed (not measured) gives none."""
+    figures = {"rel_frobenius": 0.025, "mean_abs": 0.001, "max_abs": 0.05}
+    floor = {"rel_frobenius": 0.0011, "mean_abs": 1e-05, "max_abs": 0.0039}
+    row = {
+        "layer": "model.layers.0.mlp.experts",
+        "index": 0,
+        "calls": 1,
+        "tokens": 3072,
+        "w4a4": {**figures, "bf16_floor": floor},
+        "w4a16": {**figures, "bf16_floor": floor},
+    }
+    results = {
+        **RESULTS,
+        "overlay-emulation-L2-layers": run_result(
+            "overlay-emulation-L2-layers", moe_layers_vs_float64={"own": "w4a4", "layers": [row]}
+        ),
+        "pristine-emulation-L2-layers": {
+            "name": "pristine-emulation-L2-layers",
+            "startup_error": "x",
+            "moe_layers_vs_float64": {"own": "w4a4", "layers": [row]},
+        },
+    }
+    summary = report.summarize(results)
+    assert summary["layers"] == [
+        {
+            "engine": "0.24.0 emulation + overlay",
+            "name": "overlay-emulation-L2-layers",
+            "own": "w4a4",
+            **row,
+        }
+    ]
+    text = report.markdown(summary, "T")
+    assert (
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| 0.24.0 emulation + overlay | 0 | 1 | 3072 | 2.50% | 1.00e-03 | 5.00e-02 | 2.50%"
+        " | 1.00e-03 | 0.11% | 1.00e-05 |\n\nGreedy tokens"
+    ) in text
+    assert report.summarize(RESULTS)["layers"] == []

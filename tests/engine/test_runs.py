@@ -145,3 +145,27 @@ def test_control_kwargs(name: str, controls: dict[str, Any]) -> None:
         k: v for k, v in controls.items() if plain.get(k) != v
     }
     assert (run.logprobs, run.model) == (True, "nvfp4-L2")
+
+
+HOOK_CASES = [
+    (engine_runs.Run("a", "nvfp4-L2"), False),
+    (engine_runs.Run("a", "nvfp4-L2", dump=True), True),
+    (engine_runs.Run("a", "nvfp4-L2", layers=True), True),
+]
+
+
+@pytest.mark.parametrize(("run", "hooks"), HOOK_CASES)
+def test_the_runs_that_hook_the_moe_layers(run: engine_runs.Run, hooks: bool) -> None:
+    """A dump or a layer check hooks the MoE layers: the engine core runs in the worker."""
+    assert run.hooks_moe is hooks
+
+
+def test_layer_runs() -> None:
+    assert engine_runs.layer_runs("nvfp4-L2") == (
+        ("overlay", engine_runs.Run("emulation-L2-layers", "nvfp4-L2", layers=True)),
+        ("pristine", engine_runs.Run("emulation-L2-layers", "nvfp4-L2", layers=True)),
+        (
+            "pristine",
+            engine_runs.Run("marlin-L2-layers", "nvfp4-L2", backend="marlin", layers=True),
+        ),
+    )
