@@ -99,3 +99,24 @@ def logprob_runs() -> dict[str, dict[str, Any]]:
     runs = {name: run_result(name, logprobs_batch=s) for name, s in series.items()}
     runs["overlay-emulation-L2-n2"] = {"name": "overlay-emulation-L2-n2", "startup_error": "x"}
     return runs
+
+
+# A second model with its own reference: the 12-layer model's numerics runs (two of the
+# overlay, one of the pristine emulation and of Marlin), its throughput run (no logprobs),
+# and the 2-layer model's `layers` runs (batch logprobs far off: no engine's numerics runs).
+REFERENCE_L12 = {"w4a4": [[-1.0, -1.0], [-1.0, -1.0]], "w4a16": [[-1.5, -1.0], [-1.0, -1.0]]}
+
+
+def two_model_runs() -> dict[str, dict[str, Any]]:
+    series = {
+        "overlay-emulation-L12-n1": [[-1.5, -1.0], [-1.0, -1.0]],  # W4A4 |Δ| 0.5, 0, 0, 0
+        "overlay-emulation-L12-n2": [[-1.0, -1.0], [-1.25, -1.0]],  # 0, 0, 0.25, 0
+        "pristine-emulation-L12-n1": [[-1.0, -0.5], [-1.0, -1.0]],  # 0, 0.5, 0, 0
+        "pristine-marlin-L12-n1": [[-1.5, -1.0], [-1.0, -1.0]],  # W4A16 |Δ| 0
+        "pristine-emulation-L2-layers": [[-9.0, -9.0], [-9.0, -9.0]],
+        "overlay-emulation-L2-layers": [[-9.0, -9.0], [-9.0, -9.0]],
+        "pristine-marlin-L2-layers": [[-9.0, -9.0], [-9.0, -9.0]],
+    }
+    runs = {name: run_result(name, logprobs_batch=s) for name, s in series.items()}
+    runs["pristine-emulation-L12"] = run_result("pristine-emulation-L12")
+    return {**logprob_runs(), **runs}

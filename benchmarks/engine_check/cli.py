@@ -14,7 +14,9 @@ same weights in BF16, and an FP8 variant), prompts given as token ids (no tokeni
   the pristine emulation's and Marlin's logprob runs (interleaved, as `rounds` does), and the
   report gives each engine's mean |Δ| in nats against the reference, with the spread over its
   runs (the `emulation`/`baselines` phases' runs count as one each), and the overlay paired
-  with the pristine emulation prompt by prompt (paired.py: a bootstrap interval over prompts);
+  with the pristine emulation prompt by prompt (paired.py: a bootstrap interval over prompts)
+  beside the two emulations' |Δ| from each other; `--model nvfp4-L12` (both commands) does the
+  same on the 12-layer model, the report giving each model a section against its own reference;
   `layers` runs the three engines once more, each MoE layer call of the batch compared in the
   worker with the float64 experts on exactly that call's inputs (layers.py);
 - generation throughput (tokens/s at batch 1, 8 and 32, 128 greedy tokens, median of
@@ -65,7 +67,7 @@ from .report import markdown, summarize
 from .results import (
     REFERENCE_MODEL,
     REFERENCE_PREFIX,
-    load_reference,
+    load_references,
     load_results,
     measured,
     summary_line,
@@ -255,7 +257,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = load_results(args.work / "results")
     if not results:  # a mistyped --work must not overwrite a report with an empty one
         raise SystemExit(f"no run results in {args.work / 'results'}: nothing to report")
-    summary = summarize(results, load_reference(args.work / "results"))
+    summary = summarize(results, load_references(args.work / "results"))
     summary["notes"] = list(args.note)
     title = args.title
     prefix = args.out

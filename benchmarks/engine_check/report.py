@@ -9,7 +9,7 @@ from typing import Any
 
 from .compare import compare_greedy, compare_logprobs
 from .layers import layer_lines, layer_rows
-from .numerics import against_reference, paired_with_pristine, reference_lines
+from .numerics import model_layers, model_section, reference_lines
 from .results import measured
 from .rounds import round_medians, round_pairs
 from .runs import (
@@ -86,15 +86,14 @@ THROUGHPUT_ROWS = (
 
 
 def summarize(
-    results: dict[str, dict[str, Any]], reference: dict[str, Any] | None = None
+    results: dict[str, dict[str, Any]], references: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The report's figures from the runs' results (and the float64 reference's, if any)."""
+    """The report's figures from the runs' results (and the float64 references', by model,
+    if any: each model's engines against its own)."""
     ok = {n: r for n, r in results.items() if measured(r)}
-    engines = against_reference(ok, reference) if reference else []
     return {
         "logprobs": logprob_rows(ok),
-        "reference": engines,
-        "paired": paired_with_pristine(engines),
+        "references": reference_sections(ok, references or {}),
         "layers": layer_rows(ok),
         "greedy": greedy_rows(ok),
         "throughput": throughput_rows(ok),
@@ -102,6 +101,26 @@ def summarize(
         "gpu": gpu_rows(ok),
         "runs": {name: run_row(r, name in ok) for name, r in results.items()},
     }
+
+
+def reference_sections(
+    ok: dict[str, dict[str, Any]], references: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per model with a float64 reference and runs of its engines (fewest layers first), the
+    engines against it (numerics.py ``model_section``)."""
+    order = sorted(references, key=lambda m: (model_layers(m) or 0, m))
+    sections = (model_section(ok, model, references[model]) for model in order)
+    return [section for section in sections if section is not None]
+
+
+def sections_of(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary's reference sections; a summary written before there was one per model
+    (``reference`` and ``paired``: the 2-layer model's) as its one section."""
+    if "references" in summary:
+        return list(summary["references"])
+    if summary.get("reference"):
+        return [{"layers": 2, "engines": summary["reference"], "paired": summary.get("paired")}]
+    return []
 
 
 def logprob_rows(ok: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,8 +211,10 @@ def markdown(summary: dict[str, Any], title: str, notes: Sequence[str] = ()) -> 
     lines = [f"# {title}", ""]
     lines += [f"Note: {note}\n" for note in notes]
     lines += logprob_section(summary["logprobs"])
-    if summary.get("reference"):
-        lines += reference_lines(summary["reference"], summary.get("paired"))
+    for section in sections_of(summary):
+        lines += reference_lines(
+            section["engines"], section.get("paired"), section["layers"], section.get("apart")
+        )
     lines += layer_lines(summary.get("layers") or [])
     lines += greedy_section(summary["greedy"])
     lines += throughput_section(summary["throughput"])

@@ -27,6 +27,14 @@ def load_reference(folder: Path, model: str = REFERENCE_MODEL) -> dict[str, Any]
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def load_references(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every model's float64 reference in ``folder``, by the model's folder name."""
+    return {
+        p.stem.removeprefix(REFERENCE_PREFIX): json.loads(p.read_text())
+        for p in sorted(folder.glob(f"{REFERENCE_PREFIX}*.json"))
+    }
+
+
 def measured(result: dict[str, Any]) -> bool:
     """Every rank started and measured all it had to (its exit, after that, is not judged)."""
     ranks = result.get("ranks", [result])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from engine_check import numerics, report, results
 from engine_check.runs import RESULTS
-from engine_results import REFERENCE, logprob_runs
+from engine_results import REFERENCE, logprob_runs, run_result
 
 
 def test_engines_against_the_float64_reference() -> None:
@@ -35,6 +35,38 @@ def test_engines_against_the_float64_reference() -> None:
         " (0.0625 vs 0.1125 nats, mean over runs)."
     )
     assert numerics.closer_verdict(rows[:1]) is None
+
+
+ENGINE_RUN_CASES = [  # (a run's name, whether it is a run of pristine-emulation-L12)
+    ("pristine-emulation-L12", True),  # a phase's run with batch logprobs
+    ("pristine-emulation-L12-n1", True),
+    ("pristine-emulation-L12-n10", True),
+    ("pristine-emulation-L2-n1", False),  # another model
+    ("pristine-emulation-L1", False),
+    ("pristine-emulation-L12-layers", False),  # the `layers` check
+    ("pristine-emulation-L12-r1", False),  # a round
+    ("pristine-emulation-L12-ep2", False),
+    ("overlay-emulation-L12-n1", False),  # another engine
+    ("pristine-emulation-L12-n", False),
+]
+
+
+@pytest.mark.parametrize(("name", "ok"), ENGINE_RUN_CASES)
+def test_engine_runs_are_the_runs_and_repeats_of_one_model(name: str, ok: bool) -> None:
+    runs = {name: run_result(name, logprobs_batch=[[-1.0]])}
+    assert numerics.engine_runs(runs, "pristine-emulation-L12") == ([name] if ok else [])
+
+
+def test_a_run_without_batch_logprobs_is_not_judged() -> None:
+    runs = {"pristine-emulation-L12": run_result("pristine-emulation-L12")}
+    assert numerics.engine_runs(runs, "pristine-emulation-L12") == []
+
+
+@pytest.mark.parametrize(
+    ("model", "layers"), [("nvfp4-L2", 2), ("nvfp4-L12", 12), ("nvfp4-L48", 48), ("nvfp4", None)]
+)
+def test_model_layers(model: str, layers: int | None) -> None:
+    assert numerics.model_layers(model) == layers
 
 
 def test_reference_logprobs_of_a_checkpoint(tmp_path: Path) -> None:

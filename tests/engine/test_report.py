@@ -5,10 +5,12 @@ from __future__ import annotations
 from engine_check import report
 from engine_results import (
     REFERENCE,
+    REFERENCE_L12,
     RESULTS,
     ROUND_RESULTS,
     logprob_runs,
     run_result,
+    two_model_runs,
 )
 
 MARKDOWN = """\
@@ -81,11 +83,11 @@ def test_rounds_and_gpu_time_in_the_report() -> None:
 
 
 def test_the_reference_in_the_report() -> None:
-    summary = report.summarize(logprob_runs(), REFERENCE)
+    summary = report.summarize(logprob_runs(), {"nvfp4-L2": REFERENCE})
     lines = report.markdown(summary, "T").splitlines()
     head = "| engine | runs | vs W4A4: mean |Δ| | max |Δ| | vs W4A16: mean |Δ| | max |Δ| |"
     table = lines.index(head)
-    assert lines[table : table + 9] == [
+    assert lines[table : table + 11] == [
         head,
         "|---|---:|---:|---:|---:|---:|",
         "| 0.24.0 emulation, pristine | 2 | 0.1125 (0.1000 to 0.1250) | 0.500 | 0.1125 (0.0625"
@@ -102,9 +104,16 @@ def test_the_reference_in_the_report() -> None:
         " overlay's minus the pristine emulation's): mean -0.0500 nats, 95% bootstrap interval"
         " -0.1000 to +0.0000 (2000 resamples of the prompts, seed 0); the overlay closer on 1 of"
         " the 2 prompts, the pristine emulation on 0.",
+        "",
+        # the overlay's run against each of the pristine emulation's two: 0.1875 and 0.1625
+        "Engine vs engine: the overlay's logprobs against the pristine emulation's themselves,"
+        " mean |Δ| 0.1750 nats (max 0.500; mean over 2 pairs of runs, each with each), beside"
+        " their distances from the W4A4 reference: 0.0625 (overlay) and 0.1125 (pristine"
+        " emulation) nats.",
     ]
+    assert "the 2-layer checkpoint's" in lines[table - 2]
     assert "over 4 positions" in lines[table - 2]
-    assert report.summarize(logprob_runs())["reference"] == []  # no reference: no section
+    assert report.summarize(logprob_runs())["references"] == []  # no reference: no section
     assert head not in report.markdown(report.summarize(logprob_runs()), "T").splitlines()
 
 
@@ -148,3 +157,72 @@ def test_the_layer_check_in_the_report() -> None:
         " | 1.00e-03 | 0.11% | 1.00e-05 |\n\nGreedy tokens"
     ) in text
     assert report.summarize(RESULTS)["layers"] == []
+
+
+L12_SECTION = [
+    "Against the float64 reference (benchmarks/engine_check/reference.py: the 12-layer checkpoint's"
+    " exact forward in float64, W4A4 as vLLM's reference quantization defines it, W4A16 without"
+    " activation quantization): each engine's teacher-forced logprobs of the batch of 32, mean"
+    " |Δ| in nats over 4 positions; over the runs: their mean (lowest to highest), and the"
+    " largest |Δ| of any run:",
+    "",
+    "| engine | runs | vs W4A4: mean |Δ| | max |Δ| | vs W4A16: mean |Δ| | max |Δ| |",
+    "|---|---:|---:|---:|---:|---:|",
+    "| 0.24.0 emulation, pristine | 1 | 0.1250 (0.1250 to 0.1250) | 0.500 | 0.2500 (0.2500 to"
+    " 0.2500) | 0.500 |",
+    "| 0.24.0 emulation + overlay | 2 | 0.0938 (0.0625 to 0.1250) | 0.500 | 0.0938 (0.0000 to"
+    " 0.1875) | 0.500 |",
+    "| Marlin W4A16 (0.24.0's default on Hopper) | 1 | 0.1250 (0.1250 to 0.1250) | 0.500 |"
+    " 0.0000 (0.0000 to 0.0000) | 0.000 |",
+    "",
+    "The overlay against the W4A4 reference, beside the pristine emulation: at least as close"
+    " (0.0938 vs 0.1250 nats, mean over runs).",
+    "",
+    "Paired over the 2 prompts (per position, each engine's |Δ| averaged over its runs, the"
+    " overlay's minus the pristine emulation's): mean -0.0312 nats, 95% bootstrap interval"
+    " -0.1250 to +0.0625 (2000 resamples of the prompts, seed 0); the overlay closer on 1 of the"
+    " 2 prompts, the pristine emulation on 1.",
+    "",
+    # the overlay's two runs against the pristine emulation's one: 0.25 and 0.1875
+    "Engine vs engine: the overlay's logprobs against the pristine emulation's themselves, mean"
+    " |Δ| 0.2188 nats (max 0.500; mean over 2 pairs of runs, each with each), beside their"
+    " distances from the W4A4 reference: 0.0938 (overlay) and 0.1250 (pristine emulation) nats.",
+    "",
+]
+
+
+def test_each_model_against_its_own_reference() -> None:
+    """Two models, each with its float64 reference: a section each, the 2-layer model's first
+    (as before), then the 12-layer model's from its `numerics` runs alone (not its throughput
+    run without logprobs, not the 2-layer `layers` runs with theirs)."""
+    references = {"nvfp4-L12": REFERENCE_L12, "nvfp4-L2": REFERENCE}
+    summary = report.summarize(two_model_runs(), references)
+    sections = summary["references"]
+    assert [(s["model"], s["layers"]) for s in sections] == [("nvfp4-L2", 2), ("nvfp4-L12", 12)]
+    assert [r["runs"] for r in sections[1]["engines"]] == [
+        ["pristine-emulation-L12-n1"],
+        ["overlay-emulation-L12-n1", "overlay-emulation-L12-n2"],
+        ["pristine-marlin-L12-n1"],
+    ]
+    assert sections[1]["apart"] == {
+        "a": "overlay-emulation-L12",
+        "b": "pristine-emulation-L12",
+        "pairs": 2,
+        "mean_abs": 0.21875,
+        "max_abs": 0.5,
+        "positions": 4,
+    }
+    assert sections[0] == report.summarize(logprob_runs(), {"nvfp4-L2": REFERENCE})["references"][0]
+    lines = report.markdown(summary, "T").splitlines()
+    start = lines.index(L12_SECTION[0])
+    assert lines[start : start + len(L12_SECTION)] == L12_SECTION
+    assert lines.index(L12_SECTION[0].replace("12-layer", "2-layer")) < start
+
+
+def test_a_reference_without_its_engines_runs_has_no_section() -> None:
+    """The 12-layer reference alone, with only 2-layer runs (and `layers` runs): no section;
+    a reference whose model name has no layer count: none either."""
+    runs = {n: r for n, r in two_model_runs().items() if "-L12" not in n}
+    summary = report.summarize(runs, {"nvfp4-L12": REFERENCE_L12, "other": REFERENCE})
+    assert summary["references"] == []
+    assert "Against the float64 reference" not in report.markdown(summary, "T")
