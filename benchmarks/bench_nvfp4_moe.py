@@ -548,7 +548,7 @@ def measure(
             # experts (expert parallelism) contribute nothing.
             weights, ids = moe_setup.local_routing(shape, layer.topk_weights, layer.topk_ids)
             references[tokens] = nvfp4_moe_reference(
-                moe, layer.hidden, weights, ids, exact_weights=True
+                moe, layer.hidden, weights, ids, exact=True
             ).float()
         numerics = errors(output, references[tokens])
     if "experts" in plan.timings or numerics:

@@ -63,13 +63,11 @@ CASES = [(SMALL, tokens, False) for tokens in range(1, 18)]
 CASES += [(SMALL, tokens, True) for tokens in (1, 4, 5, 16, 17)]
 CASES += [(SPARSE, tokens, False) for tokens in (1, 2)]
 # The fused kernel's own arithmetic: patch 0002's rewrite keeps each dequantized weight exact
-# (as a Blackwell NVFP4 GEMM) and the reference gained `exact_weights` with it; the kernel
+# (as a Blackwell NVFP4 GEMM) and the reference gained `exact` with it; the kernel
 # before it rounded the weights to the activation dtype, as 0.24.0 does (the reference's
 # default). The two change together in this repository: the reference says which is at hand.
 REFERENCE_OPTIONS = (
-    {"exact_weights": True}
-    if "exact_weights" in inspect.signature(nvfp4_moe_reference).parameters
-    else {}
+    {"exact": True} if "exact" in inspect.signature(nvfp4_moe_reference).parameters else {}
 )
 REL_FROBENIUS = 1e-2  # module docstring (the GPU test's bound)
 ATOL, MIN_CLOSE = 1e-2, 0.995  # module docstring

@@ -184,9 +184,7 @@ def _reference(moe: Nvfp4Moe, layer: moe_setup.MoeLayer) -> torch.Tensor:
     fused = hasattr(
         nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts, "_apply_dequantized"
     )
-    return nvfp4_moe_reference(
-        moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=fused
-    )
+    return nvfp4_moe_reference(moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact=fused)
 
 
 def check_matches_reference(moe: Nvfp4Moe, tokens: int) -> None:

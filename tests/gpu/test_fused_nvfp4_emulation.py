@@ -10,7 +10,7 @@ global scale, to BF16 (``dequantize_to_dtype``). The fused kernel keeps each wei
 (e2m1 * block scale has at most 5 significant bits) and multiplies the FP32 accumulator by the
 global scale, as a Blackwell NVFP4 GEMM does. So each path is held to its own arithmetic: the
 unfused path (the pristine pin) to ``nvfp4_moe_reference``, the fused one to the same reference
-with ``exact_weights``. Every activation rounding (the input's and silu_and_mul's
+with ``exact``. Every activation rounding (the input's and silu_and_mul's
 quantize-dequantize, the BF16 intermediates) is the same in both.
 
 Tolerances against a path's own reference. Both compute the same function with the same
@@ -84,7 +84,7 @@ def reference(
     moe_layer: moe_setup.MoeLayer,
     local: torch.Tensor | None = None,
     *,
-    exact_weights: bool = HAS_FUSED,
+    exact: bool = HAS_FUSED,
 ) -> torch.Tensor:
     """The reference of the path ``apply`` takes: exact weights where patch 0002's fused kernel
     runs, 0.24.0's BF16-rounded ones where the unfused emulation does (module docstring)."""
@@ -92,9 +92,7 @@ def reference(
     if local is not None:
         # Expert parallelism: experts of other ranks contribute zeros here.
         weights = weights * torch.isin(ids, local.to(ids.dtype))
-    return nvfp4_moe_reference(
-        moe_layer.moe, moe_layer.hidden, weights, ids, exact_weights=exact_weights
-    )
+    return nvfp4_moe_reference(moe_layer.moe, moe_layer.hidden, weights, ids, exact=exact)
 
 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -145,8 +143,8 @@ def test_fused_matches_unfused_emulation(shape: str, tokens: int) -> None:
     moe_layer = layer(shape, tokens)
     fused = moe_layer.apply().clone()
     unfused = moe_layer.apply(unfused=True).clone()
-    assert_agree(unfused, reference(moe_layer, exact_weights=False))
-    assert_fused_near_unfused(fused, unfused, reference(moe_layer, exact_weights=True))
+    assert_agree(unfused, reference(moe_layer, exact=False))
+    assert_fused_near_unfused(fused, unfused, reference(moe_layer, exact=True))
 
 
 @needs_fused

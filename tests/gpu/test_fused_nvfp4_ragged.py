@@ -98,7 +98,7 @@ def reference(moe_layer: moe_setup.MoeLayer) -> torch.Tensor:
         moe_layer.hidden,
         moe_layer.topk_weights,
         moe_layer.topk_ids,
-        exact_weights=True,
+        exact=True,
     )
 
 

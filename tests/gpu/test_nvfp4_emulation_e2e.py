@@ -90,7 +90,7 @@ def test_nvfp4_emulation_eager_and_graph_replay(
     # the FP32 accumulator): each is held to its own arithmetic.
     supports_fused = getattr(nvfp4_emulation_moe, "supports_fused_nvfp4_moe", None)
     fused = supports_fused is not None and supports_fused(hidden, intermediate)
-    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids, exact_weights=fused)
+    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids, exact=fused)
     scale = rms(ref)
     # The reference repeats every rounding of the path (bf16 or exact weights, NVFP4 fake
     # quantization of both activations, bf16 GEMM outputs); the input's is bit-exact (see

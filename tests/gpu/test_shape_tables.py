@@ -127,7 +127,7 @@ def test_shape_table_matches_reference(name: str, tokens: int) -> None:
     tw, tids = layer.topk_weights, layer.topk_ids
     if moe_setup.expert_map(shape) is not None:  # the ids and weights the rank's experts see
         tw, tids = moe_setup.local_routing(shape, tw, tids)
-    want = nvfp4_moe_reference(moe, layer.hidden, tw, tids, exact_weights=True)
+    want = nvfp4_moe_reference(moe, layer.hidden, tw, tids, exact=True)
     assert_agree(layer.apply(), want)
 
 
