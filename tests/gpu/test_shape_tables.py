@@ -3,7 +3,7 @@ _I<intermediate>.<GPU>.json``, shipped beside its kernels): on the GPU a file is
 shape's layer
 
 - takes its file's table (nvfp4_moe_configs), not the GPU's table for any shape;
-- agrees with the pure-torch reference (exact weights) at each token count whose bucket the
+- agrees with the pure-torch reference (exact W4A4) at each token count whose bucket the
   file tunes (its entries that differ from the GPU's table for any shape), under
   test_fused_nvfp4_emulation.py's tolerance;
 - keeps batch invariance, bitwise: a token alone and at a random row of batches whose token
