@@ -43,12 +43,13 @@ the router's global ids, as an EP rank's FusedMoE layer calls it.
 after a device sync, so the host's launch overhead counts. ``experts_graph_us``: the experts'
 own ``apply`` alone, replayed likewise. The bound is the bytes of the routed experts' packed
 weights and block scales over the copy bandwidth measured in the same run (read + write bytes
-of a 2 GiB device copy). Numerics: each column's output against the W4A4 reference (the
-pristine emulation's arithmetic in plain torch: weights dequantized, NVFP4 quantize-dequantize
-of both activations); W4A16 (Marlin) and BF16 skip the activation quantization, so they sit at
-NVFP4's own activation error from it. Per-kernel breakdown: each kernel (memset, memcpy) of
-one ``FusedMoEKernel.apply``, replayed alone from the call's own CUDA graph with the others
-disabled, L2 flushed, median; ``floor_us`` is that graph with every launch disabled.
+of a 2 GiB device copy). Numerics: each column's output against the exact W4A4 reference (plain
+torch, tests/gpu/nvfp4_reference.py with exact=True: the NVFP4 weights and both activations'
+NVFP4 quantization unrounded, FP32 between the GEMMs); W4A16 (Marlin) and BF16 skip the
+activation quantization, so they sit at NVFP4's own activation error from it. Per-kernel
+breakdown: each kernel (memset, memcpy) of one ``FusedMoEKernel.apply``, replayed alone from
+the call's own CUDA graph with the others disabled, L2 flushed, median; ``floor_us`` is that
+graph with every launch disabled.
 
 Output: tables on stdout; under --out a JSON of every row, a Markdown of the tables and a PNG
 (``--name``: the headline name when every tree ran the real ops, with ``_standin`` appended
@@ -543,12 +544,12 @@ def measure(
     numerics: dict[str, Any] = {}
     if tokens <= plan.reference_max_tokens:
         if tokens not in references:
-            # Exact W4A4 (unrounded weights, every activation rounding): the arithmetic of a
+            # Exact W4A4 (unrounded weights and activations, FP32 between the GEMMs): that of a
             # Blackwell NVFP4 GEMM, which the emulation exists to reproduce. Other ranks'
             # experts (expert parallelism) contribute nothing.
             weights, ids = moe_setup.local_routing(shape, layer.topk_weights, layer.topk_ids)
             references[tokens] = nvfp4_moe_reference(
-                moe, layer.hidden, weights, ids, exact_weights=True
+                moe, layer.hidden, weights, ids, exact=True
             ).float()
         numerics = errors(output, references[tokens])
     if "experts" in plan.timings or numerics:

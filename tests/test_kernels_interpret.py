@@ -18,13 +18,15 @@ measurement), its FP32 -> FP8 E4M3 cast rounds without carrying into the exponen
 mend the block scales of the activation QDQ are off by a power of two now and then, and the
 outputs by 16% to 39% relative), and it refuses scalar masks.
 
-Tolerance: the interpreter and the reference compute the same roundings to the activation dtype (weights after
-dequantization, the w13 output, silu, silu * up, each QDQ, the w2 output) and may differ only in
-the order of FP32 sums inside the GEMMs (K split in tiles, even and odd k apart): measured
-bit-exact at these shapes with triton 3.9.0, but a kernel with other tiles sums in another
-order, which moves an FP16 intermediate by one ulp now and then, and where it sits on an NVFP4
-rounding boundary the QDQ picks the other E2M1 neighbour: one activation moves by a whole FP4
-step, its token's outputs by that step times a row of w2. So, as in
+Tolerance: the interpreter and the reference (exact W4A4: weights and quantized activations
+unrounded, FP32 between the GEMMs, each expert's output rounded to the activation dtype) may
+differ only in the order of FP32 sums inside the GEMMs (K split in tiles, even and odd k apart)
+and in where the global scales are applied (the kernel on its accumulator, the reference on
+each value): measured bit-exact at these shapes with triton 3.9.0, but a kernel with other
+tiles sums in another order, which moves an FP32 intermediate by one ulp now and then, and
+where it sits on an NVFP4 rounding boundary the quantization picks the other E2M1 neighbour:
+one activation moves by a whole FP4 step, its token's outputs by that step times a row of
+w2. So, as in
 tests/gpu/test_fused_nvfp4_emulation.py: relative Frobenius error under 1e-2 over each output,
 and 99.5% of the elements within atol 1e-2 plus rtol of 2 ulps (2e-3 in FP16, 1.6e-2 in BF16),
 no NaN (every element written).
@@ -62,14 +64,12 @@ SMALL, SPARSE = EXPERTS
 CASES = [(SMALL, tokens, False) for tokens in range(1, 18)]
 CASES += [(SMALL, tokens, True) for tokens in (1, 4, 5, 16, 17)]
 CASES += [(SPARSE, tokens, False) for tokens in (1, 2)]
-# The fused kernel's own arithmetic: patch 0002's rewrite keeps each dequantized weight exact
-# (as a Blackwell NVFP4 GEMM) and the reference gained `exact_weights` with it; the kernel
-# before it rounded the weights to the activation dtype, as 0.24.0 does (the reference's
-# default). The two change together in this repository: the reference says which is at hand.
+# The fused kernel's own arithmetic: patch 0002 computes exact W4A4 (as a Blackwell NVFP4 GEMM)
+# and the reference has `exact` for it; a kernel without it rounds as 0.24.0 does (the
+# reference's default). The two change together in this repository: the reference says which
+# is at hand.
 REFERENCE_OPTIONS = (
-    {"exact_weights": True}
-    if "exact_weights" in inspect.signature(nvfp4_moe_reference).parameters
-    else {}
+    {"exact": True} if "exact" in inspect.signature(nvfp4_moe_reference).parameters else {}
 )
 REL_FROBENIUS = 1e-2  # module docstring (the GPU test's bound)
 ATOL, MIN_CLOSE = 1e-2, 0.995  # module docstring

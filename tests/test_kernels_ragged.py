@@ -177,7 +177,7 @@ def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     out["padded"] = apply(fused, big, wide, weights, ids, ep, layout=True)[:, :h].contiguous()
     if ep:
         weights = weights * (ids % 2 == 0)  # the odd experts live on other ranks: zeros
-    out["reference"] = nvfp4_moe_reference(moe, hidden, weights, ids, exact_weights=True)
+    out["reference"] = nvfp4_moe_reference(moe, hidden, weights, ids, exact=True)
     out["exact"] = torch.tensor(torch.equal(out["tiled"], out["reference"]))
     return out
 

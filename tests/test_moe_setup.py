@@ -356,8 +356,8 @@ def test_expert_parallel_reference_is_the_whole_layers_share() -> None:
     )
     hidden, weights, ids = moe_setup.random_inputs(6, EP, seed=4, device="cpu")
     local_w, local_ids = moe_setup.local_routing(EP, weights, ids)
-    got = nvfp4.nvfp4_moe_reference(rank, hidden, local_w, local_ids, exact_weights=True)
+    got = nvfp4.nvfp4_moe_reference(rank, hidden, local_w, local_ids, exact=True)
     masked = weights * torch.isin(ids, torch.tensor([0, 1], dtype=ids.dtype))
-    want = nvfp4.nvfp4_moe_reference(whole, hidden, masked, ids, exact_weights=True)
+    want = nvfp4.nvfp4_moe_reference(whole, hidden, masked, ids, exact=True)
     assert bool(masked.any()) and bool((masked == 0).any())  # both kinds of tokens
     assert torch.equal(got, want)

@@ -74,6 +74,7 @@ from .results import (
 )
 from .runs import (
     DEFAULT_MODELS,
+    LAYER_ENGINES,
     LOGPROB_LEN,
     LOGPROB_PROMPTS,
     MODELS,
@@ -250,7 +251,8 @@ def cmd_layers(args: argparse.Namespace) -> int:
     once each, every MoE layer call compared in the worker with the float64 experts on its
     inputs (layers.py); the install is left pristine. `report` shows the figures."""
     once = argparse.Namespace(work=args.work, model=REFERENCE_MODEL, first=1)
-    return _interleaved(once, lambda i: layer_runs(REFERENCE_MODEL), 1)
+    engines = tuple(args.engines)
+    return _interleaved(once, lambda i: layer_runs(REFERENCE_MODEL, engines), 1)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -381,6 +383,13 @@ def _measure_commands(sub: Any) -> None:
             "layers",
             help="the logprob check's engines once, each MoE layer call against float64",
         )
+    )
+    p.add_argument(
+        "--engines",
+        nargs="+",
+        choices=LAYER_ENGINES,
+        default=list(LAYER_ENGINES),
+        help="these engines only (default: all three)",
     )
     p.set_defaults(func=cmd_layers)
 

@@ -135,15 +135,24 @@ def numerics_runs(model: str, i: int) -> tuple[tuple[str, Run], ...]:
     )
 
 
-def layer_runs(model: str) -> tuple[tuple[str, Run], ...]:
+# `layers`' engines, in the order they run: the overlay's emulation, the pristine one, Marlin.
+LAYER_ENGINES = ("overlay", "pristine", "marlin")
+
+
+def layer_runs(model: str, engines: tuple[str, ...] = LAYER_ENGINES) -> tuple[tuple[str, Run], ...]:
     """`layers`: the overlay's emulation (the overlay applied), then the pristine emulation's
-    and Marlin's (reverted), each MoE layer call compared with the float64 experts."""
+    and Marlin's (reverted), those of ``engines``, each MoE layer call compared with the
+    float64 experts."""
     layers = MODELS[model][1]
-    return (
-        ("overlay", Run(f"emulation-L{layers}-layers", model, layers=True)),
-        ("pristine", Run(f"emulation-L{layers}-layers", model, layers=True)),
-        ("pristine", Run(f"marlin-L{layers}-layers", model, backend="marlin", layers=True)),
-    )
+    runs = {
+        "overlay": ("overlay", Run(f"emulation-L{layers}-layers", model, layers=True)),
+        "pristine": ("pristine", Run(f"emulation-L{layers}-layers", model, layers=True)),
+        "marlin": (
+            "pristine",
+            Run(f"marlin-L{layers}-layers", model, backend="marlin", layers=True),
+        ),
+    }
+    return tuple(runs[e] for e in LAYER_ENGINES if e in engines)
 
 
 # On the 2-layer model, each the logprob check (batch of 32 vs one by one) with one control;

@@ -169,3 +169,20 @@ def test_layer_runs() -> None:
             engine_runs.Run("marlin-L2-layers", "nvfp4-L2", backend="marlin", layers=True),
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("engines", "names"),
+    [
+        (("overlay",), [("overlay", "emulation-L2-layers")]),
+        (
+            ("marlin", "pristine"),
+            [("pristine", "emulation-L2-layers"), ("pristine", "marlin-L2-layers")],
+        ),
+        (("marlin",), [("pristine", "marlin-L2-layers")]),
+    ],
+)
+def test_layer_runs_of_some_engines(engines: tuple[str, ...], names: list[tuple[str, str]]) -> None:
+    """`layers --engines`: those engines only, in the order all three run."""
+    runs = engine_runs.layer_runs("nvfp4-L2", engines)
+    assert [(state, run.name) for state, run in runs] == names

@@ -285,15 +285,19 @@ def nvfp4_moe_reference(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    exact_weights: bool = False,
+    exact: bool = False,
 ) -> torch.Tensor:
     """vLLM 0.24.0's unfused NVFP4 emulation in plain torch: weights dequantized (FP32, then
     x's dtype), NVFP4 quantize-dequantize of the input and of silu_and_mul's output, each
     rounded to x's dtype, then ``moe_reference``'s GEMMs.
 
-    ``exact_weights``: the weights unrounded (the W4A4 arithmetic of a Blackwell NVFP4 GEMM,
-    which patch 0002's fused kernel computes: the global scale on the FP32 accumulator); every
-    activation rounding stays."""
+    ``exact``: exact W4A4, the arithmetic of a Blackwell NVFP4 GEMM, which patch 0002's fused
+    kernel computes: the weights and the quantized activations unrounded (e2m1 * block scale
+    * global scale in FP32), the GEMMs' outputs and SiLU-and-mul in FP32 up to the
+    intermediate's quantization; only each expert's output (times the routing weight) is
+    rounded to x's dtype, and the top-k sum once."""
+    if exact:
+        return _exact_moe_reference(moe, x, topk_weights, topk_ids)
     dtype = x.dtype
 
     def input_qdq(t: torch.Tensor) -> torch.Tensor:
@@ -306,10 +310,27 @@ def nvfp4_moe_reference(
         x,
         topk_weights,
         topk_ids,
-        lambda e: moe.dequantized(e, None if exact_weights else dtype),
+        lambda e: moe.dequantized(e, dtype),
         input_qdq,
         intermediate_qdq,
     )
+
+
+def _exact_moe_reference(
+    moe: Nvfp4Moe, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """``nvfp4_moe_reference(..., exact=True)``: one expert at a time, FP32 throughout."""
+    dtype = x.dtype
+    xq = quant_dequant(x.float(), moe.a13_gscale)
+    partial = torch.zeros(*topk_ids.shape, x.shape[-1], dtype=dtype, device=x.device)
+    for expert in torch.unique(topk_ids).tolist():
+        token, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
+        w13, w2 = moe.dequantized(expert, None)
+        gate, up = (xq[token] @ w13.T).chunk(2, dim=-1)
+        a = quant_dequant(F.silu(gate) * up, moe.a2_gscale)
+        o = (a @ w2.T) * topk_weights[token, slot, None].float()
+        partial[token, slot] = o.to(dtype)
+    return partial.float().sum(dim=1).to(dtype)
 
 
 def rms(t: torch.Tensor) -> float:

@@ -28,7 +28,7 @@ Numerics: each path's output against the W4A4 reference (tests/gpu/nvfp4_referen
 pristine emulation's arithmetic in plain torch) with the fused-kernel tests' tolerance
 (test_fused_nvfp4_emulation.py's docstring argues it: the relative Frobenius error under 1e-2
 and 99.5% of the elements within atol 1e-2 + rtol 1.6e-2; a summation order other than the
-reference's moves a BF16 intermediate by an ulp, which now and then flips one activation's
+reference's moves an intermediate by an ulp, which now and then flips one activation's
 E2M1 rounding by one FP4 step).
 
 Qwen3-30B-A3B's MoE shape (E=128, hidden 2048, intermediate 768, top-8). Seconds on an H200.
@@ -178,15 +178,13 @@ def _portable_switch(monkeypatch: pytest.MonkeyPatch, forced: bool) -> None:
 
 
 def _reference(moe: Nvfp4Moe, layer: moe_setup.MoeLayer) -> torch.Tensor:
-    """The reference for the layer's tokens in each path's own arithmetic: exact weights where
-    patch 0002's fused kernel runs, vLLM 0.24.0's BF16-rounded ones elsewhere
+    """The reference for the layer's tokens in each path's own arithmetic: exact W4A4 where
+    patch 0002's fused kernel runs, vLLM 0.24.0's BF16 roundings elsewhere
     (test_fused_nvfp4_emulation.py's docstring)."""
     fused = hasattr(
         nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts, "_apply_dequantized"
     )
-    return nvfp4_moe_reference(
-        moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact_weights=fused
-    )
+    return nvfp4_moe_reference(moe, layer.hidden, layer.topk_weights, layer.topk_ids, exact=fused)
 
 
 def check_matches_reference(moe: Nvfp4Moe, tokens: int) -> None:

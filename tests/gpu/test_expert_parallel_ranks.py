@@ -64,7 +64,7 @@ def assert_rank_agrees(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def rank_reference(layer: moe_setup.MoeLayer) -> torch.Tensor:
     weights, ids = moe_setup.local_routing(layer.shape, layer.topk_weights, layer.topk_ids)
-    return nvfp4_moe_reference(layer.moe, layer.hidden, weights, ids, exact_weights=HAS_FUSED)
+    return nvfp4_moe_reference(layer.moe, layer.hidden, weights, ids, exact=HAS_FUSED)
 
 
 def test_ep8_shapes_are_the_checkpoints() -> None:

@@ -5,30 +5,32 @@ it to exact W4A4, and no dequantization of every expert's weights on each call.
 Shapes: Qwen3-30B-A3B-like (E=128, hidden 2048, intermediate 768, top-8) and a larger one
 (E=128, hidden 4096, intermediate 1536, top-8); 1 to 512 tokens (decode to prefill buckets).
 
-The reference. vLLM 0.24.0's emulation rounds every dequantized weight, e2m1 * block scale *
-global scale, to BF16 (``dequantize_to_dtype``). The fused kernel keeps each weight exact
-(e2m1 * block scale has at most 5 significant bits) and multiplies the FP32 accumulator by the
-global scale, as a Blackwell NVFP4 GEMM does. So each path is held to its own arithmetic: the
-unfused path (the pristine pin) to ``nvfp4_moe_reference``, the fused one to the same reference
-with ``exact_weights``. Every activation rounding (the input's and silu_and_mul's
-quantize-dequantize, the BF16 intermediates) is the same in both.
+The reference. vLLM 0.24.0's emulation rounds every dequantized weight and activation, e2m1 *
+block scale * global scale, to BF16 (``dequantize_to_dtype``, the activations'
+quantize-dequantize), and the w13 output, silu and silu * up too. The fused kernel computes
+exact W4A4, as a Blackwell NVFP4 GEMM does: each weight and each quantized activation exact
+(e2m1 * block scale has at most 5 significant bits), both global scales on the FP32
+accumulator, SiLU-and-mul in FP32 up to the intermediate's quantization. So each path is held
+to its own arithmetic: the unfused path (the pristine pin) to ``nvfp4_moe_reference``, the
+fused one to the same reference with ``exact`` (FP32, no rounding between the GEMMs).
 
-Tolerances against a path's own reference. Both compute the same function with the same
-roundings to BF16; they differ in the order of FP32 accumulation inside the GEMMs, which moves
-a BF16 intermediate by one unit in the last place now and then. When such an intermediate sits
-next to an NVFP4 rounding boundary, the quantize-dequantize of the activation picks the other
-E2M1 neighbour: one activation of one expert moves by a whole FP4 step (up to 1/6 of its
-16-block's maximum, NVFP4's own quantization error), and the outputs of that token shift by
-that step times a row of w2. So no elementwise bound is tight for every element:
+Tolerances against a path's own reference. Each computes its reference's function; they differ
+in the order of FP32 accumulation inside the GEMMs, which moves an intermediate (a BF16 one on
+the unfused path, an FP32 one on the fused path) by one unit in the last place now and then.
+When such an intermediate sits next to an NVFP4 rounding boundary, the activation's
+quantization picks the other E2M1 neighbour: one activation of one expert moves by a whole FP4
+step (up to 1/6 of its 16-block's maximum, NVFP4's own quantization error), and the outputs of
+that token shift by that step times a row of w2 (rarer on the fused path: an FP32 ulp is 2**-24
+relative, a BF16 one 2**-9). So no elementwise bound is tight for every element:
 - the relative Frobenius error over the layer's output must stay under 1e-2 (BF16 rounding of
   the output alone is 2e-3 (2**-9); seen up to 1.8e-3 on an H200, fused and unfused alike);
 - 99.5% of the elements must lie within atol 1e-2 (outputs have unit scale; a few BF16 ulps)
   plus rtol 1.6e-2 (2 BF16 ulps), and none may be NaN.
 
-Fused against unfused. The BF16 rounding of 0.24.0's weights (up to 2**-9 relative, each) moves
-enough intermediates across E2M1 boundaries that the two paths differ by about 3% (relative
-Frobenius; 2.5e-2 to 3.0e-2 on an H200, the same distance as the unfused path from exact W4A4):
-the bound is 5e-2, and the fused output must be closer to exact W4A4 than the unfused one.
+Fused against unfused. 0.24.0's BF16 roundings (up to 2**-9 relative, each) move enough
+intermediates across E2M1 boundaries that the unfused path is about 3% (relative Frobenius)
+from exact W4A4, and so from the fused path: the bound is 5e-2, and the fused output must be
+closer to exact W4A4 than the unfused one.
 """
 
 from __future__ import annotations
@@ -84,17 +86,15 @@ def reference(
     moe_layer: moe_setup.MoeLayer,
     local: torch.Tensor | None = None,
     *,
-    exact_weights: bool = HAS_FUSED,
+    exact: bool = HAS_FUSED,
 ) -> torch.Tensor:
-    """The reference of the path ``apply`` takes: exact weights where patch 0002's fused kernel
-    runs, 0.24.0's BF16-rounded ones where the unfused emulation does (module docstring)."""
+    """The reference of the path ``apply`` takes: exact W4A4 where patch 0002's fused kernel
+    runs, 0.24.0's BF16 roundings where the unfused emulation does (module docstring)."""
     weights, ids = moe_layer.topk_weights, moe_layer.topk_ids
     if local is not None:
         # Expert parallelism: experts of other ranks contribute zeros here.
         weights = weights * torch.isin(ids, local.to(ids.dtype))
-    return nvfp4_moe_reference(
-        moe_layer.moe, moe_layer.hidden, weights, ids, exact_weights=exact_weights
-    )
+    return nvfp4_moe_reference(moe_layer.moe, moe_layer.hidden, weights, ids, exact=exact)
 
 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -145,8 +145,8 @@ def test_fused_matches_unfused_emulation(shape: str, tokens: int) -> None:
     moe_layer = layer(shape, tokens)
     fused = moe_layer.apply().clone()
     unfused = moe_layer.apply(unfused=True).clone()
-    assert_agree(unfused, reference(moe_layer, exact_weights=False))
-    assert_fused_near_unfused(fused, unfused, reference(moe_layer, exact_weights=True))
+    assert_agree(unfused, reference(moe_layer, exact=False))
+    assert_fused_near_unfused(fused, unfused, reference(moe_layer, exact=True))
 
 
 @needs_fused

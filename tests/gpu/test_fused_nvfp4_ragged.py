@@ -4,7 +4,7 @@ intermediate sizes of released checkpoints and their tensor-parallel shards (16,
 is a multiple of the NVFP4 block (16) does (before: vLLM 0.24.0's unfused path, up to 36x
 slower than Marlin).
 
-- against the pure-torch reference (tests/gpu/nvfp4_reference.py, exact weights), eagerly and
+- against the pure-torch reference (tests/gpu/nvfp4_reference.py, exact W4A4), eagerly and
   replayed from a CUDA graph, under test_fused_nvfp4_emulation.py's tolerance (its docstring);
 - the same bits as the same layer with both depths zero-padded to multiples of 128 (zero E2M1
   codes, zero block scales, zero hidden columns): the masked last K step sums exactly what a
@@ -98,7 +98,7 @@ def reference(moe_layer: moe_setup.MoeLayer) -> torch.Tensor:
         moe_layer.hidden,
         moe_layer.topk_weights,
         moe_layer.topk_ids,
-        exact_weights=True,
+        exact=True,
     )
 
 

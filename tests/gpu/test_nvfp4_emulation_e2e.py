@@ -90,10 +90,10 @@ def test_nvfp4_emulation_eager_and_graph_replay(
     # the FP32 accumulator): each is held to its own arithmetic.
     supports_fused = getattr(nvfp4_emulation_moe, "supports_fused_nvfp4_moe", None)
     fused = supports_fused is not None and supports_fused(hidden, intermediate)
-    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids, exact_weights=fused)
+    ref = nvfp4_moe_reference(moe, x, topk_weights, topk_ids, exact=fused)
     scale = rms(ref)
-    # The reference repeats every rounding of the path (bf16 or exact weights, NVFP4 fake
-    # quantization of both activations, bf16 GEMM outputs); the input's is bit-exact (see
+    # The reference repeats every rounding of the path (0.24.0's bf16 weights, activations and
+    # GEMM outputs, or none: exact W4A4); the input's quantization is bit-exact (see
     # move_off_e2m1_ties). What differs is the GEMMs' summation order, which moves a bf16
     # rounding of the intermediate by one ulp in about one element of 1000, and Triton's
     # approximate division: either flips an E2M1 rounding of the intermediate now and then (one

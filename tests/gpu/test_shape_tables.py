@@ -3,7 +3,7 @@ _I<intermediate>.<GPU>.json``, shipped beside its kernels): on the GPU a file is
 shape's layer
 
 - takes its file's table (nvfp4_moe_configs), not the GPU's table for any shape;
-- agrees with the pure-torch reference (exact weights) at each token count whose bucket the
+- agrees with the pure-torch reference (exact W4A4) at each token count whose bucket the
   file tunes (its entries that differ from the GPU's table for any shape), under
   test_fused_nvfp4_emulation.py's tolerance;
 - keeps batch invariance, bitwise: a token alone and at a random row of batches whose token
@@ -127,7 +127,7 @@ def test_shape_table_matches_reference(name: str, tokens: int) -> None:
     tw, tids = layer.topk_weights, layer.topk_ids
     if moe_setup.expert_map(shape) is not None:  # the ids and weights the rank's experts see
         tw, tids = moe_setup.local_routing(shape, tw, tids)
-    want = nvfp4_moe_reference(moe, layer.hidden, tw, tids, exact_weights=True)
+    want = nvfp4_moe_reference(moe, layer.hidden, tw, tids, exact=True)
     assert_agree(layer.apply(), want)
 
 
