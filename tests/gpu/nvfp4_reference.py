@@ -257,14 +257,16 @@ def moe_reference(
     expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     quantize_input: Callable[[torch.Tensor], torch.Tensor],
     quantize_intermediate: Callable[[torch.Tensor], torch.Tensor],
+    rounded: bool = True,
 ) -> torch.Tensor:
     """The fused MoE of vLLM's TritonExperts, one expert at a time.
 
     ``expert_weights(e)`` gives expert e's (w13 [2I, H], w2 [H, I]) in FP32, as the kernel's
     GEMMs read them. ``quantize_*`` return FP32 values equal to what the GEMMs read of their
-    input. GEMMs accumulate in FP32 and round to x's dtype, as the Triton kernel stores its
-    tiles; the routing weight is applied in FP32 before that rounding; the top-k partial
-    outputs are summed and rounded once.
+    input. GEMMs accumulate in FP32; the w13 output is rounded to x's dtype and so is silu
+    (silu_and_mul), as the Triton kernel stores its tiles (``rounded=False``: both stay FP32,
+    up to the intermediate's quantization); the routing weight is applied in FP32 before the
+    w2 output's rounding; the top-k partial outputs are summed and rounded once.
     """
     dtype = x.dtype
     xq = quantize_input(x)
@@ -272,8 +274,12 @@ def moe_reference(
     for expert in torch.unique(topk_ids).tolist():
         token, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
         w13, w2 = expert_weights(expert)
-        h = (xq[token].float() @ w13.T).to(dtype)
-        a = quantize_intermediate(silu_and_mul(h))
+        h = xq[token].float() @ w13.T
+        if rounded:
+            a = quantize_intermediate(silu_and_mul(h.to(dtype)))
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            a = quantize_intermediate(F.silu(gate) * up)
         o = (a.float() @ w2.T) * topk_weights[token, slot, None].float()
         partial[token, slot] = o.to(dtype)
     return partial.float().sum(dim=1).to(dtype)
@@ -296,41 +302,22 @@ def nvfp4_moe_reference(
     * global scale in FP32), the GEMMs' outputs and SiLU-and-mul in FP32 up to the
     intermediate's quantization; only each expert's output (times the routing weight) is
     rounded to x's dtype, and the top-k sum once."""
-    if exact:
-        return _exact_moe_reference(moe, x, topk_weights, topk_ids)
     dtype = x.dtype
 
-    def input_qdq(t: torch.Tensor) -> torch.Tensor:
-        return quant_dequant(t, moe.a13_gscale).to(dtype).float()
-
-    def intermediate_qdq(t: torch.Tensor) -> torch.Tensor:
-        return quant_dequant(t, moe.a2_gscale).to(dtype).float()
+    def quantizer(gscale: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        if exact:
+            return lambda t: quant_dequant(t.float(), gscale)
+        return lambda t: quant_dequant(t, gscale).to(dtype).float()
 
     return moe_reference(
         x,
         topk_weights,
         topk_ids,
-        lambda e: moe.dequantized(e, dtype),
-        input_qdq,
-        intermediate_qdq,
+        lambda e: moe.dequantized(e, None if exact else dtype),
+        quantizer(moe.a13_gscale),
+        quantizer(moe.a2_gscale),
+        rounded=not exact,
     )
-
-
-def _exact_moe_reference(
-    moe: Nvfp4Moe, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
-    """``nvfp4_moe_reference(..., exact=True)``: one expert at a time, FP32 throughout."""
-    dtype = x.dtype
-    xq = quant_dequant(x.float(), moe.a13_gscale)
-    partial = torch.zeros(*topk_ids.shape, x.shape[-1], dtype=dtype, device=x.device)
-    for expert in torch.unique(topk_ids).tolist():
-        token, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
-        w13, w2 = moe.dequantized(expert, None)
-        gate, up = (xq[token] @ w13.T).chunk(2, dim=-1)
-        a = quant_dequant(F.silu(gate) * up, moe.a2_gscale)
-        o = (a @ w2.T) * topk_weights[token, slot, None].float()
-        partial[token, slot] = o.to(dtype)
-    return partial.float().sum(dim=1).to(dtype)
 
 
 def rms(t: torch.Tensor) -> float:
