@@ -33,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "gpu"))
+sys.path[:0] = [str(REPO / "tests" / "gpu"), str(REPO / "benchmarks")]
 import moe_setup  # noqa: E402
+from engine_check.reference import Experts, experts_forward  # noqa: E402
 from nvfp4_reference import (  # noqa: E402
     Nvfp4Moe,
     dequantize,
@@ -50,20 +50,19 @@ F64 = torch.float64
 DEFAULT_SHAPES = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4", "gemma-4-26b-a4b")
 
 
-def float64_moe(
-    moe: Nvfp4Moe, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
-    """Exact W4A4 in float64: sum_k w_k * down_e(q(silu(gate_e(q(x))) * up_e(q(x))))."""
-    xq = quant_dequant(x.to(F64), moe.a13_gscale.to(F64))
-    out = torch.zeros(x.shape, dtype=F64)
-    for e in torch.unique(topk_ids).tolist():
-        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        w13 = dequantize(moe.w13[e], moe.w13_scale[e], moe.w13_gscale[e], F64)
-        w2 = dequantize(moe.w2[e], moe.w2_scale[e], moe.w2_gscale[e], F64)
-        gate, up = (xq[token] @ w13.T).chunk(2, dim=-1)
-        h = quant_dequant(F.silu(gate) * up, moe.a2_gscale.to(F64))
-        out.index_add_(0, token, (h @ w2.T) * topk_weights[token, slot, None].to(F64))
-    return out
+def float64_experts(moe: Nvfp4Moe) -> Experts:
+    """``moe`` as the engine check's float64 reference holds a layer's experts (W4A4)."""
+    experts = range(moe.w13.size(0))
+    return Experts(
+        torch.stack(
+            [dequantize(moe.w13[e], moe.w13_scale[e], moe.w13_gscale[e], F64) for e in experts]
+        ),
+        torch.stack(
+            [dequantize(moe.w2[e], moe.w2_scale[e], moe.w2_gscale[e], F64) for e in experts]
+        ),
+        moe.a13_gscale.to(F64),
+        moe.a2_gscale.to(F64),
+    )
 
 
 def exact_weights_moe(
@@ -93,7 +92,7 @@ def measure(name: str, tokens: int) -> dict[str, object]:
     shape = moe_setup.shape_named(name)
     moe = moe_setup.make_moe(shape, device="cpu")
     x, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
-    exact = float64_moe(moe, x, weights, ids)
+    exact = experts_forward(float64_experts(moe), x.to(F64), weights.to(F64), ids.long())
     return {
         "shape": name,
         "tokens": tokens,
