@@ -21,12 +21,6 @@ def load_results(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def load_reference(folder: Path, model: str = REFERENCE_MODEL) -> dict[str, Any] | None:
-    """The float64 reference's logprobs of ``model`` (`reference` writes them), or None."""
-    path = folder / f"{REFERENCE_PREFIX}{model}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def load_references(folder: Path) -> dict[str, dict[str, Any]]:
     """Every model's float64 reference in ``folder``, by the model's folder name."""
     return {

@@ -21,8 +21,6 @@ def test_load_results_skips_the_reference(tmp_path: Path) -> None:
     (tmp_path / "pristine-x.json").write_text("{}")
     (tmp_path / "reference-fp64-nvfp4-L2.json").write_text(json.dumps(REFERENCE))
     assert sorted(results.load_results(tmp_path)) == ["pristine-x"]
-    assert results.load_reference(tmp_path) == REFERENCE
-    assert results.load_reference(tmp_path, "nvfp4-L12") is None
     assert results.load_references(tmp_path) == {"nvfp4-L2": REFERENCE}
     (tmp_path / "reference-fp64-nvfp4-L12.json").write_text(json.dumps({"w4a4": []}))
     assert results.load_references(tmp_path) == {"nvfp4-L12": {"w4a4": []}, "nvfp4-L2": REFERENCE}
