@@ -117,18 +117,22 @@ def generate(llm: Any, batch: list[list[int]], params: Any) -> list[Any]:
     return list(llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False))
 
 
-def logprob_check(llm: Any, dump: MoeDump | None, out: Path) -> dict[str, Any]:
-    """Teacher-forced logprobs of the logprob check's prompts, as a batch and one by one (and
-    the MoE dump's comparison of the two, where the run dumps)."""
+def logprob_batch(llm: Any) -> tuple[list[list[int]], Any, list[list[float]]]:
+    """The logprob check's prompts, its sampling parameters, and the prompts' teacher-forced
+    logprobs run as one batch."""
     from vllm import SamplingParams
 
     texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
-    result: dict[str, Any] = {
-        "logprobs_batch": [
-            prompt_logprobs(o, p) for o, p in zip(generate(llm, texts, params), texts, strict=True)
-        ]
-    }
+    outputs = generate(llm, texts, params)
+    return texts, params, [prompt_logprobs(o, p) for o, p in zip(outputs, texts, strict=True)]
+
+
+def logprob_check(llm: Any, dump: MoeDump | None, out: Path) -> dict[str, Any]:
+    """Teacher-forced logprobs of the logprob check's prompts, as a batch and one by one (and
+    the MoE dump's comparison of the two, where the run dumps)."""
+    texts, params, batch = logprob_batch(llm)
+    result: dict[str, Any] = {"logprobs_batch": batch}
     if dump is not None:
         dump.phase = "single"
     result["logprobs_single"] = [prompt_logprobs(generate(llm, [p], params)[0], p) for p in texts]
@@ -141,17 +145,10 @@ def layer_check(llm: Any, model: Path, backend: str) -> dict[str, Any]:
     """The logprob check's batch with every MoE layer call recorded (MoeDump, batch phase
     only), each call compared on this GPU with the float64 experts on its inputs (layers.py);
     the figures, not the tensors, kept (and the batch's logprobs)."""
-    from vllm import SamplingParams
-
     from .layers import RESULT_KEY, layer_figures
 
     dump = MoeDump.install(llm)
-    texts = prompts(LOGPROB_PROMPTS, LOGPROB_LEN, seed=1)
-    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
-    outputs = generate(llm, texts, params)
-    result: dict[str, Any] = {
-        "logprobs_batch": [prompt_logprobs(o, p) for o, p in zip(outputs, texts, strict=True)]
-    }
+    result: dict[str, Any] = {"logprobs_batch": logprob_batch(llm)[2]}
     calls, dump.calls = dump.calls["batch"], {"batch": [], "single": []}
     dump.phase = "single"  # what runs after this is not recorded in ``calls``
     result[RESULT_KEY] = layer_figures(dump, calls, model, backend)
