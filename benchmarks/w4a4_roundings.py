@@ -123,10 +123,31 @@ def markdown(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shape_name(name: str) -> str:
+    """A tests/gpu/moe_setup.SHAPES name (or alias), for argparse: a wrong one is its error."""
+    try:
+        return moe_setup.shape_named(name).name
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown MoE shape {name!r}") from None
+
+
+def token_count(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text}: a token count is 1 or more")
+    return count
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
-    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=shape_name,
+        default=list(DEFAULT_SHAPES),
+        help="tests/gpu/moe_setup.SHAPES names (default: %(default)s)",
+    )
+    parser.add_argument("--tokens", type=token_count, default=256)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args(argv)
     begin = time.monotonic()
