@@ -16,11 +16,16 @@ NVFP4, ``hf_quant_config.json``. Everything is computed in float64:
   input of down (silu(gate) * up) fake-quantized as vLLM's reference quantization defines it
   (``ref_nvfp4_quant``: per block of 16, scale = E4M3(global_scale * amax / 6), elements
   rounded to E2M1 nearest-even after scaling by global_scale / scale, clamped to +-6): the one
-  implementation of it in this project, tests/gpu/nvfp4_reference.py ``quant_dequant``, in
-  float64. The activations' global scale is 1 / input_scale as vLLM's ModelOpt NVFP4 MoE takes
-  it (the FP32 reciprocal of the largest input_scale over the experts; the checkpoint has one
-  value). ``activations="w4a16"``: no activation quantization (what Marlin approximates);
-  a BF16 checkpoint's experts are its BF16 weights (``activations`` must be "none");
+  implementation of it in this project, tests/gpu/nvfp4_reference.py ``quant_dequant``. Its
+  codes and scales are decided in FP32, as vLLM defines them (it quantizes ``x.to(float32)``),
+  and their value e2m1 * scale / global_scale is float64: with the global scales of these
+  checkpoints the scaled elements fall just off the E2M1 thresholds often, and deciding in
+  float64 broke those near-ties otherwise than any FP32 quantizer does (the emulations then
+  looked 7% away from this model's layers on their own inputs). The activations' global
+  scale is 1 / input_scale as vLLM's ModelOpt NVFP4 MoE takes it (the FP32 reciprocal of the
+  largest input_scale over the experts; the checkpoint has one value).
+  ``activations="w4a16"``: no activation quantization (what Marlin approximates); a BF16
+  checkpoint's experts are its BF16 weights (``activations`` must be "none");
 - the final RMSNorm, ``lm_head``, log-softmax over the vocabulary.
 
 ``prompt_logprobs(model, prompts)``: per prompt, the logprob of each token after the first

@@ -119,30 +119,34 @@ def activation_global_scale(
 
 
 def _scaled_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """x in blocks of 16 (FP32; FLOAT64 where x is), each scaled by global_scale / its E4M3
-    scale, and the scales: vLLM's kernel up to its division (torch's is exact; see
-    move_off_e2m1_ties)."""
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    blocks = x.to(dtype).unflatten(-1, (-1, BLOCK))
-    gs = global_scale.to(dtype).reshape(())
+    """x in blocks of 16, each scaled by global_scale / its E4M3 scale, and the scales: vLLM's
+    kernel up to its division (torch's is exact; see move_off_e2m1_ties). Always in FP32, as
+    vLLM defines the quantization (its reference and its kernel take ``x.to(float32)``): a
+    FLOAT64 x is rounded to FP32 first. The scaled elements land on the E2M1 thresholds
+    often (the scales are short binary fractions), and there FLOAT64 arithmetic would round
+    a few percent of the elements to the other E2M1 neighbour, a whole FP4 step each."""
+    blocks = x.float().unflatten(-1, (-1, BLOCK))
+    gs = global_scale.float().reshape(())
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     scale = (gs * (amax * (1.0 / E2M1_MAX))).clamp(-E4M3_MAX, E4M3_MAX)
-    # E4M3 from FP32 (torch converts FLOAT64 through FP32 too; on every device alike).
-    scale = scale.float().to(torch.float8_e4m3fn).to(dtype)
+    scale = scale.to(torch.float8_e4m3fn).float()
     to_e2m1 = torch.where(scale == 0, torch.zeros_like(scale), gs / scale)
     return blocks * to_e2m1, scale, gs
 
 
 def quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """Fake NVFP4 quantization along the last dim, as vLLM's emulation does it to activations;
-    FP32 out (cast it to x's dtype as the kernel stores it); FLOAT64 in and out for an exact
-    model (the engine check's float64 reference).
+    FP32 out (cast it to x's dtype as the kernel stores it). FLOAT64 in: the same codes and
+    scales (decided in FP32, as vLLM does), their value e2m1 * scale / global_scale in
+    FLOAT64, for an exact model (the engine check's float64 reference).
 
     Per block of 16: scale = E4M3(global_scale * amax / 6); elements are scaled by
     global_scale / scale, clamped to +-6 and rounded to E2M1; the result is
     e2m1 * scale / global_scale."""
     scaled, scale, gs = _scaled_blocks(x, global_scale)
     codes = e2m1_round(scaled.clamp(-E2M1_MAX, E2M1_MAX))
+    if x.dtype == torch.float64:
+        codes, scale, gs = codes.double(), scale.double(), gs.double()
     return (codes * (scale / gs)).flatten(-2)
 
 
