@@ -27,7 +27,7 @@ stays, so that retuning one token count of a shape changes only the counts it me
 kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
 folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
-specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
+specialize the kernel, but for whether a depth ends with a masked step). About 440 timings per
 shape.
 
 Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
