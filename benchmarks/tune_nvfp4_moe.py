@@ -27,7 +27,7 @@ stays, so that retuning one token count of a shape changes only the counts it me
 kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
 folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
-specialize the kernel, but for whether a depth ends with a masked step). About 440 timings per
+specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
 shape.
 
 Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
@@ -85,11 +85,8 @@ def expert_map(shape: moe_setup.MoeShape) -> torch.Tensor | None:
     return None if make is None else make(shape)
 
 
-# Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM,
-# split_k: w13 split over its K chunks, then the chunks' sum in a pass of its own). Split-K
-# is a candidate up to 32 tokens (a few programs walking all of K), where the kernel module
-# has it.
-_GROUPS = {
+# Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
+GROUPS = {
     1: [(8, True, False), (16, True, True), (16, True, False)],
     8: [
         (8, False, False),
@@ -102,15 +99,6 @@ _GROUPS = {
     32: [(8, False, False), (16, False, True), (16, False, False), (32, False, False)],
     128: [(8, False, False), (16, False, False), (32, False, False), (64, False, False)],
     512: [(16, False, False), (32, False, False), (64, False, False)],
-}
-SPLIT_K_TOKENS = (1, 8, 32)
-GROUPS = {
-    t: [
-        (*g, split)
-        for g in groups
-        for split in ((False, True) if t in SPLIT_K_TOKENS else (False,))
-    ]
-    for t, groups in _GROUPS.items()
 }
 # Bucket bound (largest token count) -> (token count swept, groups it may pick). Naive blocks
 # (no moe_align_block_size) only where the kernel module allows them (few tokens per expert).
@@ -213,14 +201,6 @@ WIDE_W2 = {
 }
 
 
-def no_split_k() -> None:
-    """A kernel module without split-K (no w13_split_partials): no split_k candidates."""
-    for t, groups in GROUPS.items():
-        GROUPS[t] = [g for g in groups if not g[3]]
-    for bound, (t, _) in BUCKETS.items():
-        BUCKETS[bound] = (t, [g for g in BUCKETS[bound][1] if not g[3]])
-
-
 def widen() -> None:
     """--wide: the WIDE_ tiles join each token block's candidates."""
     for tiles, extra in ((W13, WIDE_W13), (W2, WIDE_W2)):
@@ -255,20 +235,10 @@ def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
     return sorted_ids, expert_ids, post_pad
 
 
-def split_partials(cfg_split: bool, pairs: int, moe: Nvfp4Moe) -> torch.Tensor | None:
-    """The w13 GEMM's split-K workspace where the pick splits (the kernel module's
-    w13_split_partials), else None."""
-    if not cfg_split:
-        return None
-    n_out, depth = moe.w2.size(2) * 2, moe.w13.size(2) * 2
-    return K.w13_split_partials(pairs, n_out, depth, moe.w13.device)
-
-
 def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
     """The MoE as Nvfp4QuantizationEmulationTritonExperts.apply runs it (the QDQ pass for the
-    hidden states where the config does not fuse it; split-K where the config splits);
-    experts: E (the router's), emap: the expert map of an expert-parallel shape (naive blocks
-    then aligned, as apply does)."""
+    hidden states where the config does not fuse it); experts: E (the router's), emap: the
+    expert map of an expert-parallel shape (naive blocks then aligned, as apply does)."""
     tokens, top_k = topk_ids.shape
     pairs = tokens * top_k
     if cfg.naive and emap is None:
@@ -296,7 +266,6 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
         cfg.w13,
         quantize_a=cfg.fuse_a1_qdq,
         **layout_kwargs(),
-        **split_kwargs(split_partials(getattr(cfg, "split_k", False), pairs, moe)),
     )
     out = torch.empty(tokens, top_k, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
     K.invoke_nvfp4_moe_gemm(
@@ -342,11 +311,8 @@ class Case:
         self.aligned = {
             bm: align(self.tids, bm, shape.experts, self.emap) for bm in (8, 16, 32, 64)
         }
-        self.partials = (
-            split_partials(True, self.pairs, moe) if hasattr(K, "w13_split_partials") else None
-        )
 
-    def gemm(self, kind, bm, naive, qdq, split, tile):
+    def gemm(self, kind, bm, naive, qdq, tile):
         m, g = self.moe, K.GemmConfig(*tile)
         if naive and self.emap is None:
             sorted_ids, expert_ids, post_pad = None, self.tids.view(-1), None
@@ -373,7 +339,6 @@ class Case:
                 g,
                 quantize_a=qdq,
                 **layout_kwargs(),
-                **split_kwargs(self.partials if split else None),
             )
         return lambda: K.invoke_nvfp4_moe_gemm(
             self.act,
@@ -418,20 +383,13 @@ def layout_kwargs() -> dict[str, bool]:
     return kwargs
 
 
-def split_kwargs(partials: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """invoke_nvfp4_moe_gemm's split-K argument (none where the GEMM does not split)."""
-    return {} if partials is None else {"partials": partials}
-
-
 def all_tasks(shapes: list[moe_setup.MoeShape], tokens: list[int]) -> list[tuple]:
-    """(shape, tokens, GEMM, block_m, naive, qdq, split, tile): w2 neither quantizes the
-    hidden states nor splits, so its tasks have qdq and split false."""
     tasks = []
     for shape in shapes:
         for t, groups in ((t, GROUPS[t]) for t in tokens):
-            for bm, naive, qdq, split in groups:
-                tasks += [(shape.name, t, "w13", bm, naive, qdq, split, g) for g in W13[bm]]
-                tasks += [(shape.name, t, "w2", bm, naive, False, False, g) for g in W2[bm]]
+            for bm, naive, qdq in groups:
+                tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
+                tasks += [(shape.name, t, "w2", bm, naive, False, g) for g in W2[bm]]
     return list(dict.fromkeys(tasks))
 
 
@@ -450,9 +408,9 @@ def compile_some(tree: Path, tasks: list[tuple]) -> None:
     global K
     K = load_kernel_module(tree)
     cases = make_cases(sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}))
-    for name, t, kind, bm, naive, qdq, split, tile in tasks:
+    for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
-            cases[name, t].gemm(kind, bm, naive, qdq, split, tile)()
+            cases[name, t].gemm(kind, bm, naive, qdq, tile)()
         except Exception as e:  # reported again by the timing pass
             print("compile failed", name, t, kind, bm, tile, repr(e)[:300], flush=True)
     torch.cuda.synchronize()
@@ -470,45 +428,33 @@ def time_graph(fn, reps: int = 20) -> float:
 
 
 def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
-    def us(shape, kind, bm, naive, qdq, split, tile):
-        w13 = kind == "w13"
-        return results[shape, t, kind, bm, naive, qdq and w13, split and w13, tile]
+    def us(shape, kind, bm, naive, qdq, tile):
+        return results[shape, t, kind, bm, naive, qdq if kind == "w13" else False, tile]
 
     options = []
-    for bm, naive, qdq, split in groups:
+    for bm, naive, qdq in groups:
         chosen = {}
         for kind, tiles in (("w13", W13[bm]), ("w2", W2[bm])):
-            floor = {
-                sh: min(us(sh, kind, bm, naive, qdq, split, g) for g in tiles) for sh in shapes
-            }
+            floor = {sh: min(us(sh, kind, bm, naive, qdq, g) for g in tiles) for sh in shapes}
             cost = {
-                g: sum(us(sh, kind, bm, naive, qdq, split, g) / floor[sh] for sh in shapes)
-                for g in tiles
+                g: sum(us(sh, kind, bm, naive, qdq, g) / floor[sh] for sh in shapes) for g in tiles
             }
             chosen[kind] = min(tiles, key=cost.__getitem__)
         totals = {
-            sh: us(sh, "w13", bm, naive, qdq, split, chosen["w13"])
-            + us(sh, "w2", bm, naive, qdq, split, chosen["w2"])
+            sh: us(sh, "w13", bm, naive, qdq, chosen["w13"])
+            + us(sh, "w2", bm, naive, qdq, chosen["w2"])
             + (0.0 if qdq else SEPARATE_QDQ_US)
             for sh in shapes
         }
-        options.append((totals, (naive, bm, qdq, chosen["w13"], chosen["w2"], split)))
+        options.append((totals, (naive, bm, qdq, chosen["w13"], chosen["w2"])))
     floor = {sh: min(o[0][sh] for o in options) for sh in shapes}
     return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
 
 
 def config_tuple(config) -> tuple:
-    """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2, split_k)."""
+    """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2)."""
     tiles = [(g.block_n, g.block_k, g.num_warps, g.num_stages) for g in (config.w13, config.w2)]
-    split = getattr(config, "split_k", False)
-    return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles, split)
-
-
-def moe_config(choice: tuple):
-    """A pick as the kernel module's MoeConfig (split_k where the module has it)."""
-    naive, bm, qdq, w13, w2, split = choice
-    extra = {"split_k": split} if split else {}
-    return K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2), **extra)
+    return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles)
 
 
 def device_name() -> str:
@@ -528,7 +474,10 @@ def shipped_table(shape: moe_setup.MoeShape) -> dict[int, tuple]:
 
 def moe_configs(table: dict[int, tuple]) -> dict:
     """The picks as the kernel module's table: bucket bound -> MoeConfig."""
-    return {bound: moe_config(choice) for bound, choice in table.items()}
+    return {
+        bound: K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
+        for bound, (naive, bm, qdq, w13, w2) in table.items()
+    }
 
 
 def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
@@ -590,8 +539,6 @@ def main(argv: list[str] | None = None) -> int:
     tree = args.tree.resolve()
     shapes = [shape_named(n) for n in args.shapes.split(",") if n]
     K = load_kernel_module(tree)
-    if not hasattr(K, "w13_split_partials"):
-        no_split_k()
     if not hasattr(K, "table_json"):
         raise SystemExit(f"{tree}: patch 0002's module reads no JSON tile tables")
     t0 = time.time()
@@ -621,13 +568,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = make_cases([s.name for s in shapes], tokens)
     results, rows = {}, []
-    for name, t, kind, bm, naive, qdq, split, tile in tasks:
+    for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
-            us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, split, tile))
+            us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, tile))
         except Exception as e:
-            print("FAIL", name, t, kind, bm, naive, qdq, split, tile, repr(e)[:300], flush=True)
+            print("FAIL", name, t, kind, bm, naive, qdq, tile, repr(e)[:300], flush=True)
             us = float("inf")
-        results[name, t, kind, bm, naive, qdq, split, tile] = us
+        results[name, t, kind, bm, naive, qdq, tile] = us
         rows.append(
             dict(
                 shape=name,
@@ -636,7 +583,6 @@ def main(argv: list[str] | None = None) -> int:
                 block_m=bm,
                 naive=naive,
                 qdq_a=qdq,
-                split_k=split,
                 tile=list(tile),
                 us=us,
             )
@@ -662,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             # covers the counts from the bucket below up to t, the entry above t stays.
             tables[shape.name][bound if every_bucket else t] = choice
             c = cases[shape.name, t]
-            naive, bm, qdq, w13, w2, split = choice
-            cfg = moe_config(choice)
+            naive, bm, qdq, w13, w2 = choice
+            cfg = K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
             got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg, shape.experts, c.emap).float()
             tw, tids = c.tw, c.tids
             if c.emap is not None:  # the ids and weights the rank's experts see
@@ -680,7 +626,6 @@ def main(argv: list[str] | None = None) -> int:
                     naive=naive,
                     block_m=bm,
                     qdq_a=qdq,
-                    split_k=split,
                     w13=w13,
                     w2=w2,
                     gemms_us=totals[shape.name],
@@ -689,8 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(
                 f"<= {bound:>19} {shape.name:18s} t={t:4d} naive={int(naive)} bm={bm} "
-                f"qdq={int(qdq)} split_k={int(split)} w13 {w13} w2 {w2}: both GEMMs "
-                f"{totals[shape.name]:7.1f} us, rel err {rel:.1e}",
+                f"qdq={int(qdq)} w13 {w13} w2 {w2}: both GEMMs {totals[shape.name]:7.1f} us, "
+                f"rel err {rel:.1e}",
                 flush=True,
             )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -356,12 +356,11 @@ def is_fused_gemm(spec: Specialization) -> bool:
 
 def fused_tiles(configs: Mapping[int, Any]) -> set[tuple[Any, ...]]:
     """Every configuration the table asks for: (gated, dtype, BLOCK_M, BLOCK_N, BLOCK_K,
-    num_warps, num_stages, split), the w13 tiles gated (split: split-K, the entry's split_k,
-    false in an overlay without it), the w2 tiles not (never split), in BF16 and FP16."""
+    num_warps, num_stages), the w13 tiles gated, the w2 tiles not, in BF16 and FP16."""
     return {
-        (gated, dtype, c.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages, split)
+        (gated, dtype, c.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages)
         for c in configs.values()
-        for gated, g, split in ((True, c.w13, getattr(c, "split_k", False)), (False, c.w2, False))
+        for gated, g in ((True, c.w13), (False, c.w2))
         for dtype in ("bf16", "fp16")
     }
 
@@ -371,7 +370,7 @@ def fused_tiles_compiled(specs: list[Specialization]) -> set[tuple[Any, ...]]:
     return {
         (s.constexpr("GATED"), _short(s.constexpr("dtype")), s.constexpr("BLOCK_M"),
          s.constexpr("BLOCK_N"), s.constexpr("BLOCK_K"), s.options["num_warps"],
-         s.options["num_stages"], "SPLIT" in s.kernel.arg_names and bool(s.constexpr("SPLIT")))
+         s.options["num_stages"])
         for s in specs
     }  # fmt: skip
 

@@ -154,36 +154,6 @@ def test_device_table_for_any_shape(load: Any, tmp_path: Path) -> None:
     assert list(fused.module.nvfp4_moe_configs(*SHAPE)) == [64]
 
 
-@pytest.mark.parametrize(("field", "split_k"), [({}, False), ({"split_k": False}, False),
-                                               ({"split_k": True}, True)])  # fmt: skip
-def test_split_k_read_default_false(
-    load: Any, tmp_path: Path, field: dict[str, bool], split_k: bool
-) -> None:
-    """A bucket's split_k (the w13 GEMM split over its K chunks) is read where given, false
-    where not (the tables written before it parse unchanged); table_json writes it."""
-    module = load()[0].module
-    (tmp_path / "tables" / FILE).write_text(json.dumps({"16": {**entry(), **field}}))
-    table = module.nvfp4_moe_configs(*SHAPE)
-    assert table[16].split_k is split_k
-    assert json.loads(module.table_json(table))["16"]["split_k"] is split_k
-
-
-def test_generic_decode_buckets_split_k(load: Any) -> None:
-    """Both generic tables split w13 over its K chunks in their decode bucket (naive blocks,
-    up to 4 tokens) and nowhere else (the tuner's to set); every H200 table shipped beside the
-    module has split_k in its naive bucket of up to 4 tokens, and nowhere else."""
-    module = load()[0].module
-    for table in module.GENERIC_CONFIGS.values():
-        assert {b: c.split_k for b, c in table.items()} == {b: b == 4 for b in table}
-        assert table[4].naive
-    shipped = sorted(Path(module.TABLES_DIR).glob(module.TABLE_PREFIX + "*.json"))
-    assert len(shipped) == 20
-    for path in shipped:
-        table = module.parse_table(path.read_text(), str(path))
-        assert {b: c.split_k for b, c in table.items()} == {b: b == 4 for b in table}, path.name
-        assert table[4].naive, path.name
-
-
 def test_generic_tables_round_trip(load: Any) -> None:
     module = load()[0].module
     for table in module.GENERIC_CONFIGS.values():
@@ -207,14 +177,6 @@ K_STEP = (
             "entry '16': block_m must be a power of two, 8 or more",
         ),
         ({"_note": "only notes"}, "no token-count bucket"),
-        ({"16": {**entry(), "split_k": 1}}, "entry '16': split_k is true or false"),
-        ({"16": {**entry(), "split_k": "yes"}}, "entry '16': split_k is true or false"),
-        ({"16": {**entry(), "split_k": None}}, "entry '16': split_k is true or false"),
-        (
-            {"16": {**entry(), "split": True}},
-            "entry '16': expected an object with naive, block_m, fuse_a1_qdq, w13, w2 (and"
-            " optionally split_k)",
-        ),
     ],
 )
 def test_bad_table_refused_at_load(
