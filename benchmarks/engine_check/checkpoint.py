@@ -50,9 +50,16 @@ from nvfp4_reference import (
 )
 
 # Activation amax the static scales are calibrated for: RMS-normed hidden states (unit RMS,
-# 2048 wide) stay under 6; silu(gate) * up of unit-variance rows under 8.
-HIDDEN_AMAX = 6.0
-INTERMEDIATE_AMAX = 8.0
+# 2048 wide) stay under 6; silu(gate) * up of unit-variance rows under 8. Not those round
+# numbers, but values such as a calibration measures: with amax 6 and 8 the activations'
+# global scales are 447.99997 and 336 (1 / input_scale), and then a few elements in a
+# thousand of every activation lie within an FP32 ulp of an E2M1 rounding threshold, where
+# two FP32 spellings of vLLM's own quantization (its Triton kernel's global_scale / scale,
+# its torch reference's 1 / (scale * (1 / global_scale))) round apart: a whole FP4 step each,
+# 6.6% of a layer's output on this checkpoint's first layer. Released checkpoints' calibrated
+# scales put no element there; nor do these (tests/engine/test_checkpoint.py).
+HIDDEN_AMAX = 5.83
+INTERMEDIATE_AMAX = 7.61
 FORMATS = ("nvfp4", "bf16", "fp8")
 EXCLUDED = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"]
 
