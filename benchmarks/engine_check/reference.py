@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,15 @@ def moe(ckpt: Checkpoint, layer: int, x: torch.Tensor, activations: str) -> torc
     return experts_forward(experts, flat, weights, ids).view_as(x)
 
 
-def logits(ckpt: Checkpoint, tokens: torch.Tensor, activations: str) -> torch.Tensor:
-    """The final logits [batch, tokens, vocab] (before the log-softmax), float64."""
+# One MoE layer's output for its input: (checkpoint, layer, hidden states, activations).
+MoeLayer = Callable[[Checkpoint, int, torch.Tensor, str], torch.Tensor]
+
+
+def logits(
+    ckpt: Checkpoint, tokens: torch.Tensor, activations: str, moe_layer: MoeLayer = moe
+) -> torch.Tensor:
+    """The final logits [batch, tokens, vocab] (before the log-softmax), float64; ``moe_layer``
+    computes every MoE layer (another arithmetic there: benchmarks/w4a4_logprob_floor.py)."""
     c = ckpt.config
     eps = c["rms_norm_eps"]
     x = ckpt.f64("model.embed_tokens.weight")[tokens]
@@ -221,13 +229,17 @@ def logits(ckpt: Checkpoint, tokens: torch.Tensor, activations: str) -> torch.Te
         p = f"model.layers.{layer}"
         x = x + attention(ckpt, layer, rms_norm(x, ckpt.f64(f"{p}.input_layernorm.weight"), eps))
         normed = rms_norm(x, ckpt.f64(f"{p}.post_attention_layernorm.weight"), eps)
-        x = x + moe(ckpt, layer, normed, activations)
+        x = x + moe_layer(ckpt, layer, normed, activations)
     x = rms_norm(x, ckpt.f64("model.norm.weight"), eps)
     return x @ ckpt.f64("lm_head.weight").T
 
 
 def prompt_logprobs(
-    ckpt: Checkpoint, prompts: list[list[int]], activations: str, batch: int = 8
+    ckpt: Checkpoint,
+    prompts: list[list[int]],
+    activations: str,
+    batch: int = 8,
+    moe_layer: MoeLayer = moe,
 ) -> list[list[float]]:
     """Per prompt, the logprob of each token after the first given those before it."""
     out: list[list[float]] = []
@@ -236,7 +248,7 @@ def prompt_logprobs(
         if len({len(p) for p in chunk}) != 1:
             raise ValueError("prompts of one length only")
         tokens = torch.tensor(chunk, device=ckpt.device)
-        logprobs = logits(ckpt, tokens, activations).log_softmax(dim=-1)
+        logprobs = logits(ckpt, tokens, activations, moe_layer).log_softmax(dim=-1)
         picked = logprobs[:, :-1].gather(-1, tokens[:, 1:, None]).squeeze(-1)
         out += picked.tolist()
     return out

@@ -239,3 +239,20 @@ def test_prompt_logprobs(tmp_path: Path) -> None:
 
 def flat(rows: list[list[float]]) -> list[float]:
     return [x for row in rows for x in row]
+
+
+def test_prompt_logprobs_take_another_moe_layer(tmp_path: Path) -> None:
+    """``moe_layer`` computes every MoE layer: the default one is ``moe``; another changes the
+    logprobs (benchmarks/w4a4_logprob_floor.py swaps in other arithmetics)."""
+    model = ref.Checkpoint(ckpt.write_model(TINY, "nvfp4", tmp_path / "nvfp4"), "cpu")
+    texts = prompts()
+    default = ref.prompt_logprobs(model, texts, "w4a4")
+    assert ref.prompt_logprobs(model, texts, "w4a4", moe_layer=ref.moe) == default
+    calls: list[int] = []
+
+    def no_experts(c: ref.Checkpoint, layer: int, x: torch.Tensor, act: str) -> torch.Tensor:
+        calls.append(layer)
+        return torch.zeros_like(x)
+
+    assert ref.prompt_logprobs(model, texts, "w4a4", moe_layer=no_experts) != default
+    assert calls == [0, 1]  # once per layer for the batch of three prompts
