@@ -78,12 +78,8 @@ def emulated(exact: bool) -> Moe:
     def moe(ckpt: reference.Checkpoint, layer: int, x: torch.Tensor, act: str) -> torch.Tensor:
         if layer not in layers:
             layers[layer] = nvfp4_layer(ckpt, layer)
-        c = ckpt.config
         flat = x.reshape(-1, x.shape[-1]).to(BF16)
-        logits = flat.to(F64) @ ckpt.f64(f"model.layers.{layer}.mlp.gate.weight").T
-        weights, ids = reference.route(
-            logits, int(c["num_experts_per_tok"]), bool(c["norm_topk_prob"])
-        )
+        weights, ids = reference.router(ckpt, layer, flat)
         out = nvfp4_moe_reference(layers[layer], flat, weights.float(), ids, exact=exact)
         return out.to(F64).view_as(x)
 

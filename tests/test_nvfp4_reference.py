@@ -166,11 +166,6 @@ def test_quant_dequant_against_a_plain_loop(global_scale: float) -> None:
 ORACLE_AMAX = (6.0, 8.0, 5.3125, 2.71, 13.0, 0.9)
 
 
-def oracle_global_scale(amax: float) -> torch.Tensor:
-    input_scale = torch.tensor(amax / (448.0 * 6.0), dtype=torch.float32)
-    return 1.0 / input_scale
-
-
 @pytest.mark.parametrize("amax", ORACLE_AMAX)
 def test_float64_quant_dequant_decides_as_fp32(amax: float) -> None:
     """The float64 model (the engine check's exact forward) quantizes to the same E2M1 codes
@@ -180,13 +175,20 @@ def test_float64_quant_dequant_decides_as_fp32(amax: float) -> None:
     2026-12-02: the emulations 7% from the float64 W4A4 layer on their own inputs)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(64, 2048, generator=gen).to(torch.bfloat16)  # unit RMS, as after RMSNorm
-    gs = oracle_global_scale(amax)
+    gs = nvfp4.oracle_global_scale(amax / (448.0 * 6.0))
     fp32 = nvfp4.quant_dequant(x, gs)
     f64 = nvfp4.quant_dequant(x.double(), gs.double())
     assert f64.dtype == torch.float64
     # The same codes and scales: the values agree to FP32's rounding of scale / gs (a flip
     # would be a whole E2M1 step, a quarter of the value or more).
     torch.testing.assert_close(f64, fp32.double(), rtol=2**-23, atol=0)
+
+
+def test_oracle_global_scale() -> None:
+    """The FP32 reciprocal of the largest input scale: amax 6's is just off 448."""
+    assert nvfp4.oracle_global_scale(6.0 / 2688.0).item() == 447.9999694824219
+    scales = torch.tensor([8.0 / 2688.0, 6.0 / 2688.0])
+    assert nvfp4.oracle_global_scale(scales).item() == 336.0
 
 
 def test_activation_global_scale() -> None:

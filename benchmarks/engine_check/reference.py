@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
-from nvfp4_reference import dequantize, quant_dequant
+from nvfp4_reference import dequantize, oracle_global_scale, quant_dequant
 
 F64 = torch.float64
 ACTIVATIONS = ("w4a4", "w4a16", "none")
@@ -132,8 +132,8 @@ class Checkpoint:
         return Experts(
             w13,
             weights["down_proj"],
-            (1.0 / a13).to(F64),
-            (1.0 / input_scales["down_proj"]).to(F64),
+            oracle_global_scale(a13).to(F64),
+            oracle_global_scale(input_scales["down_proj"]).to(F64),
         )
 
 
@@ -204,11 +204,17 @@ def experts_forward(
     return out
 
 
-def moe(ckpt: Checkpoint, layer: int, x: torch.Tensor, activations: str) -> torch.Tensor:
+def router(ckpt: Checkpoint, layer: int, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Layer ``layer``'s routing of the tokens ``flat`` [tokens, H]: (weights, ids), float64
+    weights from float64 logits of ``flat``'s values."""
     c = ckpt.config
+    logits = flat.to(F64) @ ckpt.f64(f"model.layers.{layer}.mlp.gate.weight").T
+    return route(logits, int(c["num_experts_per_tok"]), bool(c["norm_topk_prob"]))
+
+
+def moe(ckpt: Checkpoint, layer: int, x: torch.Tensor, activations: str) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    logits = flat @ ckpt.f64(f"model.layers.{layer}.mlp.gate.weight").T
-    weights, ids = route(logits, int(c["num_experts_per_tok"]), bool(c["norm_topk_prob"]))
+    weights, ids = router(ckpt, layer, flat)
     experts = ckpt.experts(layer, activations)
     return experts_forward(experts, flat, weights, ids).view_as(x)
 

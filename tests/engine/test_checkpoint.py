@@ -257,7 +257,7 @@ def vllm_reference_quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) ->
 def activations_off_ties(input_scale: torch.Tensor) -> int:
     """How many of 2**17 unit-RMS BF16 activations the two FP32 spellings of vLLM's
     quantization round apart with the global scale 1 / input_scale (the oracle's)."""
-    gs = 1.0 / input_scale.float().max()
+    gs = nvfp4_reference.oracle_global_scale(input_scale)
     x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     for spread in (1.0, 2.0, 0.5):  # hidden states, and intermediates of other sizes
         x = torch.cat((x, (x[:64].float() * spread).to(torch.bfloat16)))

@@ -200,8 +200,8 @@ def test_w4a4_experts_agree_with_the_exact_fp32_arithmetic() -> None:
     shape = moe_setup.shape_named("qwen3-30b-a3b-tp4")
     moe = dataclasses.replace(
         moe_setup.make_moe(shape, device="cpu"),
-        a13_gscale=1.0 / torch.tensor(6.0 / 2688.0),
-        a2_gscale=1.0 / torch.tensor(8.0 / 2688.0),
+        a13_gscale=nvfp4_reference.oracle_global_scale(6.0 / 2688.0),
+        a2_gscale=nvfp4_reference.oracle_global_scale(8.0 / 2688.0),
     )
     x, weights, ids = moe_setup.random_inputs(64, shape, seed=1, device="cpu")
     want = ref.experts_forward(float64_experts(moe), x.to(F64), weights.to(F64), ids.long())

@@ -118,6 +118,14 @@ def activation_global_scale(
     return torch.as_tensor(E4M3_MAX * E2M1_MAX / amax, dtype=torch.float32, device=device)
 
 
+def oracle_global_scale(input_scale: torch.Tensor | float) -> torch.Tensor:
+    """The activations' quantization factor vLLM's oracle takes from a checkpoint's static
+    input scales (oracle/nvfp4.py, EMULATION): the FP32 reciprocal of the largest. A round
+    amax (input_scale = amax / (448 * 6)) gives a global scale just off a short binary
+    fraction (amax 6: 447.99997), which puts activations on E2M1 near-ties."""
+    return 1.0 / torch.as_tensor(input_scale, dtype=torch.float32).max()
+
+
 def _scaled_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """x in blocks of 16, each scaled by global_scale / its E4M3 scale, and the scales: vLLM's
     kernel up to its division (torch's is exact; see move_off_e2m1_ties). Always in FP32, as
