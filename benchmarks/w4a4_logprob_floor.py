@@ -16,8 +16,8 @@ exact forward's (mean |Δ| in nats over the positions of the check's prompts):
 
 Rounding the hidden states to BF16 moves some of them across E2M1 rounding boundaries (a whole
 FP4 step each), and the layers after it carry that on: the first row is the floor that no MoE
-arithmetic of an engine with BF16 hidden states goes below. Output: stdout and
-``w4a4_logprob_floor_cpu.{json,md}`` under --out.
+arithmetic of an engine with BF16 hidden states goes below. Output: the table on stdout and in
+``w4a4_logprob_floor_cpu.{json,md}`` under --out (each MoE's figures on stderr as it ends).
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def measure(ckpt: reference.Checkpoint, count: int) -> list[dict[str, object]]:
             "positions": delta.numel(),
             "seconds": round(time.monotonic() - start, 1),
         }
-        print(f"{name}: mean |Δ| {row['mean_abs_nats']:.4f} nats, max {row['max_abs_nats']:.3f}")
+        # Progress of a long run on stderr; the table goes to stdout once the files are written.
+        mean, top = row["mean_abs_nats"], row["max_abs_nats"]
+        print(f"{name}: mean |Δ| {mean:.4f} nats, max {top:.3f}", file=sys.stderr)
         rows.append(row)
     return rows
 
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"model": MODEL, "prompts": args.prompts, "prompt_len": LOGPROB_LEN, "rows": rows}
     (args.out / "w4a4_logprob_floor_cpu.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.out / "w4a4_logprob_floor_cpu.md").write_text(markdown(rows, MODEL))
+    text = markdown(rows, MODEL)
+    (args.out / "w4a4_logprob_floor_cpu.md").write_text(text)
+    print(text, end="")
     return 0
 
 
