@@ -241,30 +241,6 @@ def test_same_weights_in_every_format_and_depth(models: Path) -> None:
     assert layer_files == ["model-dense.safetensors", "model-layer-000.safetensors"]
 
 
-def vllm_reference_quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    """vLLM 0.24.0's torch ref_nvfp4_quant spelling of the activations' NVFP4 quantization:
-    the elements scaled by 1 / (scale * (1 / global_scale)), FP32 (its Triton kernel, and the
-    NVFP4 reference's quant_dequant, by global_scale / scale)."""
-    blocks = x.float().unflatten(-1, (-1, nvfp4_reference.BLOCK))
-    gs = global_scale.float()
-    amax = blocks.abs().amax(dim=-1, keepdim=True)
-    scale = (gs * (amax * (1.0 / 6.0))).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
-    inverse = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / (scale * (1.0 / gs)))
-    codes = nvfp4_reference.e2m1_round((blocks * inverse).clamp(-6.0, 6.0))
-    return (codes * (scale / gs)).flatten(-2)
-
-
-def activations_off_ties(input_scale: torch.Tensor) -> int:
-    """How many of 2**17 unit-RMS BF16 activations the two FP32 spellings of vLLM's
-    quantization round apart with the global scale 1 / input_scale (the oracle's)."""
-    gs = nvfp4_reference.oracle_global_scale(input_scale)
-    x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    for spread in (1.0, 2.0, 0.5):  # hidden states, and intermediates of other sizes
-        x = torch.cat((x, (x[:64].float() * spread).to(torch.bfloat16)))
-    fp32 = nvfp4_reference.quant_dequant(x, gs)
-    return int((fp32 != vllm_reference_quant_dequant(x, gs)).sum())
-
-
 @pytest.mark.parametrize("proj", ["gate_proj", "up_proj", "down_proj"])
 def test_nvfp4_input_scales_put_no_activation_on_a_tie(models: Path, proj: str) -> None:
     """The checkpoint's static input scales, as calibrated ones: no activation lies where two
@@ -272,10 +248,12 @@ def test_nvfp4_input_scales_put_no_activation_on_a_tie(models: Path, proj: str) 
     tensors = load(models / "nvfp4-L2")
     scales = [t for name, t in tensors.items() if name.endswith(f"{proj}.input_scale")]
     assert scales
-    assert activations_off_ties(torch.stack(scales)) == 0
+    gs = nvfp4_reference.oracle_global_scale(torch.stack(scales))
+    assert nvfp4_reference.activations_on_ties(gs) == 0
 
 
 def test_round_amax_puts_activations_on_ties() -> None:
     """The regression pin: amax 6 (the writer's until 2026-12-02, global scale 447.99997)
     puts elements on ties that the two spellings round apart."""
-    assert activations_off_ties(torch.tensor([6.0 / 2688.0])) > 100
+    gs = nvfp4_reference.oracle_global_scale(torch.tensor([6.0 / 2688.0]))
+    assert nvfp4_reference.activations_on_ties(gs) > 100

@@ -158,6 +158,32 @@ def quant_dequant(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     return (codes * (scale / gs)).flatten(-2)
 
 
+def quant_dequant_reciprocal(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """quant_dequant as vLLM 0.24.0's torch reference (ref_nvfp4_quant) spells it: the
+    elements scaled by 1 / (scale * (1 / global_scale)), FP32 (its Triton kernel, and
+    quant_dequant, by global_scale / scale). The two agree except near E2M1 ties."""
+    blocks = x.float().unflatten(-1, (-1, BLOCK))
+    gs = global_scale.float().reshape(())
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = (gs * (amax * (1.0 / E2M1_MAX))).clamp(-E4M3_MAX, E4M3_MAX)
+    scale = scale.to(torch.float8_e4m3fn).float()
+    inverse = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / (scale * (1.0 / gs)))
+    codes = e2m1_round((blocks * inverse).clamp(-E2M1_MAX, E2M1_MAX))
+    return (codes * (scale / gs)).flatten(-2)
+
+
+def activations_on_ties(global_scale: torch.Tensor) -> int:
+    """How many of 2**17 BF16 activations (unit RMS, and 2x and 0.5x that) the two FP32
+    spellings of vLLM's quantization round apart with ``global_scale``: elements whose
+    rounding the last bit of the arithmetic decides, a whole FP4 step each. A round amax
+    (6, 8: global scales 448 and 336, or the oracle's 447.99997) puts hundreds there; a
+    calibrated one none."""
+    x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for spread in (1.0, 2.0, 0.5):  # hidden states, and intermediates of other sizes
+        x = torch.cat((x, (x[:64].float() * spread).to(torch.bfloat16)))
+    return int((quant_dequant(x, global_scale) != quant_dequant_reciprocal(x, global_scale)).sum())
+
+
 def move_off_e2m1_ties(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """x (bf16/fp16), with each element that NVFP4 quantization would scale to within 8 ulp of
     an E2M1 rounding threshold moved one step of x's dtype away from zero.
