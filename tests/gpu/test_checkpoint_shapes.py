@@ -57,4 +57,10 @@ def test_checkpoint_layer_matches_reference(name: str, tokens: int) -> None:
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts)
     weights, ids = moe_setup.local_routing(shape, layer.topk_weights, layer.topk_ids)
     want = nvfp4_moe_reference(moe, layer.hidden, weights, ids, exact=True)
-    assert_agree(layer.apply(), want)
+    got = layer.apply()
+    if not want.any():
+        # An expert-parallel rank that holds none of the tokens' experts (at 1 token, DeepSeek's
+        # EP8 rank holds 32 of 256: a third of the routings): zeros, exactly.
+        assert torch.equal(got, torch.zeros_like(got))
+        return
+    assert_agree(got, want)
