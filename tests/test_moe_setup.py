@@ -83,6 +83,17 @@ def test_activation_scales_sit_on_ties() -> None:
     assert ties == [1228, 340, 0, 0]
 
 
+def test_held_moe_keeps_one_shape() -> None:
+    """held_moe gives the same weights again for the same shape, make_moe's (seed 0), and
+    lets them go for the next shape."""
+    other = dataclasses.replace(SMALL, name="other", hidden=32)
+    first = moe_setup.held_moe(SMALL, "cpu")
+    assert moe_setup.held_moe(SMALL, "cpu") is first
+    assert torch.equal(first.w13, moe_setup.make_moe(SMALL, device="cpu").w13)
+    assert moe_setup.held_moe(other, "cpu").w13.shape == (4, 64, 16)
+    assert moe_setup.held_moe(SMALL, "cpu") is not first
+
+
 def test_make_moe_weights_have_unit_rms_rows() -> None:
     """Weights of RMS 1 / sqrt(K), so rows of about unit norm: within 25% over the layer (the
     global factors of 4 experts, uniform within +-50%, move the mean square that much)."""

@@ -264,6 +264,20 @@ def make_moe(shape: MoeShape, seed: int = 0, device: torch.device | str = "cuda"
     )
 
 
+_HELD: dict[tuple[MoeShape, str], Nvfp4Moe] = {}
+
+
+def held_moe(shape: MoeShape, device: torch.device | str = "cuda") -> Nvfp4Moe:
+    """make_moe(shape) (seed 0), kept for the next call with the same shape: the GPU tests
+    ask for one shape's layer many times in a row. One shape's weights at a time (the largest
+    layers take gigabytes)."""
+    key = (shape, str(device))
+    if key not in _HELD:
+        _HELD.clear()
+        _HELD[key] = make_moe(shape, device=device)
+    return _HELD[key]
+
+
 def expert_map(shape: MoeShape, device: torch.device | str = "cuda") -> torch.Tensor | None:
     """vLLM's expert map of an expert-parallel shape's rank 0 (global expert id -> local index,
     -1 for the other ranks' experts; the first E / N experts are rank 0's, vLLM's linear

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from nvfp4_reference import nvfp4_moe_reference
 from test_fused_nvfp4_emulation import HAS_FUSED, assert_agree  # one tolerance for every path
 
 if not HAS_FUSED:
@@ -38,21 +38,13 @@ if not HAS_FUSED:
 pytestmark = pytest.mark.gpu
 
 TOKENS = (1, 32, 512)
-_MOES: dict[str, Nvfp4Moe] = {}
-
-
-def _moe(shape: moe_setup.MoeShape) -> Nvfp4Moe:
-    if shape.name not in _MOES:
-        _MOES.clear()  # one shape's weights at a time: the largest take 5.6 GB
-        _MOES[shape.name] = moe_setup.make_moe(shape)
-    return _MOES[shape.name]
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("name", [s.name for s in moe_setup.SHAPES])
 def test_checkpoint_layer_matches_reference(name: str, tokens: int) -> None:
     shape = moe_setup.shape_named(name)
-    moe = _moe(shape)
+    moe = moe_setup.held_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts)
     weights, ids = moe_setup.local_routing(shape, layer.topk_weights, layer.topk_ids)

@@ -45,7 +45,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from nvfp4_reference import nvfp4_moe_reference
 from vllm.model_executor.layers.fused_moe.experts import (
     nvfp4_emulation_moe,
 )
@@ -65,19 +65,10 @@ REL_FROBENIUS = 1e-2  # module docstring
 ATOL, RTOL, MIN_CLOSE = 1e-2, 1.6e-2, 0.995  # module docstring
 FUSED_VS_UNFUSED = 5e-2  # module docstring: 0.24.0's BF16-rounded weights
 
-_MOES: dict[str, Nvfp4Moe] = {}
-
-
-def _moe(shape: moe_setup.MoeShape) -> Nvfp4Moe:
-    if shape.name not in _MOES:
-        _MOES.clear()  # one shape's weights at a time: the larger takes 1.4 GB
-        _MOES[shape.name] = moe_setup.make_moe(shape)
-    return _MOES[shape.name]
-
 
 def layer(shape: str, tokens: int, local: torch.Tensor | None = None) -> moe_setup.MoeLayer:
     """The emulation experts of ``shape`` (only ``local``'s, as one EP rank) on static buffers."""
-    moe = _moe(SHAPES[shape])
+    moe = moe_setup.held_moe(SHAPES[shape])
     experts = moe_setup.nvfp4_emulation_experts(moe, SHAPES[shape], tokens, local)
     return moe_setup.MoeLayer(moe, SHAPES[shape], tokens, experts)
 

@@ -71,15 +71,6 @@ BATCHES = (2, 3, 5, 9, 17, 33, 65, 129, 257, 600)
 MODES = [("kernel", False), ("kernel", True), ("experts", False), ("experts", True)]
 PROBE_SEED = 1_000_003
 
-_MOES: dict[str, Nvfp4Moe] = {}
-
-
-def _moe(name: str) -> Nvfp4Moe:
-    if name not in _MOES:
-        _MOES.clear()  # one shape's weights at a time
-        _MOES[name] = moe_setup.make_moe(SHAPES[name])
-    return _MOES[name]
-
 
 def up128(n: int) -> int:
     return -(-n // 128) * 128
@@ -87,7 +78,7 @@ def up128(n: int) -> int:
 
 def layer(name: str, tokens: int, moe: Nvfp4Moe | None = None) -> moe_setup.MoeLayer:
     shape = SHAPES[name]
-    moe = moe or _moe(name)
+    moe = moe or moe_setup.held_moe(SHAPES[name])
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     return moe_setup.MoeLayer(moe, shape, tokens, experts)
 
@@ -131,7 +122,9 @@ def test_ragged_same_bits_as_zero_padded(
     ragged = layer(shape, tokens)
     got = ragged.apply().clone()
     wide_shape = dataclasses.replace(s, hidden=up128(s.hidden), intermediate=up128(s.intermediate))
-    wide_moe = zero_padded(_moe(shape), wide_shape.hidden, wide_shape.intermediate)
+    wide_moe = zero_padded(
+        moe_setup.held_moe(SHAPES[shape]), wide_shape.hidden, wide_shape.intermediate
+    )
     experts = moe_setup.nvfp4_emulation_experts(wide_moe, wide_shape, tokens)
     wide = moe_setup.MoeLayer(wide_moe, wide_shape, tokens, experts)
     wide.hidden.zero_()
@@ -185,7 +178,7 @@ def probe_outputs(
 @pytest.mark.parametrize(("entry", "graph"), MODES)
 @pytest.mark.parametrize("shape", INVARIANCE_SHAPES)
 def test_ragged_batch_invariant(shape: str, entry: str, graph: bool) -> None:
-    alone, outputs = probe_outputs(SHAPES[shape], _moe(shape), entry, graph)
+    alone, outputs = probe_outputs(SHAPES[shape], moe_setup.held_moe(SHAPES[shape]), entry, graph)
     assert not alone.isnan().any()
     differ = [
         f"{tokens} tokens, row {row}: {int((out != alone).sum())} elements differ"

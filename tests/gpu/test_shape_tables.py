@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference
+from nvfp4_reference import nvfp4_moe_reference
 from test_fused_nvfp4_emulation import assert_agree  # one tolerance for every path
 from test_fused_nvfp4_ragged import MODES, probe_outputs
 
@@ -70,15 +70,6 @@ def shipped() -> dict[str, tuple[moe_setup.MoeShape, Path]]:
 SHIPPED = shipped()
 if not SHIPPED:
     pytest.skip(f"no tile table of a single shape for {DEVICE}", allow_module_level=True)
-
-_MOES: dict[str, Nvfp4Moe] = {}
-
-
-def _moe(name: str) -> Nvfp4Moe:
-    if name not in _MOES:
-        _MOES.clear()  # one shape's weights at a time
-        _MOES[name] = moe_setup.make_moe(SHIPPED[name][0])
-    return _MOES[name]
 
 
 def bucket_counts(table: dict[int, object]) -> tuple[int, ...]:
@@ -121,7 +112,7 @@ def test_shape_table_taken(name: str) -> None:
 )
 def test_shape_table_matches_reference(name: str, tokens: int) -> None:
     shape = SHIPPED[name][0]
-    moe = _moe(name)
+    moe = moe_setup.held_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts)
     tw, tids = layer.topk_weights, layer.topk_ids
@@ -136,7 +127,7 @@ def test_shape_table_matches_reference(name: str, tokens: int) -> None:
 def test_shape_table_batch_invariant(name: str, entry: str, graph: bool) -> None:
     shape, path = SHIPPED[name]
     batches = bucket_counts(kernels.parse_table(path.read_text(), str(path)))
-    alone, outputs = probe_outputs(shape, _moe(name), entry, graph, batches)
+    alone, outputs = probe_outputs(shape, moe_setup.held_moe(shape), entry, graph, batches)
     assert not alone.isnan().any()
     differ = [
         f"{tokens} tokens, row {row}: {int((out != alone).sum())} elements differ"
