@@ -208,6 +208,16 @@ def widen() -> None:
             tiles[bm] = list(dict.fromkeys(tiles[bm] + more))
 
 
+def split_gate_up() -> None:
+    """--split-gate-up: beside each w13 tile with one warp for each 16 rows (gate and up rows in
+    each warp), the same tile with the gate and up rows in one product and twice the warps, a
+    warp for each 16 rows of one of them (patch 0002's split_gate_up: half each warp's walk
+    over K, for the latency-bound 1-token GEMM; the same bits)."""
+    for bm, tiles in W13.items():
+        more = [(n, k, 2 * w, s, True) for n, k, w, s in tiles if w == n // 16]
+        W13[bm] = list(dict.fromkeys(tiles + more))
+
+
 KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
 
 
@@ -453,7 +463,11 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
 
 def config_tuple(config) -> tuple:
     """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2)."""
-    tiles = [(g.block_n, g.block_k, g.num_warps, g.num_stages) for g in (config.w13, config.w2)]
+    tiles = [
+        (g.block_n, g.block_k, g.num_warps, g.num_stages)
+        + ((True,) if getattr(g, "split_gate_up", False) else ())
+        for g in (config.w13, config.w2)
+    ]
     return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles)
 
 
@@ -533,14 +547,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wide", action="store_true", help="sweep the WIDE_W13 / WIDE_W2 tiles too"
     )
+    parser.add_argument(
+        "--split-gate-up",
+        action="store_true",
+        help="sweep the w13 tiles with split_gate_up too (a warp for each 16 rows of gate or up)",
+    )
     args = parser.parse_args(argv)
     if args.wide:
         widen()
+    if args.split_gate_up:
+        split_gate_up()
     tree = args.tree.resolve()
     shapes = [shape_named(n) for n in args.shapes.split(",") if n]
     K = load_kernel_module(tree)
     if not hasattr(K, "table_json"):
         raise SystemExit(f"{tree}: patch 0002's module reads no JSON tile tables")
+    if args.split_gate_up and "split_gate_up" not in K.GemmConfig.__dataclass_fields__:
+        raise SystemExit(f"{tree}: patch 0002's module has no split_gate_up tile option")
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 

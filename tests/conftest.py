@@ -153,6 +153,16 @@ def _no_writes_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
         _guard_active = False
 
 
+@pytest.fixture
+def triton_cache(cache_dir: Path) -> Iterator[None]:
+    """Triton's cache under the test cache (never $HOME): for the tests that compile kernels
+    (a warm cache compiles nothing)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+        patch.setenv("TRITON_HOME", str(cache_dir / "triton-home"))
+        yield
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The upstream mirror and downloads for the whole session, kept from one session to the

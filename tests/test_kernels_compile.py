@@ -21,7 +21,6 @@ compile for all three. Compiled kernels are cached by triton under the test cach
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import kernels
 import standins
 from vllm_install import OVERLAID, Overlay, Pristine
+
+pytestmark = pytest.mark.usefixtures("triton_cache")
 
 # vLLM's fused_moe_kernel: token counts at the ends of get_default_config's decode, middle and
 # prefill tiles (the emulation's unfused path and TritonExperts pick their tiles there).
@@ -77,15 +78,6 @@ def launch_either(x, y):
     else:
         portable_kernel[(1,)](x, y, BLOCK=64)
 """
-
-
-@pytest.fixture(scope="session", autouse=True)
-def triton_cache(cache_dir: Path) -> Iterator[None]:
-    """Triton's cache under the test cache (never $HOME), for the whole session."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-        patch.setenv("TRITON_HOME", str(cache_dir / "triton-home"))
-        yield
 
 
 def vllm_launches(pristine: Pristine, rocm: bool) -> list[Any]:

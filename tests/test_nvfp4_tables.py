@@ -160,6 +160,18 @@ def test_generic_tables_round_trip(load: Any) -> None:
         assert module.parse_table(module.table_json(table), "x") == table
 
 
+def test_split_gate_up_in_a_table(load: Any) -> None:
+    """w13's optional split_gate_up: read where a table has it, false where absent, and written
+    only where true (the tables written before it read and write as they did)."""
+    module = load()[0].module
+    split = {"16": {**entry(), "w13": {**entry()["w13"], "split_gate_up": True}}}
+    table = module.parse_table(json.dumps(split), "x")
+    assert (table[16].w13.split_gate_up, table[16].w2.split_gate_up) == (True, False)
+    assert json.loads(module.table_json(table)) == split
+    plain = module.parse_table(json.dumps({"16": entry()}), "x")
+    assert json.loads(module.table_json(plain)) == {"16": entry()}
+
+
 K_STEP = (
     "; every tile walks K in steps of 128 (GEMM_BLOCK_K), whatever the token count: a token's"
     " output is then the same bits alone and in any batch"
@@ -177,6 +189,14 @@ K_STEP = (
             "entry '16': block_m must be a power of two, 8 or more",
         ),
         ({"_note": "only notes"}, "no token-count bucket"),
+        (
+            {"16": {**entry(), "w2": {**entry()["w2"], "split_gate_up": True}}},
+            "entry '16' w2: split_gate_up is for the gated w13 GEMM",
+        ),
+        (
+            {"16": {**entry(), "w13": {**entry()["w13"], "split_gate_up": 1}}},
+            "entry '16' w13: split_gate_up is true or false",
+        ),
     ],
 )
 def test_bad_table_refused_at_load(
