@@ -119,7 +119,7 @@ SEPARATE_QDQ_US = 4.0
 BLOCK_K = 128
 
 
-def _tiles(*tiles: tuple[int, int, int]) -> list[tuple[int, int, int, int]]:
+def _tiles(*tiles: tuple[int, int, int]) -> list[tuple[int, ...]]:
     return [(block_n, BLOCK_K, warps, stages) for block_n, warps, stages in tiles]
 
 
@@ -214,7 +214,9 @@ def split_gate_up() -> None:
     warp for each 16 rows of one of them (patch 0002's split_gate_up: half each warp's walk
     over K, for the latency-bound 1-token GEMM; the same bits)."""
     for bm, tiles in W13.items():
-        more = [(n, k, 2 * w, s, True) for n, k, w, s in tiles if w == n // 16]
+        more: list[tuple[int, ...]] = [
+            (n, k, 2 * w, s, True) for n, k, w, s in tiles if w == n // 16
+        ]
         W13[bm] = list(dict.fromkeys(tiles + more))
 
 

@@ -577,6 +577,47 @@ def fused_apply(
     return output
 
 
+def run_experts(
+    fused: FusedModule,
+    moe: Any,
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    ep: bool = False,
+    layout: bool = True,
+    retile: Callable[[Mapping[int, Any]], Mapping[int, Any]] | None = None,
+) -> torch.Tensor:
+    """The fused experts over ``moe`` (an Nvfp4Moe of every expert) through fused_apply. ep: as
+    the expert-parallel rank that holds the even experts (an expert map with -1 for the odd
+    ones); layout: the weights as ``process_weights_after_loading`` lays them out, else the
+    checkpoint's rows; retile: the tiles to run instead of the table the experts take (a
+    function of that table)."""
+    experts_total = moe.w13.size(0)
+    pick: Any = slice(None)
+    emap = None
+    if ep:
+        pick = torch.arange(0, experts_total, 2)
+        emap = torch.full((experts_total,), -1, dtype=torch.int32)
+        emap[pick] = torch.arange(pick.numel(), dtype=torch.int32)
+    config = quant_config(
+        moe.w13_scale[pick].clone(),
+        moe.w2_scale[pick].clone(),
+        moe.w13_gscale[pick],
+        moe.w2_gscale[pick],
+        moe.a13_gscale,
+        moe.a2_gscale,
+    )
+    experts = fused.experts(None, config)
+    if retile is not None:
+        table = experts._configs
+        experts._configs = lambda *shape: retile(table(*shape))
+    w13, w2 = moe.w13[pick].clone(), moe.w2[pick].clone()
+    if layout:
+        w13, w2 = laid_out(experts, w13, w2)
+    return fused_apply(fused, experts, hidden, w13, w2, topk_weights, topk_ids, emap, experts_total)
+
+
 def token_counts(bounds: list[int]) -> list[int]:
     """Both ends of each bucket of a table keyed by its largest token count."""
     counts, low = [], 1
@@ -719,6 +760,42 @@ def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
 
 # tests/ and tests/gpu: what a child process that runs a test module's `__main__` imports from.
 TEST_PATHS = (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "gpu"))
+
+
+def interpreted_fused(overlay_vllm: str, pristine_vllm: str) -> FusedModule:
+    """In a run_interpreted child: the interpreter's faults mended, patch 0002's module loaded
+    as on a ROCm machine (the portable kernels: the interpreter runs no inline PTX), its
+    fallback to the unfused path refused."""
+    import standins  # tests/gpu: the C++ alignment op in plain torch
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    fix_interpreter()
+    fused = load_fused(
+        Path(overlay_vllm), Path(pristine_vllm), standins.moe_align_block_size, rocm=True
+    )
+    forbid_unfused(fused)
+    return fused
+
+
+def interpreted_results_fixture() -> Any:
+    """A kernel test module's ``results`` fixture (``results = kernels.interpreted_results_fixture()``
+    at its top level): the module run once as a script by run_interpreted, on the overlay and
+    the pristine pin (tests/vllm_install.py's fixtures), what its ``main`` saved loaded."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def results(
+        request: Any, overlay: Any, full_pristine: Any, tmp_path_factory: Any
+    ) -> dict[str, Any]:
+        script = request.module.__file__
+        out = tmp_path_factory.mktemp(Path(script).stem) / "results.pt"
+        overlay_vllm = overlay.project.overlay_dir / "vllm"
+        found: dict[str, Any] = run_interpreted(
+            script, overlay_vllm, full_pristine.root / "vllm", out
+        )
+        return found
+
+    return results
 
 
 def run_interpreted(script: str, overlay_vllm: Path, pristine_vllm: Path, out: Path) -> Any:

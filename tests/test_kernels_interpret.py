@@ -51,7 +51,6 @@ import kernels
 import moe_setup
 import standins
 from nvfp4_reference import nvfp4_moe_reference
-from vllm_install import Overlay, Pristine
 
 # Shapes by name: four experts, and enough experts for one block per (token, expert) pair at
 # 1 and 2 tokens (TritonExperts' naive-assignment rule: tokens * top_k * 4 <= experts); hidden
@@ -96,15 +95,8 @@ ROW_LAYOUT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results(
-    overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """Every case run once, under the interpreter, in a child process (kernels.run_interpreted)."""
-    out = tmp_path_factory.mktemp("interpret") / "results.pt"
-    overlay_vllm, pristine_vllm = overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm"
-    results: dict[str, Any] = kernels.run_interpreted(__file__, overlay_vllm, pristine_vllm, out)
-    return results
+# Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
+results = kernels.interpreted_results_fixture()
 
 
 @pytest.mark.parametrize("case", CASE_IDS)

@@ -33,7 +33,6 @@ NaN in the workspaces: the masked step reads none of it (0 * NaN would be NaN).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,9 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import kernels
 import moe_setup
-import standins
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, zero_padded
-from vllm_install import Overlay, Pristine
+from nvfp4_reference import nvfp4_moe_reference, zero_padded
 
 # name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)
 CASES = {
@@ -72,15 +69,8 @@ ATOL, MIN_CLOSE = 1e-2, 0.995
 RTOL = {"fp16": 2e-3, "bf16": 1.6e-2}
 
 
-@pytest.fixture(scope="module")
-def results(
-    overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """Every case run once, under the interpreter, in a child process (kernels.run_interpreted)."""
-    out = tmp_path_factory.mktemp("ragged") / "results.pt"
-    overlay_vllm, pristine_vllm = overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm"
-    results: dict[str, Any] = kernels.run_interpreted(__file__, overlay_vllm, pristine_vllm, out)
-    return results
+# Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
+results = kernels.interpreted_results_fixture()
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -130,37 +120,6 @@ def up128(n: int) -> int:
     return -(-n // 128) * 128
 
 
-def apply(
-    fused: kernels.FusedModule,
-    moe: Nvfp4Moe,
-    hidden: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    ep: bool,
-    layout: bool,
-) -> torch.Tensor:
-    experts_total = moe.w13.size(0)
-    pick: Any = slice(None)
-    emap = None
-    if ep:
-        pick = torch.arange(0, experts_total, 2)
-        emap = torch.full((experts_total,), -1, dtype=torch.int32)
-        emap[pick] = torch.arange(pick.numel(), dtype=torch.int32)
-    config = kernels.quant_config(
-        moe.w13_scale[pick].clone(),
-        moe.w2_scale[pick].clone(),
-        moe.w13_gscale[pick],
-        moe.w2_gscale[pick],
-        moe.a13_gscale,
-        moe.a2_gscale,
-    )
-    experts = fused.experts(None, config)
-    w13, w2 = moe.w13[pick].clone(), moe.w2[pick].clone()
-    if layout:
-        w13, w2 = kernels.laid_out(experts, w13, w2)
-    return kernels.fused_apply(fused, experts, hidden, w13, w2, weights, ids, emap, experts_total)
-
-
 def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     e, h, i, top_k, tokens, dtype_name, ep = CASES[case]
     shape = moe_setup.MoeShape(case, e, h, i, top_k)
@@ -168,13 +127,13 @@ def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     hidden = hidden.to(DTYPES[dtype_name])
     out = {
-        "tiled": apply(fused, moe, hidden, weights, ids, ep, layout=True),
-        "rows": apply(fused, moe, hidden, weights, ids, ep, layout=False),
+        "tiled": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep),
+        "rows": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep, layout=False),
     }
     wide = torch.zeros(tokens, up128(h), dtype=hidden.dtype)
     wide[:, :h] = hidden
     big = zero_padded(moe, up128(h), up128(i))
-    out["padded"] = apply(fused, big, wide, weights, ids, ep, layout=True)[:, :h].contiguous()
+    out["padded"] = kernels.run_experts(fused, big, wide, weights, ids, ep=ep)[:, :h].contiguous()
     if ep:
         weights = weights * (ids % 2 == 0)  # the odd experts live on other ranks: zeros
     out["reference"] = nvfp4_moe_reference(moe, hidden, weights, ids, exact=True)
@@ -197,7 +156,7 @@ def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
     moe = moe_setup.make_moe(shape, seed=0, device="cpu")
     hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     hidden = hidden.to(DTYPES[dtype_name])
-    clean = apply(fused, moe, hidden, weights, ids, False, layout=False)
+    clean = kernels.run_experts(fused, moe, hidden, weights, ids, layout=False)
     poisoned = dataclasses.replace(
         moe,
         w13=nan_beyond(moe.w13, 0xFF),
@@ -221,12 +180,7 @@ def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
 def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    kernels.fix_interpreter()
-    fused = kernels.load_fused(
-        Path(overlay_vllm), Path(pristine_vllm), standins.moe_align_block_size, rocm=True
-    )
-    kernels.forbid_unfused(fused)
+    fused = kernels.interpreted_fused(overlay_vllm, pristine_vllm)
     tails: dict[str, list[bool]] = {}
     original = InterpretedFunction.run
     outputs = {}

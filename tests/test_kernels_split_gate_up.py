@@ -20,8 +20,8 @@ of the same width (16 rows of one of gate or up, not 16 of each).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import kernels
 import moe_setup
-import standins
 from vllm_install import Overlay, Pristine
 
 pytestmark = pytest.mark.usefixtures("triton_cache")
@@ -50,15 +49,8 @@ CASES = {
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-@pytest.fixture(scope="module")
-def results(
-    overlay: Overlay, full_pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """Every case run once, under the interpreter, in a child process (kernels.run_interpreted)."""
-    out = tmp_path_factory.mktemp("split") / "results.pt"
-    overlay_vllm, pristine_vllm = overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm"
-    results: dict[str, Any] = kernels.run_interpreted(__file__, overlay_vllm, pristine_vllm, out)
-    return results
+# Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
+results = kernels.interpreted_results_fixture()
 
 
 @pytest.mark.parametrize("layout", ["tiled", "rows"])
@@ -134,58 +126,21 @@ def test_split_gate_up_was_launched(results: dict[str, Any]) -> None:
 # -- the child process ------------------------------------------------------------------------
 
 
-def apply(
-    fused: kernels.FusedModule,
-    moe: Any,
-    hidden: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    ep: bool,
-    layout: bool,
-    split: bool,
-) -> torch.Tensor:
-    experts_total = moe.w13.size(0)
-    pick: Any = slice(None)
-    emap = None
-    if ep:
-        pick = torch.arange(0, experts_total, 2)
-        emap = torch.full((experts_total,), -1, dtype=torch.int32)
-        emap[pick] = torch.arange(pick.numel(), dtype=torch.int32)
-    config = kernels.quant_config(
-        moe.w13_scale[pick].clone(),
-        moe.w2_scale[pick].clone(),
-        moe.w13_gscale[pick],
-        moe.w2_gscale[pick],
-        moe.a13_gscale,
-        moe.a2_gscale,
-    )
-    experts = fused.experts(None, config)
-    if split:
-        table = experts._configs
-        experts._configs = lambda *shape: {
-            bound: dataclasses.replace(
-                c,
-                w13=dataclasses.replace(
-                    c.w13, split_gate_up=True, num_warps=2 * c.w13.block_n // 16
-                ),
-            )
-            for bound, c in table(*shape).items()
-        }
-    w13, w2 = moe.w13[pick].clone(), moe.w2[pick].clone()
-    if layout:
-        w13, w2 = kernels.laid_out(experts, w13, w2)
-    return kernels.fused_apply(fused, experts, hidden, w13, w2, weights, ids, emap, experts_total)
+def split_gate_up(table: Mapping[int, Any]) -> dict[int, Any]:
+    """The table with split_gate_up on for every w13 tile, a warp for each 16 rows of gate or
+    up."""
+    return {
+        bound: dataclasses.replace(
+            c, w13=dataclasses.replace(c.w13, split_gate_up=True, num_warps=2 * c.w13.block_n // 16)
+        )
+        for bound, c in table.items()
+    }
 
 
 def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    kernels.fix_interpreter()
-    fused = kernels.load_fused(
-        Path(overlay_vllm), Path(pristine_vllm), standins.moe_align_block_size, rocm=True
-    )
-    kernels.forbid_unfused(fused)
+    fused = kernels.interpreted_fused(overlay_vllm, pristine_vllm)
     original = InterpretedFunction.run
     outputs: dict[str, dict[str, torch.Tensor]] = {}
     launches: dict[str, dict[str, list[bool]]] = {}
@@ -206,8 +161,15 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
             try:
                 for layout in ("tiled", "rows"):
-                    outputs[case][f"{layout}-{kind}"] = apply(
-                        fused, moe, hidden, weights, ids, ep, layout == "tiled", split
+                    outputs[case][f"{layout}-{kind}"] = kernels.run_experts(
+                        fused,
+                        moe,
+                        hidden,
+                        weights,
+                        ids,
+                        ep=ep,
+                        layout=layout == "tiled",
+                        retile=split_gate_up if split else None,
                     )
             finally:
                 InterpretedFunction.run = original  # type: ignore[method-assign]
