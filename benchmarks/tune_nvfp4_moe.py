@@ -560,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.split_gate_up:
         split_gate_up()
     tree = args.tree.resolve()
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise SystemExit(f"{tree}: no vllm package here (--tree: a vLLM tree with patch 0002)")
     shapes = [shape_named(n) for n in args.shapes.split(",") if n]
     K = load_kernel_module(tree)
     if not hasattr(K, "table_json"):
