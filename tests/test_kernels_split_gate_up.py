@@ -150,7 +150,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
         hidden = hidden.to(DTYPES[dtype])
         outputs[case], launches[case] = {}, {}
-        for kind, split in (("split", True), ("table", False)):
+        for kind, retile in (("split", split_gate_up), ("table", None)):
             seen: list[bool] = []
 
             def spy(self: Any, *args: Any, _seen: list[bool] = seen, **kw: Any) -> Any:
@@ -169,7 +169,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
                         ids,
                         ep=ep,
                         layout=layout == "tiled",
-                        retile=split_gate_up if split else None,
+                        retile=retile,
                     )
             finally:
                 InterpretedFunction.run = original  # type: ignore[method-assign]

@@ -78,7 +78,7 @@ def up128(n: int) -> int:
 
 def layer(name: str, tokens: int, moe: Nvfp4Moe | None = None) -> moe_setup.MoeLayer:
     shape = SHAPES[name]
-    moe = moe or moe_setup.held_moe(SHAPES[name])
+    moe = moe or moe_setup.held_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     return moe_setup.MoeLayer(moe, shape, tokens, experts)
 
