@@ -576,10 +576,11 @@ def main(argv: list[str] | None = None) -> int:
     tasks = all_tasks(shapes, tokens)
 
     # One task per compiled variant: token counts do not specialize the kernel, and shapes
-    # only by whether each GEMM's depth ends with a masked step (K_TAIL).
-    def tails(name: str) -> tuple[bool, bool]:
+    # only by each GEMM's depth's remainder after the whole K steps (whether a masked step
+    # ends it, K_TAIL, and how wide it is, TAIL_K).
+    def tails(name: str) -> tuple[int, int]:
         shape = shape_named(name)
-        return shape.hidden % K.GEMM_BLOCK_K != 0, shape.intermediate % K.GEMM_BLOCK_K != 0
+        return shape.hidden % K.GEMM_BLOCK_K, shape.intermediate % K.GEMM_BLOCK_K
 
     variants = list({(tails(t[0]), t[2:]): t for t in tasks}.values())
     ctx = mp.get_context("spawn")

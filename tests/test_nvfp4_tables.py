@@ -260,6 +260,19 @@ def test_every_depth_of_16_fuses(load: Any) -> None:
     assert not supports(2048, 200) and not supports(2056, 192)
 
 
+def test_tail_step_width(load: Any) -> None:
+    """The masked last K step is as wide as the tail needs, a power of two from 32 (16 pairs
+    of each parity, what a BF16 GEMM step takes), never wider than the K step; every depth of
+    every checkpoint shard, and every tail a multiple of 16 can leave."""
+    # The kernel module's, through a function the experts' module imports from it.
+    width = load()[0].module.supports_fused_nvfp4_moe.__globals__["tail_width"]
+    widths = {tail: width(tail, 128) for tail in range(0, 128, 16)}
+    assert widths == {0: 128, 16: 32, 32: 32, 48: 64, 64: 64, 80: 128, 96: 128, 112: 128}
+    # intermediate 192 (Qwen3 TP4 and TP8 shards, MiniMax TP8), 176 (Gemma-4 TP4), 704, 1856,
+    # 64 (Qwen3.6 TP8), 928 (Nemotron TP2): 64, 64, 64, 64, 64, 32.
+    assert [width(i % 128, 128) for i in (192, 176, 704, 1856, 64, 928)] == [64] * 5 + [32]
+
+
 def test_unfused_path_said_once_with_why(load: Any) -> None:
     """FP32 hidden states take the unfused path: said once (one layer, two calls; a second
     layer of the same shape and reason adds no line), with the reason and the shapes."""
