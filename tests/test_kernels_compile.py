@@ -20,6 +20,7 @@ compile for all three. Compiled kernels are cached by triton under the test cach
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,26 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
         if matrix == 0:
             without.append(spec.label())
     assert without == [], f"{target}: fused GEMMs without matrix instructions: {without}"
+
+
+@pytest.mark.parametrize("target", [t for t, v in kernels.TARGETS.items() if v.backend == "hip"])
+def test_portable_decode_is_exact_fp16_on_rocm(
+    target: str, fused: dict[str, tuple[list[Any], Any]]
+) -> None:
+    """The portable decode's exactness on AMD (tests/test_nvfp4_portable_decode.py: every
+    weight and quantized activation is exact in FP16, FP16 subnormals included) holds in the
+    code objects: every fused GEMM keeps FP16 denormals (the kernel descriptor's
+    float_denorm_mode_16_64 is 3, neither input nor output flushed), multiplies the weights in
+    FP16 and runs FP16 matrix instructions, for BF16 models too."""
+    specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
+    gemms = [s for s in specs if kernels.is_fused_gemm(s)]
+    assert gemms
+    for spec in gemms:
+        asm = kernels.compile_for(spec).asm["amdgcn"]
+        assert ".amdhsa_float_denorm_mode_16_64 3" in asm, spec.label()
+        assert re.search(r"\bv_(pk_)?mul_f16\b", asm), spec.label()
+        mfmas = set(re.findall(r"\bv_mfma_\w+", asm))
+        assert mfmas and all(m.endswith("_f16") for m in mfmas), (spec.label(), mfmas)
 
 
 @pytest.mark.parametrize("target", kernels.TARGETS)
