@@ -216,6 +216,12 @@ def test_overlay_kernels_compile(
     print(f"{target}: {len(specs)} specializations compiled in {time.monotonic() - start:.1f} s")
 
 
+def fused_gemms(target: str, fused: dict[str, tuple[list[Any], Any]]) -> list[Any]:
+    """The fused GEMM launches of the target's platform, as they compile for the target."""
+    specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
+    return [s for s in specs if kernels.is_fused_gemm(s)]
+
+
 @pytest.mark.parametrize("target", kernels.TARGETS)
 def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None:
     """benchmarks/isa_facts.py's reading of the code objects: the registers, spills and matrix
@@ -224,9 +230,8 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
     FMA dots instead (ROCm's MFMA does not cover blocks of 8 tokens in narrow tiles) is slow,
     and it sums in another order than the tiles of the other token buckets: a token's output
     would then depend on the batch."""
-    specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
     without = []
-    for spec in (s for s in specs if kernels.is_fused_gemm(s)):
+    for spec in fused_gemms(target, fused):
         facts = kernels.isa_facts(kernels.compile_for(spec), target)
         if kernels.TARGETS[target].backend == "hip":
             assert facts["vgprs"] > 0 and facts["sgprs"] > 0
@@ -250,8 +255,7 @@ def test_portable_decode_is_exact_fp16_on_rocm(
     code objects: every fused GEMM keeps FP16 denormals (the kernel descriptor's
     float_denorm_mode_16_64 is 3, neither input nor output flushed), multiplies the weights in
     FP16 and runs FP16 matrix instructions, for BF16 models too."""
-    specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
-    gemms = [s for s in specs if kernels.is_fused_gemm(s)]
+    gemms = fused_gemms(target, fused)
     assert gemms
     for spec in gemms:
         asm = kernels.compile_for(spec).asm["amdgcn"]
