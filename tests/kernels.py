@@ -398,6 +398,12 @@ class ExpertsBase:
         e, n, _ = w1.shape  # mk.FusedMoEExpertsModular.moe_problem_size, the 2-D case
         return e, a1.size(0), n, a1.size(-1), topk_ids.size(1)
 
+    def workspace_shapes(
+        self, M: int, N: int, K: int, topk: int, *args: Any
+    ) -> tuple[tuple[int, ...], ...]:
+        # TritonExperts.workspace_shapes (0.24.0) for SiLU-and-mul: its output is N // 2 wide.
+        return (M, topk, max(N // 2, K)), (M, topk, max(N, K)), (M, K)
+
     def moe_sum(self, input: torch.Tensor, output: torch.Tensor) -> None:
         output.copy_(input.sum(dim=1))  # vLLM's moe_sum op, as tests/gpu/standins.py has it
 
@@ -549,14 +555,22 @@ def fused_apply(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None = None,
     global_num_experts: int = -1,
+    base_workspaces: bool = False,
 ) -> torch.Tensor:
-    """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces; the output
-    (NaN first: every element must be written; a read of an unwritten one shows)."""
+    """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces of the experts'
+    ``workspace_shapes``, the output laid over workspace13's start as FusedMoEKernel lays it;
+    the output (NaN first: every element must be written; a read of an unwritten one shows).
+    base_workspaces: TritonExperts' shapes instead (no room for the top-k sum in the w2 GEMM:
+    its kernel of its own runs)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
-    inter = w13.size(1) // 2
-    ws = max(tokens * top_k * max(2 * inter, hidden_size), 1)
-    output = torch.full_like(hidden, float("nan"))
+    shapes = (ExpertsBase.workspace_shapes if base_workspaces else type(experts).workspace_shapes)(
+        experts, tokens, w13.size(1), hidden_size, top_k, global_num_experts, w13.size(0), None,
+        fused.silu,
+    )  # fmt: skip
+    ws13, ws2, out = (max(math.prod(s), 1) for s in shapes)
+    common = torch.full((max(ws13, out),), float("nan"), dtype=hidden.dtype)
+    output = common[:out].view(tokens, hidden_size)
     experts.apply(
         output=output,
         hidden_states=hidden,
@@ -569,8 +583,8 @@ def fused_apply(
         expert_map=expert_map,
         a1q_scale=None,
         a2_scale=None,
-        workspace13=torch.full((ws,), float("nan"), dtype=hidden.dtype),
-        workspace2=torch.full((ws,), float("nan"), dtype=hidden.dtype),
+        workspace13=common[:ws13],
+        workspace2=torch.full((ws2,), float("nan"), dtype=hidden.dtype),
         expert_tokens_meta=None,
         apply_router_weight_on_input=False,
     )
@@ -702,6 +716,10 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
                     # both conversions compile.
                     experts.fast_scales = expert_map is None
                     fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
+                if m == tokens[0]:
+                    # Workspaces without room for the top-k sum in the w2 GEMM: its own
+                    # kernel (at one token count: the other launches are those above).
+                    fused_apply(fused, experts, hidden, w13, w2, weights, ids, None, e, True)
 
 
 # -- ISA facts ---------------------------------------------------------------------------------
