@@ -285,3 +285,65 @@ def test_pdl_on_and_off_same_bits(
         differ = int((outputs["pdl"] != outputs[name]).sum())
         total = outputs[name].numel()
         assert differ == 0, f"{tokens} tokens, {name}: {differ} of {total} elements differ"
+
+
+@pytest.mark.parametrize("tokens", NUMERICS_TOKENS)
+def test_topk_sum_in_w2_same_bits(
+    moe: Nvfp4Moe, monkeypatch: pytest.MonkeyPatch, tokens: int
+) -> None:
+    """Patch 0002 sums each token's top-k partials inside the w2 GEMM (the last of the token's
+    programs of a column block to store its partial sums them, counted by atomics) where the
+    workspaces have room (the experts' workspace_shapes), else in a kernel of its own after it
+    (TritonExperts' workspaces). The same bits: over 20 batches of new tokens, the sum inside
+    the GEMM (through FusedMoEKernel.apply, which lays the output over workspace13, and the
+    experts' apply; replayed from CUDA graphs, and eager) against the kernel of its own, eager.
+    A program that summed before another's partial was visible would differ here now and then.
+    Where the vLLM under test has the choice, each way ran: the kernel of its own never with
+    the experts' workspaces, always with TritonExperts'."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+
+    _portable_switch(monkeypatch, False)
+    kernel = _experts(moe)
+    separate_calls = []
+    if hasattr(nvfp4_emulation_moe, "invoke_topk_sum"):
+        separate = nvfp4_emulation_moe.invoke_topk_sum
+
+        def counted(*args, **kwargs):
+            separate_calls.append(tokens)
+            return separate(*args, **kwargs)
+
+        monkeypatch.setattr(nvfp4_emulation_moe, "invoke_topk_sum", counted)
+    inside = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
+    apart = moe_setup.MoeLayer(moe, SHAPE, tokens, kernel.experts, seed=tokens)
+    experts = kernel.experts.experts
+    _, m, n, k, top_k = experts.moe_problem_size(
+        apart.hidden, kernel.experts.w1, kernel.experts.w2, apart.topk_ids
+    )
+    ws13, ws2, _ = TritonExperts.workspace_shapes(
+        experts, m, n, k, top_k, SHAPE.experts, SHAPE.experts, None, MoEActivation.SILU
+    )
+    apart.ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
+    apart.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
+    call = moe_setup.KernelCall(kernel, inside)
+    graphs = {"kernel": cuda_graphs.capture(call.run), "experts": cuda_graphs.capture(inside.run)}
+    calls_inside = len(separate_calls)
+    differ = []
+    for seed in range(20):
+        inside.refill(seed)
+        apart.refill(seed)
+        want = apart.run().clone()
+        got = {"kernel eager": call.run().clone(), "experts eager": inside.run().clone()}
+        for name, (graph, out) in graphs.items():
+            graph.replay()
+            torch.cuda.synchronize()
+            got[f"{name} graph"] = out.clone()
+        differ += [
+            f"batch {seed}, {name}: {int((out != want).sum())} of {want.numel()} elements"
+            for name, out in got.items()
+            if not torch.equal(out, want)
+        ]
+    assert not differ, f"{tokens} tokens, the sum inside w2 vs apart: " + "; ".join(differ)
+    if hasattr(nvfp4_emulation_moe, "TopkSum"):
+        assert calls_inside == 0, "the experts' workspaces took the top-k sum's own kernel"
+        assert len(separate_calls) == 20, "TritonExperts' workspaces did not take it"
