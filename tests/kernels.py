@@ -555,17 +555,15 @@ def fused_apply(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None = None,
     global_num_experts: int = -1,
-    base_workspaces: bool = False,
 ) -> torch.Tensor:
     """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces of the experts'
-    ``workspace_shapes``, the output laid over workspace13's start as FusedMoEKernel lays it;
-    the output (NaN first: every element must be written; a read of an unwritten one shows).
-    base_workspaces: TritonExperts' shapes instead (no room for the top-k sum in the w2 GEMM:
-    its kernel of its own runs)."""
+    ``workspace_shapes``, the output laid over workspace13's start as FusedMoEKernel lays it
+    (it reuses workspace13 for the output); the output (NaN first: every element must be
+    written; a read of an unwritten one shows)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
-    shapes = (ExpertsBase.workspace_shapes if base_workspaces else type(experts).workspace_shapes)(
-        experts, tokens, w13.size(1), hidden_size, top_k, global_num_experts, w13.size(0), None,
+    shapes = experts.workspace_shapes(
+        tokens, w13.size(1), hidden_size, top_k, global_num_experts, w13.size(0), None,
         fused.silu,
     )  # fmt: skip
     ws13, ws2, out = (max(math.prod(s), 1) for s in shapes)
@@ -716,10 +714,6 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
                     # both conversions compile.
                     experts.fast_scales = expert_map is None
                     fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
-                if m == tokens[0]:
-                    # Workspaces without room for the top-k sum in the w2 GEMM: its own
-                    # kernel (at one token count: the other launches are those above).
-                    fused_apply(fused, experts, hidden, w13, w2, weights, ids, None, e, True)
 
 
 # -- ISA facts ---------------------------------------------------------------------------------

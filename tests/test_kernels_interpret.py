@@ -95,18 +95,6 @@ ROW_LAYOUT = [
 ]
 
 
-# These also run on TritonExperts' workspaces, where the top-k sum is a kernel of its own after
-# the w2 GEMM instead of inside it: the same bits.
-SEPARATE_SUM = [
-    "interpret-fp16-small-1tok",
-    "interpret-fp16-small-5tok",
-    "interpret-fp16-small-17tok",
-    "interpret-fp16-small-17tok-ep",
-    "interpret-fp16-sparse-2tok",
-    "interpret-bf16-small-16tok-ep",
-]
-
-
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
 results = kernels.interpreted_results_fixture()
 
@@ -136,23 +124,11 @@ def test_weight_layouts_give_the_same_bits(results: dict[str, Any], case: str) -
     assert torch.equal(tiles, rows)
 
 
-@pytest.mark.parametrize("case", SEPARATE_SUM)
-def test_topk_sum_in_w2_gives_the_same_bits(results: dict[str, Any], case: str) -> None:
-    """The top-k sum inside the w2 GEMM (the last program of a token's top_k sums them, the
-    workspaces of the experts' workspace_shapes) and in a kernel of its own after it
-    (TritonExperts' workspaces): the same bits, and each way took its path."""
-    (inside, launched_inside), (apart, launched_apart) = results["sums"][case]
-    assert torch.equal(inside, apart)
-    assert "_topk_sum_kernel" not in launched_inside
-    assert launched_apart.count("_topk_sum_kernel") == 1
-
-
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
     """The cases above run the interpreted kernels, not stand-ins: one apply at 17 tokens with
-    an expert map launches the fused GEMM twice (gated, then not, with the top-k sum)."""
+    an expert map launches the fused GEMM twice (gated, then not)."""
     launched = results["launched"]
     assert launched.count("_nvfp4_moe_gemm_kernel") == 2, launched
-    assert "_topk_sum_kernel" not in launched, launched
 
 
 def test_interpreter_bf16_dot(results: dict[str, Any]) -> None:
@@ -192,11 +168,10 @@ def run(
     ep: bool,
     dtype: torch.dtype,
     layout: bool = True,
-    base_workspaces: bool = False,
 ) -> Any:
     """(the fused experts' output, the reference's) for one case; layout: on the weights as
     the experts' process_weights_after_loading lays them out, else on the checkpoint's rows
-    (and then the output alone); base_workspaces: kernels.fused_apply's."""
+    (and then also whether the layout moved any byte)."""
     moe = moe_setup.make_moe(shape, seed=0, device="cpu")
     hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     hidden = hidden.to(dtype)
@@ -219,9 +194,7 @@ def run(
             fused, experts, hidden, w13, w2, weights, ids, emap, shape.experts
         )
     w13, w2 = kernels.laid_out(experts, w13, w2)
-    got = kernels.fused_apply(
-        fused, experts, hidden, w13, w2, weights, ids, emap, shape.experts, base_workspaces
-    )
+    got = kernels.fused_apply(fused, experts, hidden, w13, w2, weights, ids, emap, shape.experts)
     if ep:
         weights = weights * torch.isin(ids, pick.to(ids.dtype))  # other ranks' experts: zeros
     return got, nvfp4_moe_reference(moe, hidden, weights, ids, **REFERENCE_OPTIONS)
@@ -266,19 +239,12 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         name: moe_setup.MoeShape(name, experts, hidden, intermediate, top_k=2)
         for name, experts in EXPERTS.items()
     }
-    layouts, sums = {}, {}
+    layouts = {}
     for case_id, (dtype, (name, tokens, ep)) in zip(CASE_IDS, RUNS, strict=True):
         shape = shapes[name]
-        if case_id in (SPIED, *SEPARATE_SUM):
+        if case_id == SPIED:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
-        start = len(launched)
         outputs[case_id] = run(fused, shape, tokens, ep, dtype)
-        inside = launched[start:]
-        if case_id in SEPARATE_SUM:
-            apart = run(fused, shape, tokens, ep, dtype, base_workspaces=True)[0]
-            sums[case_id] = ((outputs[case_id][0], inside), (apart, launched[start + len(inside) :]))
-        # The spied case's own launches are kept (test_interpret_runs_the_fused_kernel).
-        del launched[start + (len(inside) if case_id == SPIED else 0) :]
         InterpretedFunction.run = original  # type: ignore[method-assign]
         if case_id in ROW_LAYOUT:
             wide = moe_setup.MoeShape(name, shape.experts, 2 * hidden, 2 * intermediate, top_k=2)
@@ -287,13 +253,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
                 run(fused, wide, tokens, ep, dtype, layout=False),
                 moved(fused, wide),
             )
-    saved = {
-        "outputs": outputs,
-        "layouts": layouts,
-        "sums": sums,
-        "launched": launched,
-        "dot_errors": errors,
-    }
+    saved = {"outputs": outputs, "layouts": layouts, "launched": launched, "dot_errors": errors}
     torch.save(saved, out)
 
 
