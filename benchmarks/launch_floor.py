@@ -108,9 +108,10 @@ if triton is not None:
     @triton.jit
     def _barriers(x_ptr, count_ptr, epoch_ptr, BARRIERS: tl.constexpr):
         """The programs (all resident) meet BARRIERS times: each adds its arrival to count_ptr
-        (an acq_rel atomic) and spins on volatile loads of it until every program's has arrived. The count only grows: this launch's
-        targets start at epoch * BARRIERS * programs (epoch_ptr, read before the first arrival
-        and raised by the last arrival at the last barrier, when every program has read it)."""
+        (an acq_rel atomic) and spins on volatile loads of it until every program's has
+        arrived. The count only grows: this launch's targets start at epoch * BARRIERS *
+        programs (epoch_ptr, read before the first arrival and raised by the last arrival at
+        the last barrier, when every program has read it)."""
         n = tl.num_programs(0)
         if BARRIERS > 0:
             # Volatile loads, not atomic adds of 0: triton 3.6 drops those from the loop.
@@ -119,9 +120,8 @@ if triton is not None:
             for b in tl.static_range(BARRIERS):
                 target = base + (b + 1) * n
                 arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
-                if b == BARRIERS - 1:
-                    if arrived == target:
-                        tl.atomic_add(epoch_ptr, 1, sem="release")
+                if b == BARRIERS - 1 and arrived == target:
+                    tl.atomic_add(epoch_ptr, 1, sem="release")
                 while arrived < target:
                     arrived = tl.load(count_ptr, volatile=True)
         tl.store(x_ptr + tl.program_id(0), 1)

@@ -28,7 +28,11 @@ def test_fit_is_the_least_squares_line() -> None:
 
 
 def test_markdown_has_every_cell_and_fit() -> None:
-    rows = [lf.Row("chain", 1, 1, 7.5), lf.Row("chain", 2, 1, 10.0), lf.Row("barriers", 0, 132, 8.0)]
+    rows = [
+        lf.Row("chain", 1, 1, 7.5),
+        lf.Row("chain", 2, 1, 10.0),
+        lf.Row("barriers", 0, 132, 8.0),
+    ]
     text = lf.markdown(rows, lf.fit(rows[:2]), META)
     assert "| series | programs | n=0 | n=1 | n=2 |" in text
     assert "| chain | 1 | — | 7.50 | 10.00 |" in text
@@ -49,7 +53,9 @@ def test_barrier_kernel_spins_on_fresh_reads(barriers: int) -> None:
     source = ASTSource(lf._barriers, signature, {"BARRIERS": barriers})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == barriers
-    loops = re.findall(r"^\$L__BB\d+_\d+:[^\n]*\n[^\n]*Inner Loop Header(.*?)bra\s", ptx, re.M | re.S)
+    loops = re.findall(
+        r"^\$L__BB\d+_\d+:[^\n]*\n[^\n]*Inner Loop Header(.*?)bra\s", ptx, re.M | re.S
+    )
     assert len(loops) == barriers and all("ld.volatile.global" in body for body in loops)
 
 
