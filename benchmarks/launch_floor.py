@@ -157,6 +157,9 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
 
             rows.append(Row(series, n, grid, time_us(chain, reps)))
     for b in BARRIER_COUNTS:
+        # The count's targets are a function of BARRIERS: from zero for each kernel.
+        count.zero_()
+        epoch.zero_()
 
         def one(b: int = b) -> None:
             _barriers[(sms,)](x, count, epoch, BARRIERS=b, num_warps=1)
