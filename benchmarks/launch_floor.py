@@ -1,6 +1,8 @@
 """What kernel launches cost in a CUDA graph on this GPU with no work in them, and what grid-wide
 barriers cost inside one kernel: the floor under a fused MoE layer's time at 1 token, by
-bench_nvfp4_moe.py's measure (the median µs of single graph replays between CUDA events).
+bench_nvfp4_moe.py's measure (the median µs of single graph replays between CUDA events, L2
+flushed before each: the flush also keeps the GPU busy while the host submits the graph, whose
+submission an idle GPU's timing would include, about 12.7 µs whatever the graph holds).
 
     python benchmarks/launch_floor.py [--out DIR] [--name NAME] [--reps N]
 
@@ -81,7 +83,8 @@ def markdown(rows: list[Row], fits: list[Fit], meta: dict[str, object]) -> str:
         "",
         f"One run of `benchmarks/launch_floor.py --reps {meta['reps']}`, {meta['when']}"
         f" (torch {meta['torch']}, Triton {meta['triton']}): median µs of single CUDA graph"
-        " replays between CUDA events, as bench_nvfp4_moe.py times a layer.",
+        " replays between CUDA events, L2 flushed before each, as bench_nvfp4_moe.py times a"
+        " layer.",
         "",
         "| series | programs | " + " | ".join(f"n={n}" for n in ns) + " |",
         "|---|---:|" + "---:|" * len(ns),
@@ -131,7 +134,7 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
     import torch
 
     sys.path.insert(0, str(REPO / "tests" / "gpu"))
-    from cuda_graphs import time_us
+    from cuda_graphs import l2_flush_buffer, time_us
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
@@ -139,6 +142,9 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
     x = torch.zeros(sms, dtype=torch.int32, device="cuda")
     count = torch.zeros(1, dtype=torch.int32, device="cuda")
     epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
+    # The L2 flush before each replay, as bench_nvfp4_moe.py times a layer: it also keeps the
+    # GPU busy while the host submits the graph, which an idle GPU's timing would include.
+    flush = l2_flush_buffer()
     rows = []
     for series, grid, with_pdl in (
         ("chain", 1, False),
@@ -155,7 +161,7 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
                     launch = {"launch_pdl": True} if with_pdl and i > 0 else {}
                     _store_one[(grid,)](x, PDL=with_pdl, num_warps=1, **launch)
 
-            rows.append(Row(series, n, grid, time_us(chain, reps)))
+            rows.append(Row(series, n, grid, time_us(chain, reps, flush=flush)))
     for b in BARRIER_COUNTS:
         # The count's targets are a function of BARRIERS: from zero for each kernel.
         count.zero_()
@@ -164,7 +170,7 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
         def one(b: int = b) -> None:
             _barriers[(sms,)](x, count, epoch, BARRIERS=b, num_warps=1)
 
-        rows.append(Row("barriers", b, sms, time_us(one, reps)))
+        rows.append(Row("barriers", b, sms, time_us(one, reps, flush=flush)))
     meta = {
         "gpu": props.name,
         "sms": sms,
