@@ -9,7 +9,8 @@ of tests/gpu/standins.py), so every kernel it launches runs, in the configuratio
 picks: the w13 GEMM gated (SiLU-and-mul and the activation QDQ in its epilogue) and the w2 GEMM
 ungated, at 1 to 17 tokens (the buckets with the QDQ of the hidden states inside the GEMM and
 before it), with and without an expert map that has -1 entries (expert parallelism), and with
-one block per (token, expert) pair where the experts are many (E=16).
+one block per (token, expert) pair where the experts are many (E=16), with and without an
+expert map (the kernels map each pair's expert then, without an alignment pass).
 
 FP16 activations, and BF16 at the ends of the token buckets. Three faults of triton 3.9.0's interpreter (with torch 2.13.0) are
 mended by `kernels.fix_interpreter` first: its BF16 `tl.dot` multiplies the uint16 storage as
@@ -62,7 +63,7 @@ SMALL, SPARSE = EXPERTS
 # With -ep: this rank holds the even experts; the odd ones map to -1.
 CASES = [(SMALL, tokens, False) for tokens in range(1, 18)]
 CASES += [(SMALL, tokens, True) for tokens in (1, 4, 5, 16, 17)]
-CASES += [(SPARSE, tokens, False) for tokens in (1, 2)]
+CASES += [(SPARSE, tokens, ep) for tokens in (1, 2) for ep in (False, True)]
 # The fused kernel's own arithmetic: patch 0002 computes exact W4A4 (as a Blackwell NVFP4 GEMM)
 # and the reference has `exact` for it; a kernel without it rounds as 0.24.0 does (the
 # reference's default). The two change together in this repository: the reference says which
