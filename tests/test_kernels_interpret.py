@@ -10,7 +10,8 @@ picks: the w13 GEMM gated (SiLU-and-mul and the activation QDQ in its epilogue) 
 ungated, at 1 to 17 tokens (the buckets with the QDQ of the hidden states inside the GEMM and
 before it), with and without an expert map that has -1 entries (expert parallelism), and with
 one block per (token, expert) pair where the experts are many (E=16), with and without an
-expert map (the kernels map each pair's expert then, without an alignment pass).
+expert map (the kernels map each pair's expert then, without an alignment pass), and with an
+expert map at 3 and 4 tokens (E=32), where the alignment pass comes back.
 
 FP16 activations, and BF16 at the ends of the token buckets. Three faults of triton 3.9.0's interpreter (with torch 2.13.0) are
 mended by `kernels.fix_interpreter` first: its BF16 `tl.dot` multiplies the uint16 storage as
@@ -58,12 +59,15 @@ from nvfp4_reference import nvfp4_moe_reference
 # and intermediate sizes are the smallest multiples of 128 the fused path takes
 # (kernels.small_fused_sizes: depths of whole K steps; tests/test_kernels_ragged.py has the
 # others), found in the child from the module itself.
-EXPERTS = {"small": 4, "sparse": 16}
-SMALL, SPARSE = EXPERTS
+EXPERTS = {"small": 4, "sparse": 16, "sparser": 32}
+SMALL, SPARSE, SPARSER = EXPERTS
 # With -ep: this rank holds the even experts; the odd ones map to -1.
 CASES = [(SMALL, tokens, False) for tokens in range(1, 18)]
 CASES += [(SMALL, tokens, True) for tokens in (1, 4, 5, 16, 17)]
 CASES += [(SPARSE, tokens, ep) for tokens in (1, 2) for ep in (False, True)]
+# The table's one-block-per-pair bucket at 3 and 4 tokens (32 experts), with an expert map: the
+# alignment pass there (nvfp4_emulation_moe.EP_NAIVE_MAX_TOKENS).
+CASES += [(SPARSER, tokens, True) for tokens in (3, 4)]
 # The fused kernel's own arithmetic: patch 0002 computes exact W4A4 (as a Blackwell NVFP4 GEMM)
 # and the reference has `exact` for it; a kernel without it rounds as 0.24.0 does (the
 # reference's default). The two change together in this repository: the reference says which
@@ -123,6 +127,17 @@ def test_weight_layouts_give_the_same_bits(results: dict[str, Any], case: str) -
     tiles, rows, moved = results["layouts"][case]
     assert moved, "process_weights_after_loading left the weights as they were"
     assert torch.equal(tiles, rows)
+
+
+@pytest.mark.parametrize("case", [c for c in CASE_IDS if "-sparse" in c])
+def test_alignment_pass_only_where_blocks_are_not_pairs(results: dict[str, Any], case: str) -> None:
+    """Where the table's bucket has one block per (token, expert) pair (tokens * top_k * 4 <=
+    experts), the kernels take the router's ids without vLLM's alignment pass; with an expert
+    map only up to EP_NAIVE_MAX_TOKENS (2) tokens, and above it the alignment pass, which also
+    maps the experts (slower blocks of pairs there on an H200: the constant's comment)."""
+    tokens = int(case.split("-")[3].removesuffix("tok"))
+    want = 1 if case.endswith("-ep") and tokens > 2 else 0
+    assert results["aligned"][case] == want
 
 
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
@@ -223,9 +238,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     kernels.fix_interpreter()
     errors |= dot_errors(Path(out).parent, "-mended")
     # As on a ROCm machine: the portable kernels (the interpreter runs no inline PTX).
-    fused = kernels.load_fused(
-        Path(overlay_vllm), Path(pristine_vllm), standins.moe_align_block_size, rocm=True
-    )
+    aligned: list[int] = []
+
+    def align(*args: Any, **kwargs: Any) -> Any:
+        aligned.append(1)
+        return standins.moe_align_block_size(*args, **kwargs)
+
+    fused = kernels.load_fused(Path(overlay_vllm), Path(pristine_vllm), align, rocm=True)
     launched: list[str] = []
     original = InterpretedFunction.run
 
@@ -241,11 +260,14 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         for name, experts in EXPERTS.items()
     }
     layouts = {}
+    alignments = {}
     for case_id, (dtype, (name, tokens, ep)) in zip(CASE_IDS, RUNS, strict=True):
         shape = shapes[name]
         if case_id == SPIED:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
+        before = len(aligned)
         outputs[case_id] = run(fused, shape, tokens, ep, dtype)
+        alignments[case_id] = len(aligned) - before
         InterpretedFunction.run = original  # type: ignore[method-assign]
         if case_id in ROW_LAYOUT:
             wide = moe_setup.MoeShape(name, shape.experts, 2 * hidden, 2 * intermediate, top_k=2)
@@ -254,7 +276,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
                 run(fused, wide, tokens, ep, dtype, layout=False),
                 moved(fused, wide),
             )
-    saved = {"outputs": outputs, "layouts": layouts, "launched": launched, "dot_errors": errors}
+    saved = {
+        "outputs": outputs,
+        "layouts": layouts,
+        "launched": launched,
+        "dot_errors": errors,
+        "aligned": alignments,
+    }
     torch.save(saved, out)
 
 
