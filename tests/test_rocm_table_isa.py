@@ -1,0 +1,104 @@
+"""benchmarks/rocm_table_isa.py's CPU side without compiling: the rules a configuration is judged
+by, the launches a candidate table makes the fused experts record (its tiles, token blocks and
+stages, and the shipped table back afterwards), and the one-line errors for a table it cannot
+read. What the compiled code objects say is benchmarks/results/rocm_table_isa.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import REPO
+
+pytest.importorskip("torch", reason="the launchers run on torch tensors (pip install torch)")
+pytest.importorskip("triton", reason="triton binds the launches (pip install triton)")
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+import kernels
+import rocm_table_isa
+import standins
+from vllm_install import Overlay, Pristine
+
+CANDIDATES = REPO / "benchmarks" / "rocm_tables"
+TABLE_NAME = "nvfp4_emulation_moe_tiles.rocm_generic.json"
+GOOD = {"vgprs": 128, "vgpr_spills": 0, "sgpr_spills": 3, "scratch_bytes": 0,
+        "occupancy_waves": 2, "mfma": 32, "lds_bytes": 4096}  # fmt: skip
+# (a change to a good configuration's facts, the rules it then breaks)
+RULE_CASES = [
+    ({}, []),
+    ({"sgpr_spills": 20}, []),  # SGPR spills go to VGPR lanes: not a rule
+    ({"vgpr_spills": 1}, ["VGPR spill"]),
+    ({"scratch_bytes": 16}, ["scratch"]),
+    ({"mfma": 0}, ["no MFMA"]),
+    ({"occupancy_waves": 1}, ["fewer than 2 waves"]),
+    ({"occupancy_waves": 1, "vgpr_spills": 4}, ["VGPR spill", "fewer than 2 waves"]),
+]
+
+
+@pytest.mark.parametrize(("change", "broken"), RULE_CASES)
+def test_rules(change: dict[str, int], broken: list[str]) -> None:
+    row = rocm_table_isa.Row(table="t", target="gfx942", config="c", **(GOOD | change))
+    assert row.broken() == broken
+
+
+@pytest.fixture(scope="module")
+def fused(overlay: Overlay, full_pristine: Pristine) -> Any:
+    return kernels.load_fused(
+        overlay.project.overlay_dir / "vllm",
+        full_pristine.root / "vllm",
+        standins.moe_align_block_size,
+        rocm=True,
+    )
+
+
+def tiles(launches: list[Any]) -> set[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of each recorded GEMM launch."""
+    found = set()
+    for launch in launches:
+        kw = launch.kwargs
+        found.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
+    return found
+
+
+def table_tiles(table: dict[str, Any]) -> set[tuple[int, int, int, int]]:
+    return {
+        (entry["block_m"], entry[gemm]["block_n"], entry[gemm]["num_warps"],
+         entry[gemm]["num_stages"])
+        for key, entry in table.items() if not key.startswith("_")
+        for gemm in ("w13", "w2")
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("candidate", ["three_stages", "cuda_tiles"])
+def test_candidate_launches_its_tiles(fused: Any, candidate: str) -> None:
+    """The GEMMs launched with a candidate as ROCm's generic table take exactly its tiles; the
+    shipped table is back afterwards, and takes its own."""
+    path = CANDIDATES / candidate / TABLE_NAME
+    module = rocm_table_isa.kernels_module(fused)
+    shipped = module.GENERIC_CONFIGS["rocm"]
+    table = rocm_table_isa.read_table(module, str(path))
+    assert tiles(rocm_table_isa.gemm_launches(fused, table)) == table_tiles(
+        json.loads(path.read_text())
+    )
+    assert module.GENERIC_CONFIGS["rocm"] is shipped
+    want = {(c.block_m, g.block_n, g.num_warps, g.num_stages)
+            for c in shipped.values() for g in (c.w13, c.w2)}  # fmt: skip
+    assert tiles(rocm_table_isa.gemm_launches(fused, None)) == want
+
+
+def test_unreadable_tables(fused: Any, tmp_path: Path) -> None:
+    module = rocm_table_isa.kernels_module(fused)
+    with pytest.raises(SystemExit) as missing:
+        rocm_table_isa.read_table(module, str(tmp_path / "none.json"))
+    assert str(missing.value) == f"{tmp_path / 'none.json'}: no such table file (or say 'shipped')"
+    bad = tmp_path / "bad.json"
+    entry = {"naive": False, "block_m": 16, "fuse_a1_qdq": False,
+             "w13": {"block_n": 32, "block_k": 64, "num_warps": 2, "num_stages": 2},
+             "w2": {"block_n": 64, "block_k": 128, "num_warps": 2, "num_stages": 2}}  # fmt: skip
+    bad.write_text(json.dumps({"16": entry}))
+    with pytest.raises(SystemExit) as refused:
+        rocm_table_isa.read_table(module, str(bad))
+    assert str(refused.value).startswith(f"{bad}: entry '16' w13: K step 64;")
