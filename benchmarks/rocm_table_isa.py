@@ -11,7 +11,8 @@ TABLE: a tile table's JSON as patch 0002 reads it (nvfp4_emulation_moe_tiles.*.j
 tests/kernels.py's drive of the fused experts (both benchmark shapes and the ragged one, BF16
 and FP16, with and without an expert map, both ends of every bucket of TABLE). Writes NAME.json
 and NAME.md under DIR (default benchmarks/results, rocm_table_isa) and exits 1 where a
-configuration breaks a rule, 0 where none does. Candidate tables measured on an H200 with
+configuration breaks a rule, 0 where none does, 2 (one line, nothing written) for a TABLE it
+cannot read. Candidate tables measured on an H200 with
 ``VLLM_PATCHSET_NVFP4_CONFIG_DIR`` (as nvfp4_emulation_moe_tiles.rocm_generic.json) are in
 benchmarks/rocm_tables/.
 """
@@ -28,14 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "gpu")]
-DEFAULT_OUT = REPO / "benchmarks" / "results"
-PIN = "0.24.0"
+from isa_facts import DEFAULT_OUT, PIN, REPO, default_pristine
+
 TARGETS = ("gfx942", "gfx950")
 GEMM = "_nvfp4_moe_gemm_kernel"
 MIN_WAVES = 2  # ROCM_CONFIGS: "keeps at least two waves per SIMD"
 SHIPPED = "shipped"
+
+
+class BadTable(Exception):
+    """A TABLE argument the script cannot take (main: one line on stderr, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,11 @@ def read_table(module: Any, name: str) -> dict[int, Any] | None:
         return None
     path = Path(name)
     if not path.is_file():
-        raise SystemExit(f"{name}: no such table file (or say {SHIPPED!r})")
+        raise BadTable(f"{name}: no such table file (or say {SHIPPED!r})")
     try:
         table: dict[int, Any] = module.parse_table(path.read_text(), name)
     except module.Nvfp4MoeTableError as exc:
-        raise SystemExit(str(exc)) from None
+        raise BadTable(str(exc)) from None
     return table
 
 
@@ -165,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tables", nargs="+", metavar="TABLE", help=f"a table's JSON, or {SHIPPED}")
     parser.add_argument("--overlay", type=Path, default=REPO / "overlay" / "vllm")
-    cache = os.environ.get("VLLM_PATCHSET_TEST_CACHE", str(REPO / ".cache" / "test-upstream"))
-    pristine = Path(cache) / "installed" / f"vllm-{PIN}" / "vllm"
-    parser.add_argument("--pristine", type=Path, default=pristine)
+    parser.add_argument("--pristine", type=Path, default=default_pristine())
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--name", default="rocm_table_isa")
     args = parser.parse_args(argv)
@@ -178,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
 
     fused = kernels.load_fused(args.overlay, args.pristine, standins.moe_align_block_size, True)
     module = kernels_module(fused)
-    tables = {name: read_table(module, name) for name in args.tables}
+    try:
+        tables = {name: read_table(module, name) for name in args.tables}
+    except BadTable as exc:
+        print(f"rocm_table_isa: {exc}", file=sys.stderr)
+        return 2
     rows = [row for name, table in tables.items() for row in facts(name, fused, table)]
     args.out.mkdir(parents=True, exist_ok=True)
     document = {"triton": triton.__version__, "vllm": PIN, "rows": [vars(r) for r in rows]}

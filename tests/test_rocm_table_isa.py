@@ -91,7 +91,7 @@ def test_candidate_launches_its_tiles(fused: Any, candidate: str) -> None:
 
 def test_unreadable_tables(fused: Any, tmp_path: Path) -> None:
     module = rocm_table_isa.kernels_module(fused)
-    with pytest.raises(SystemExit) as missing:
+    with pytest.raises(rocm_table_isa.BadTable) as missing:
         rocm_table_isa.read_table(module, str(tmp_path / "none.json"))
     assert str(missing.value) == f"{tmp_path / 'none.json'}: no such table file (or say 'shipped')"
     bad = tmp_path / "bad.json"
@@ -99,6 +99,6 @@ def test_unreadable_tables(fused: Any, tmp_path: Path) -> None:
              "w13": {"block_n": 32, "block_k": 64, "num_warps": 2, "num_stages": 2},
              "w2": {"block_n": 64, "block_k": 128, "num_warps": 2, "num_stages": 2}}  # fmt: skip
     bad.write_text(json.dumps({"16": entry}))
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(rocm_table_isa.BadTable) as refused:
         rocm_table_isa.read_table(module, str(bad))
     assert str(refused.value).startswith(f"{bad}: entry '16' w13: K step 64;")
