@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from backport_story import BUG, FIX_BODY, FIX_SUBJECT, UPSTREAM_TEST, backport_story
 from support import cli, git
-from synthetic import LocalIndex
+from synthetic import BUGGY, FIXED, MOE, LocalIndex
 from vllm_patchset.overlay.upstream import Mirror
 from vllm_patchset.series.verdict import Reason, State, Verdict
 from vllm_patchset.sync import backport
@@ -291,3 +291,51 @@ def test_introduced_in_searches_back_while_the_change_applies(
     assert backport._introduced_in(on_release, "0.24.0", list(older)) == expected
     stop = next((i for i, v in enumerate(older) if older[v] != A), len(older) - 1)
     assert asked == list(older)[: stop + 1]  # nothing classified past the stop
+
+
+def digits_commit(upstream: Path, subject: str, files: dict[str, str]) -> str:
+    """A commit of `files` on upstream's HEAD whose first 7 hex digits are all decimal (one
+    commit in 27 is): its committer time stepped a second at a time until it is. HEAD moves
+    to it."""
+    for path, text in files.items():
+        (upstream / path).write_text(text)
+    git(upstream, "add", "-A")
+    tree = git(upstream, "write-tree").strip()
+    parent = git(upstream, "rev-parse", "HEAD").strip()
+    for second in range(2000):
+        env = {"GIT_COMMITTER_DATE": f"{1782518400 + second} +0000"}
+        made = git(upstream, "commit-tree", tree, "-p", parent, "-m", subject, env=env).strip()
+        if made[:7].isdigit():
+            git(upstream, "update-ref", "HEAD", made)
+            return made
+    raise AssertionError("no all-digit commit id in 2000 tries")
+
+
+def test_bare_digits_that_abbreviate_a_commit_name_it_unless_a_subject_names_them_too(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression pin: `backport 4718290` took an all-digit short commit id for a pull request
+    number and failed (CI at 87fe1ce, one run in a hundred: the commit ids of the synthetic
+    upstream change with the clock)."""
+    story = backport_story(tmp_path, cache, "landed", "1.2")
+    upstream = story.upstream.path
+    root = story.project.root
+    moe = (upstream / MOE).read_text()
+    fix = digits_commit(
+        upstream, "moe: no tensor truthiness (#47000)", {MOE: moe.replace(BUGGY, FIXED)}
+    )
+    code, out, err = cli(capsys, root, "backport", fix[:7], "--from", str(upstream))
+    assert (code, err) == (0, ""), err
+    assert "  Upstream-PR: https://github.com/vllm-project/vllm/pull/47000" in out.splitlines()
+    series = (root / "patches" / "series").read_text().splitlines()
+    assert series[-1] == "0001-moe-no-tensor-truthiness-47000.patch"
+    # A later subject that names the same digits as a pull request: neither is guessed.
+    before = outside_queue(root)
+    digits_commit(upstream, f"moe: note (#{fix[:7]})", {MOE: moe})
+    assert cli(capsys, root, "backport", fix[:7], "--from", str(upstream)) == (
+        2,
+        "",
+        f"vllm-patchset: {fix[:7]} names both pull request #{fix[:7]} and commit {fix[:12]} of"
+        f" {upstream}: write #{fix[:7]} for the pull request, or more of the commit id\n",
+    )
+    assert outside_queue(root) == before

@@ -102,7 +102,8 @@ class Backport:
 # -- the commit ----------------------------------------------------------------------------------
 def find_commit(repo: Repo, source: str, ref: str, branch: str) -> str:
     """The commit REF names, fetched from `source` into `repo` (the mirror): a pull request
-    number is looked for in the subjects of `branch`'s history."""
+    number is looked for in the subjects of `branch`'s history; bare digits that are also an
+    abbreviated commit id of that history are the commit, unless a subject names them too."""
     check_source(source)
     number = _PR_REF.fullmatch(ref)
     if number is None:
@@ -125,6 +126,15 @@ def find_commit(repo: Repo, source: str, ref: str, branch: str) -> str:
         for line in log.splitlines()
         if (match := _PR_SUBJECT.search(line)) and match.group(1) == pr
     ]
+    # Bare digits may also be an abbreviated commit id (one in a hundred of them is all digits).
+    found = None if ref.startswith("#") else repo.resolve(ref)
+    if found is not None and _contains(repo, head, found):
+        if named:
+            raise BadInput(
+                f"{ref} names both pull request #{pr} and commit {found[:12]} of {source}: write"
+                f" #{pr} for the pull request, or more of the commit id"
+            )
+        return found
     if not named:
         raise BadInput(
             f"no commit of {branch} of {source} names pull request #{pr} in its subject (as"
