@@ -85,6 +85,10 @@ def git(
         "GIT_AUTHOR_EMAIL": "t@example.com",
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@example.com",
+        # Fixed dates: a test's commit ids are the same every run (CI once failed on an id
+        # that only one run in a hundred makes).
+        "GIT_AUTHOR_DATE": "2026-06-27T00:00:00+00:00",
+        "GIT_COMMITTER_DATE": "2026-06-27T00:00:00+00:00",
         **(env or {}),
     }
     done = subprocess.run(
