@@ -85,12 +85,14 @@ def expert_map(shape: moe_setup.MoeShape) -> torch.Tensor | None:
     return None if make is None else make(shape)
 
 
-# Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM).
+# Token count swept -> the groups (block_m, naive, QDQ of the hidden states in the w13 GEMM;
+# with naive blocks the kernel quantizes the token's row alone, whatever block_m).
 GROUPS = {
-    1: [(8, True, False), (16, True, True), (16, True, False)],
+    1: [(8, True, False), (8, True, True), (16, True, True), (16, True, False)],
     8: [
         (8, False, False),
         (8, True, False),
+        (8, True, True),
         (16, False, True),
         (16, True, True),
         (16, False, False),

@@ -36,8 +36,10 @@ no NaN (every element written).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,17 @@ ROW_LAYOUT = [
 ]
 
 
+# These also run with the hidden states quantized inside the w13 GEMM (fuse_a1_qdq in every
+# bucket of a table given through CONFIG_DIR_ENV): one block per pair, where only the token's
+# row is quantized (ONE_ROW), and sorted blocks; the same bits as the QDQ pass.
+QDQ_IN_GEMM_CASES = [
+    "interpret-fp16-sparse-1tok",
+    "interpret-fp16-sparse-2tok-ep",
+    "interpret-bf16-sparse-1tok-ep",
+    "interpret-bf16-sparse-2tok",
+    "interpret-fp16-small-5tok",
+]
+
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
 results = kernels.interpreted_results_fixture()
 
@@ -138,6 +151,17 @@ def test_alignment_pass_only_where_blocks_are_not_pairs(results: dict[str, Any],
     tokens = int(case.split("-")[3].removesuffix("tok"))
     want = 1 if case.endswith("-ep") and tokens > 2 else 0
     assert results["aligned"][case] == want
+
+
+@pytest.mark.parametrize("case", QDQ_IN_GEMM_CASES)
+def test_hidden_states_quantized_in_w13_give_the_same_bits(
+    results: dict[str, Any], case: str
+) -> None:
+    """With the QDQ of the hidden states inside the w13 GEMM (one block per pair: the token's
+    row alone), the bits of the QDQ pass of its own, which is then not launched."""
+    got, launched = results["qdq_in_gemm"][case]
+    assert torch.equal(got, results["outputs"][case][0])
+    assert launched.count("_nvfp4_moe_gemm_kernel") == 2 and "_nvfp4_qdq_kernel" not in launched
 
 
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
@@ -276,7 +300,25 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
                 run(fused, wide, tokens, ep, dtype, layout=False),
                 moved(fused, wide),
             )
+    spied = list(launched)
+    qdq_in_gemm = {}
+    tables = Path(out).parent / "qdq-in-gemm"
+    tables.mkdir()
+    module = fused.module
+    device = re.sub(r"[^A-Za-z0-9_-]", "_", kernels.platform(True).get_device_name())
+    table = {b: dataclasses.replace(c, fuse_a1_qdq=True) for b, c in module.ROCM_CONFIGS.items()}
+    (tables / f"{module.TABLE_PREFIX}{device}.json").write_text(module.table_json(table))
+    os.environ[module.CONFIG_DIR_ENV] = str(tables)
+    InterpretedFunction.run = spy  # type: ignore[method-assign]
+    for case_id in QDQ_IN_GEMM_CASES:
+        dtype, (name, tokens, ep) = RUNS[CASE_IDS.index(case_id)]
+        launched.clear()
+        qdq_in_gemm[case_id] = (run(fused, shapes[name], tokens, ep, dtype)[0], list(launched))
+    InterpretedFunction.run = original  # type: ignore[method-assign]
+    del os.environ[module.CONFIG_DIR_ENV]
+    launched[:] = spied
     saved = {
+        "qdq_in_gemm": qdq_in_gemm,
         "outputs": outputs,
         "layouts": layouts,
         "launched": launched,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import sys
 import types
 import warnings
@@ -558,9 +559,14 @@ class MoeLayer:
         ws13, ws2, out = experts.experts.workspace_shapes(
             m, n, k, top_k, shape.experts, experts.w1.shape[0], None, MoEActivation.SILU
         )
-        self.ws13 = torch.empty(ws13, dtype=torch.bfloat16, device="cuda")
+        # The output over the first workspace's start, as FusedMoEKernel lays them out (it
+        # reuses that memory): a kernel that writes the output while another still reads its
+        # first workspace shows here.
+        common = torch.empty(max(math.prod(ws13), math.prod(out)), dtype=torch.bfloat16,
+                             device="cuda")  # fmt: skip
+        self.ws13 = common[: math.prod(ws13)].view(ws13)
         self.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
-        self.output = torch.empty(out, dtype=torch.bfloat16, device="cuda")
+        self.output = common[: math.prod(out)].view(out)
 
     def refill(self, seed: int) -> None:
         """New hidden states and routing in the same tensors."""
