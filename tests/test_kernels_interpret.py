@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -305,7 +304,8 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     tables = Path(out).parent / "qdq-in-gemm"
     tables.mkdir()
     module = fused.module
-    device = re.sub(r"[^A-Za-z0-9_-]", "_", kernels.platform(True).get_device_name())
+    # The module's own device name for this platform (its kernels module's rule).
+    device = sys.modules[module.nvfp4_moe_configs.__module__].device_table_name("rocm")
     table = {b: dataclasses.replace(c, fuse_a1_qdq=True) for b, c in module.ROCM_CONFIGS.items()}
     (tables / f"{module.TABLE_PREFIX}{device}.json").write_text(module.table_json(table))
     os.environ[module.CONFIG_DIR_ENV] = str(tables)
