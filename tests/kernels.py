@@ -379,6 +379,23 @@ def _resize_cache(x: torch.Tensor, v: tuple[int, ...]) -> torch.Tensor:
     return x.flatten()[: math.prod(v)].view(*v)
 
 
+class TopKWeightAndReduce:
+    """Stands in for vLLM's mk.TopKWeightAndReduce, the finalize's weight-and-reduce step."""
+
+    def apply(self, output: Any, fused_expert_output: Any, topk_weights: Any, topk_ids: Any,
+              apply_router_weight_on_input: bool) -> Any:  # fmt: skip
+        raise NotImplementedError
+
+
+class CopyToOutput(TopKWeightAndReduce):
+    """vLLM's TopKWeightAndReduceNoOP: the experts' output is the layer's, copied."""
+
+    def apply(self, output: Any, fused_expert_output: Any, topk_weights: Any, topk_ids: Any,
+              apply_router_weight_on_input: bool) -> Any:  # fmt: skip
+        output.copy_(fused_expert_output)
+        return output
+
+
 class ExpertsBase:
     """Stands in for vLLM's TritonExperts: what the fused ``apply`` uses of it (the quant
     config, the problem size, LoRA and bias off, the top-k sum)."""
@@ -406,6 +423,9 @@ class ExpertsBase:
 
     def moe_sum(self, input: torch.Tensor, output: torch.Tensor) -> None:
         output.copy_(input.sum(dim=1))  # vLLM's moe_sum op, as tests/gpu/standins.py has it
+
+    def finalize_weight_and_reduce_impl(self) -> Any:
+        return CopyToOutput()  # TritonExperts' TopKWeightAndReduceNoOP
 
     def process_weights_after_loading(self, layer: Any) -> None:
         pass  # FusedMoEExpertsModular's: nothing to do
@@ -510,6 +530,7 @@ def load_fused(
                 align_module.moe_align_block_size
             ),
             f"{base}.fused_moe.utils._resize_cache": _resize_cache,
+            f"{base}.fused_moe.modular_kernel.TopKWeightAndReduce": TopKWeightAndReduce,
             f"{base}.quantization.utils.nvfp4_emulation_utils.ref_nvfp4_quant_dequant": (
                 utils.ref_nvfp4_quant_dequant
             ),
@@ -556,10 +577,11 @@ def fused_apply(
     expert_map: torch.Tensor | None = None,
     global_num_experts: int = -1,
 ) -> torch.Tensor:
-    """``experts.apply`` as FusedMoEKernel calls it, on NaN-filled workspaces of the experts'
-    ``workspace_shapes``, the output laid over workspace13's start as FusedMoEKernel lays it
-    (it reuses workspace13 for the output); the output (NaN first: every element must be
-    written; a read of an unwritten one shows)."""
+    """``experts.apply`` then the finalize's weight-and-reduce step, as FusedMoEKernel calls
+    them: on NaN-filled workspaces of the experts' ``workspace_shapes``, the experts' output
+    laid over workspace13's start as FusedMoEKernel lays it (it reuses workspace13 for it),
+    and the layer's output (NaN first, as all of them: every element must be written; a read
+    of an unwritten one shows)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
     shapes = experts.workspace_shapes(
@@ -568,9 +590,9 @@ def fused_apply(
     )  # fmt: skip
     ws13, ws2, out = (max(math.prod(s), 1) for s in shapes)
     common = torch.full((max(ws13, out),), float("nan"), dtype=hidden.dtype)
-    output = common[:out].view(tokens, hidden_size)
+    fused_out = common[:out].view(shapes[2])
     experts.apply(
-        output=output,
+        output=fused_out,
         hidden_states=hidden,
         w1=w13,
         w2=w2,
@@ -586,7 +608,9 @@ def fused_apply(
         expert_tokens_meta=None,
         apply_router_weight_on_input=False,
     )
-    return output
+    output = torch.full((tokens, hidden_size), float("nan"), dtype=hidden.dtype)
+    reduce = experts.finalize_weight_and_reduce_impl()
+    return reduce.apply(output, fused_out, topk_weights, topk_ids, False)
 
 
 def run_experts(

@@ -542,8 +542,9 @@ def bf16_triton_experts(moe: Nvfp4Moe, shape: MoeShape, max_num_tokens: int) -> 
 
 class MoeLayer:
     """One MoE layer's experts and its static buffers: ``apply`` calls the experts' own
-    ``apply`` (what FusedMoEKernel calls after its prepare step) on the same tensors every
-    time, so that it can be captured in a CUDA graph and replayed after ``refill``."""
+    ``apply`` and then the finalize (what FusedMoEKernel calls after its prepare step) on the
+    same tensors every time, so that it can be captured in a CUDA graph and replayed after
+    ``refill``."""
 
     def __init__(
         self, moe: Nvfp4Moe, shape: MoeShape, tokens: int, experts: Experts, seed: int = 1
@@ -559,14 +560,15 @@ class MoeLayer:
         ws13, ws2, out = experts.experts.workspace_shapes(
             m, n, k, top_k, shape.experts, experts.w1.shape[0], None, MoEActivation.SILU
         )
-        # The output over the first workspace's start, as FusedMoEKernel lays them out (it
-        # reuses that memory): a kernel that writes the output while another still reads its
-        # first workspace shows here.
+        # The experts' output over the first workspace's start, as FusedMoEKernel lays them
+        # out (it reuses that memory): a kernel that writes that output while another still
+        # reads its first workspace shows here. The layer's output is a tensor of its own.
         common = torch.empty(max(math.prod(ws13), math.prod(out)), dtype=torch.bfloat16,
                              device="cuda")  # fmt: skip
         self.ws13 = common[: math.prod(ws13)].view(ws13)
         self.ws2 = torch.empty(ws2, dtype=torch.bfloat16, device="cuda")
-        self.output = common[: math.prod(out)].view(out)
+        self.fused_out = common[: math.prod(out)].view(out)
+        self.output = torch.empty_like(self.hidden)
 
     def refill(self, seed: int) -> None:
         """New hidden states and routing in the same tensors."""
@@ -581,11 +583,15 @@ class MoeLayer:
         return self.run(unfused)
 
     def run(self, unfused: bool = False) -> torch.Tensor:
-        """The layer's output; ``unfused``: patch 0002's fallback, 0.24.0's dequantize-all path."""
+        """The layer's output; ``unfused``: patch 0002's fallback, 0.24.0's dequantize-all path
+        (which writes the layer's output itself)."""
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe.prepare_finalize import (
+            make_moe_prepare_and_finalize_no_dp_ep,
+        )
 
         kwargs: dict[str, Any] = dict(
-            output=self.output,
+            output=self.output if unfused else self.fused_out,
             hidden_states=self.hidden,
             w1=self.experts.w1,
             w2=self.experts.w2,
@@ -601,8 +607,17 @@ class MoeLayer:
         )
         if unfused:
             self.experts.experts._apply_dequantized(**kwargs)
-        else:
-            self.experts.experts.apply(a1q_scale=None, a2_scale=None, **kwargs)
+            return self.output
+        self.experts.experts.apply(a1q_scale=None, a2_scale=None, **kwargs)
+        # FusedMoEKernel's finalize on a single GPU: the experts' weight-and-reduce step.
+        make_moe_prepare_and_finalize_no_dp_ep(use_monolithic=False).finalize(
+            self.output,
+            self.fused_out,
+            self.topk_weights,
+            self.topk_ids,
+            False,
+            self.experts.experts.finalize_weight_and_reduce_impl(),
+        )
         return self.output
 
 
