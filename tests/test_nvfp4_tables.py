@@ -273,13 +273,15 @@ def test_tail_step_width(load: Any) -> None:
     assert [width(i % 128, 128) for i in (192, 176, 704, 1856, 64, 928)] == [64] * 5 + [32]
 
 
-def test_unfused_path_said_once_with_why(load: Any) -> None:
+def test_unfused_path_said_once_with_why(load: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """FP32 hidden states take the unfused path: said once (one layer, two calls; a second
     layer of the same shape and reason adds no line), with the reason and the shapes."""
     fused, log = load()
     e, h, i = SHAPE
     taken = []
     fused.experts._apply_dequantized = lambda self, *args: taken.append(1)  # type: ignore[attr-defined]
+    # The finalize's top-k sum is a Triton launch (no driver here); the log is what counts.
+    monkeypatch.setattr(fused.module, "invoke_topk_sum", lambda *args, **kwargs: None)
     config = kernels.quant_config(*[torch.ones(1)] * 6)
     w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
     w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
@@ -330,3 +332,32 @@ def test_tiled_layout_at_ragged_depths(load: Any, depth: int) -> None:
     assert depth <= 128 or not torch.equal(laid[0], packed)  # one tile a row block: rows
     again = module.untiled_nvfp4_weights(*laid)
     assert torch.equal(again[0], packed) and torch.equal(again[1].view(torch.uint8), scales)
+
+
+def test_experts_output_is_per_pair_and_the_finalize_sums_it(
+    load: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The experts' output is [M, top_k, K] (FusedMoEKernel lays it over workspace13, which is
+    no smaller; the workspaces are TritonExperts'), and their finalize is the top-k sum into
+    the layer's output: one launch, none for a rank that no token reached."""
+    fused, _ = load()
+    e, h, i = SHAPE
+    experts = fused.experts(None, kernels.quant_config(*[torch.ones(1)] * 6))
+    shapes = experts.workspace_shapes(5, 2 * i, h, 3, e, e, None, fused.silu)
+    assert shapes == ((5, 3, 256), (5, 3, 384), (5, 3, 256))
+    reduce = experts.finalize_weight_and_reduce_impl()
+    assert type(reduce).__name__ == "Nvfp4TopKSum" and reduce == fused.module.Nvfp4TopKSum(
+        experts.pdl
+    )
+    sums: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    monkeypatch.setattr(
+        fused.module,
+        "invoke_topk_sum",
+        lambda x, out, pdl: sums.append((tuple(x.shape), tuple(out.shape))),
+    )
+    output = torch.zeros(5, h)
+    assert reduce.apply(output, torch.zeros(5, 3, h), None, torch.zeros(5, 3), False) is output
+    made = reduce.apply(None, torch.zeros(15, h), None, torch.zeros(5, 3), False)
+    assert made.shape == (5, h)
+    assert reduce.apply(None, torch.zeros(0, h), None, torch.zeros(0, 3), False).shape == (0, h)
+    assert sums == [((5, 3, h), (5, h)), ((5, 3, h), (5, h))]

@@ -44,6 +44,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
+import cuda_graphs
 import moe_setup
 from nvfp4_reference import nvfp4_moe_reference
 from vllm.model_executor.layers.fused_moe.experts import (
@@ -163,3 +164,18 @@ def test_apply_does_not_dequantize_every_expert(monkeypatch) -> None:
     monkeypatch.setattr(nvfp4_emulation_moe, "dequantize_to_dtype", dequantize_all)
     moe_layer = layer("qwen3-30b-a3b", 1)
     assert_agree(moe_layer.apply(), reference(moe_layer))
+
+
+@needs_fused
+@pytest.mark.parametrize(("shape", "tokens"), [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 512)])
+def test_no_copy_after_the_experts(shape: str, tokens: int) -> None:
+    """FusedMoEKernel.apply: the experts' finalize sums the top-k slots straight into the
+    layer's output (Nvfp4TopKSum), so the layer copies nothing (vLLM 0.24.0's no-op finalize
+    copies the experts' output, one memcpy per layer); the top-k sum is the last kernel; the
+    bits are the experts' apply and finalize on static buffers."""
+    moe_layer = layer(shape, tokens)
+    call = moe_setup.KernelCall(moe_setup.emulation_or_bf16_kernel(moe_layer.experts), moe_layer)
+    names = [name for name, _ in cuda_graphs.profiled_kernels(call.run)]
+    assert not [n for n in names if "memcpy" in n.lower()], names
+    assert "_topk_sum_kernel" in names[-1], names
+    assert torch.equal(call.run(), moe_layer.apply())
