@@ -40,6 +40,7 @@ import dataclasses
 import inspect
 import os
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,17 @@ QDQ_IN_GEMM_CASES = [
     "interpret-fp16-small-5tok",
 ]
 
+# These also run as under all-to-all kernels (a moe_config whose parallel config uses them):
+# the experts reduce over the top-k slots themselves, their output [M, K] and their finalize
+# TritonExperts' copy; the same bits as the per-pair output their own finalize sums.
+ALL2ALL_CASES = [
+    "interpret-fp16-small-5tok",
+    "interpret-fp16-small-17tok-ep",
+    "interpret-bf16-sparse-2tok-ep",
+    "interpret-bf16-sparse-1tok",
+]
+ALL2ALL = types.SimpleNamespace(moe_parallel_config=types.SimpleNamespace(use_all2all_kernels=True))
+
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
 results = kernels.interpreted_results_fixture()
 
@@ -163,6 +175,18 @@ def test_hidden_states_quantized_in_w13_give_the_same_bits(
     assert launched.count("_nvfp4_moe_gemm_kernel") == 2 and "_nvfp4_qdq_kernel" not in launched
 
 
+@pytest.mark.parametrize("case", ALL2ALL_CASES)
+def test_all2all_kernels_take_the_reduced_output(results: dict[str, Any], case: str) -> None:
+    """Under all-to-all kernels the experts' output is [M, K] (TritonExperts'), reduced by the
+    experts, and their finalize is TritonExperts' (a copy here); without them [M, top_k, K]
+    and the top-k sum (Nvfp4TopKSum). The same bits either way."""
+    got, shapes, reduce = results["all2all"][case]
+    tokens, hidden = got.shape  # top_k 2 (the module's shapes)
+    assert torch.equal(got, results["outputs"][case][0])
+    assert shapes == ((tokens, hidden), (tokens, 2, hidden))
+    assert reduce == ("CopyToOutput", "Nvfp4TopKSum")
+
+
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
     """The cases above run the interpreted kernels, not stand-ins: one apply at 17 tokens with
     an expert map launches the fused GEMM twice (gated, then not)."""
@@ -207,10 +231,11 @@ def run(
     ep: bool,
     dtype: torch.dtype,
     layout: bool = True,
+    moe_config: Any = None,
 ) -> Any:
     """(the fused experts' output, the reference's) for one case; layout: on the weights as
-    the experts' process_weights_after_loading lays them out, else on the checkpoint's rows
-    (and then also whether the layout moved any byte)."""
+    the experts' process_weights_after_loading lays them out, else on the checkpoint's rows;
+    moe_config: the experts' (None: no all-to-all kernels)."""
     moe = moe_setup.make_moe(shape, seed=0, device="cpu")
     hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     hidden = hidden.to(dtype)
@@ -226,7 +251,7 @@ def run(
         moe.a13_gscale,
         moe.a2_gscale,
     )
-    experts = fused.experts(None, config)
+    experts = fused.experts(moe_config, config)
     w13, w2 = moe.w13[pick], moe.w2[pick]
     if not layout:
         return kernels.fused_apply(
@@ -317,7 +342,22 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     InterpretedFunction.run = original  # type: ignore[method-assign]
     del os.environ[module.CONFIG_DIR_ENV]
     launched[:] = spied
+    all2all = {}
+    for case_id in ALL2ALL_CASES:
+        dtype, (name, tokens, ep) = RUNS[CASE_IDS.index(case_id)]
+        shape = shapes[name]
+        got = run(fused, shape, tokens, ep, dtype, moe_config=ALL2ALL)[0]
+        both = [
+            fused.experts(c, kernels.quant_config(*[torch.ones(1)] * 6)) for c in (ALL2ALL, None)
+        ]
+        sizes = (tokens, 2 * shape.intermediate, shape.hidden, shape.top_k, shape.experts)
+        all2all[case_id] = (
+            got,
+            tuple(e.workspace_shapes(*sizes, shape.experts, None, fused.silu)[2] for e in both),
+            tuple(type(e.finalize_weight_and_reduce_impl()).__name__ for e in both),
+        )
     saved = {
+        "all2all": all2all,
         "qdq_in_gemm": qdq_in_gemm,
         "outputs": outputs,
         "layouts": layouts,

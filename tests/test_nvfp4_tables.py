@@ -361,3 +361,34 @@ def test_experts_output_is_per_pair_and_the_finalize_sums_it(
     assert made.shape == (5, h)
     assert reduce.apply(None, torch.zeros(0, h), None, torch.zeros(0, 3), False).shape == (0, h)
     assert sums == [((5, 3, h), (5, h)), ((5, 3, h), (5, h))]
+
+
+def test_unfused_result_comes_through_the_finalize_exactly(
+    load: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unfused fallback (0.24.0's path, which reduces over the slots itself) lays its
+    [M, K] result in slot 0 of the experts' per-pair output and zeros in the others; the
+    finalize's slot-order sum (here in torch, as the kernel sums: FP32, rounded once) gives it
+    back exactly, but for the sign of a zero (-0.0 + 0.0 is +0.0)."""
+    fused, _ = load()
+    e, h, i = SHAPE
+    result = torch.randn(3, h)  # the hidden states' dtype, FP32 here
+    result[0, :4] = torch.tensor([0.0, -0.0, -1.5, 3.0e38])
+
+    def unfused(self: Any, output: torch.Tensor, *args: Any) -> None:
+        output.copy_(result)
+
+    def topk_sum(x: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
+        out.copy_(x.float().sum(dim=1).to(out.dtype))
+
+    fused.experts._apply_dequantized = unfused  # type: ignore[attr-defined]
+    monkeypatch.setattr(fused.module, "invoke_topk_sum", topk_sum)
+    experts = fused.experts(None, kernels.quant_config(*[torch.ones(1)] * 6))
+    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
+    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
+    hidden = torch.zeros(3, h)  # FP32: the unfused path
+    ids = torch.zeros(3, 4, dtype=torch.int32)
+    got = kernels.fused_apply(fused, experts, hidden, w13, w2, torch.ones(3, 4), ids)
+    assert torch.equal(got, result)
+    assert torch.equal(got.view(torch.int32)[:, 2:], result.view(torch.int32)[:, 2:])
+    assert got[0, 1].item() == 0.0 and not got[0, 1].signbit()
