@@ -379,6 +379,12 @@ def _resize_cache(x: torch.Tensor, v: tuple[int, ...]) -> torch.Tensor:
     return x.flatten()[: math.prod(v)].view(*v)
 
 
+# An experts' moe_config under all-to-all kernels (what patch 0002's experts read of it).
+ALL2ALL_MOE_CONFIG = types.SimpleNamespace(
+    moe_parallel_config=types.SimpleNamespace(use_all2all_kernels=True)
+)
+
+
 class TopKWeightAndReduce:
     """Stands in for vLLM's mk.TopKWeightAndReduce, the finalize's weight-and-reduce step."""
 

@@ -40,7 +40,6 @@ import dataclasses
 import inspect
 import os
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,7 @@ ALL2ALL_CASES = [
     "interpret-bf16-sparse-2tok-ep",
     "interpret-bf16-sparse-1tok",
 ]
-ALL2ALL = types.SimpleNamespace(moe_parallel_config=types.SimpleNamespace(use_all2all_kernels=True))
+ALL2ALL = kernels.ALL2ALL_MOE_CONFIG
 
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
 results = kernels.interpreted_results_fixture()
@@ -177,14 +176,10 @@ def test_hidden_states_quantized_in_w13_give_the_same_bits(
 
 @pytest.mark.parametrize("case", ALL2ALL_CASES)
 def test_all2all_kernels_take_the_reduced_output(results: dict[str, Any], case: str) -> None:
-    """Under all-to-all kernels the experts' output is [M, K] (TritonExperts'), reduced by the
-    experts, and their finalize is TritonExperts' (a copy here); without them [M, top_k, K]
-    and the top-k sum (Nvfp4TopKSum). The same bits either way."""
-    got, shapes, reduce = results["all2all"][case]
-    tokens, hidden = got.shape  # top_k 2 (the module's shapes)
-    assert torch.equal(got, results["outputs"][case][0])
-    assert shapes == ((tokens, hidden), (tokens, 2, hidden))
-    assert reduce == ("CopyToOutput", "Nvfp4TopKSum")
+    """Under all-to-all kernels the experts reduce over the slots themselves (their output and
+    finalize: tests/test_nvfp4_tables.py); the same bits as the per-pair output their own
+    finalize sums."""
+    assert torch.equal(results["all2all"][case], results["outputs"][case][0])
 
 
 def test_interpret_runs_the_fused_kernel(results: dict[str, Any]) -> None:
@@ -345,17 +340,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     all2all = {}
     for case_id in ALL2ALL_CASES:
         dtype, (name, tokens, ep) = RUNS[CASE_IDS.index(case_id)]
-        shape = shapes[name]
-        got = run(fused, shape, tokens, ep, dtype, moe_config=ALL2ALL)[0]
-        both = [
-            fused.experts(c, kernels.quant_config(*[torch.ones(1)] * 6)) for c in (ALL2ALL, None)
-        ]
-        sizes = (tokens, 2 * shape.intermediate, shape.hidden, shape.top_k, shape.experts)
-        all2all[case_id] = (
-            got,
-            tuple(e.workspace_shapes(*sizes, shape.experts, None, fused.silu)[2] for e in both),
-            tuple(type(e.finalize_weight_and_reduce_impl()).__name__ for e in both),
-        )
+        all2all[case_id] = run(fused, shapes[name], tokens, ep, dtype, moe_config=ALL2ALL)[0]
     saved = {
         "all2all": all2all,
         "qdq_in_gemm": qdq_in_gemm,

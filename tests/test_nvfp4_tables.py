@@ -339,7 +339,8 @@ def test_experts_output_is_per_pair_and_the_finalize_sums_it(
 ) -> None:
     """The experts' output is [M, top_k, K] (FusedMoEKernel lays it over workspace13, which is
     no smaller; the workspaces are TritonExperts'), and their finalize is the top-k sum into
-    the layer's output: one launch, none for a rank that no token reached."""
+    the layer's output: one launch, none for a rank that no token reached. Under all-to-all
+    kernels, TritonExperts' output and finalize."""
     fused, _ = load()
     e, h, i = SHAPE
     experts = fused.experts(None, kernels.quant_config(*[torch.ones(1)] * 6))
@@ -355,6 +356,10 @@ def test_experts_output_is_per_pair_and_the_finalize_sums_it(
         "invoke_topk_sum",
         lambda x, out, pdl: sums.append((tuple(x.shape), tuple(out.shape))),
     )
+    # Under all-to-all kernels: TritonExperts' output and finalize (the experts reduce).
+    all2all = fused.experts(kernels.ALL2ALL_MOE_CONFIG, kernels.quant_config(*[torch.ones(1)] * 6))
+    assert all2all.workspace_shapes(5, 2 * i, h, 3, e, e, None, fused.silu)[2] == (5, h)
+    assert type(all2all.finalize_weight_and_reduce_impl()).__name__ == "CopyToOutput"
     output = torch.zeros(5, h)
     assert reduce.apply(output, torch.zeros(5, 3, h), None, torch.zeros(5, 3), False) is output
     made = reduce.apply(None, torch.zeros(15, h), None, torch.zeros(5, 3), False)
