@@ -170,7 +170,7 @@ def test_apply_does_not_dequantize_every_expert(monkeypatch) -> None:
 # torch 2.11's profiler warned once per process on the H200 (2026-12-03) although each profile
 # here is one cycle; profiled_kernels asks it to keep events (acc_events), which skips it.
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle:UserWarning")
-@pytest.mark.parametrize(("shape", "tokens"), [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 512)])
+@pytest.mark.parametrize(("shape", "tokens"), CASES)
 def test_no_copy_after_the_experts(shape: str, tokens: int) -> None:
     """FusedMoEKernel.apply: the experts' finalize sums the top-k slots straight into the
     layer's output (Nvfp4TopKSum), so the layer copies nothing (vLLM 0.24.0's no-op finalize
