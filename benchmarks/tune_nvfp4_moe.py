@@ -480,14 +480,29 @@ def device_name() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())
 
 
-def shipped_table(shape: moe_setup.MoeShape) -> dict[int, tuple]:
+def shipped_table(shape: moe_setup.MoeShape) -> tuple[dict[int, tuple], str]:
     """The table the tree's kernel module takes for shape on this GPU (the first of its
-    table_file_names shipped beside it, else the generic CUDA table), as picks."""
+    table_file_names shipped beside it, else the generic CUDA table), as picks, and where it
+    came from: its file's "_tuned" note (with the file's name where it is the GPU's table for
+    any shape)."""
     names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
     files = [Path(K.TABLES_DIR) / name for name in names]
     shipped = next((f for f in files if f.is_file()), None)
-    table = K.CUDA_CONFIGS if shipped is None else K.parse_table(shipped.read_text(), str(shipped))
-    return {bound: config_tuple(config) for bound, config in table.items()}
+    if shipped is None:
+        return {b: config_tuple(c) for b, c in K.CUDA_CONFIGS.items()}, "the generic CUDA table"
+    text = shipped.read_text()
+    table = K.parse_table(text, str(shipped))
+    note = str(json.loads(text).get("_tuned", "no note"))
+    origin = note if shipped.name == names[0] else f"{shipped.name} ({note})"
+    return {bound: config_tuple(config) for bound, config in table.items()}, origin
+
+
+def sweep_note(sweep: str, origin: str | None) -> str:
+    """A written table's "_tuned" note: the sweep, after where the table it changes came from
+    (a sweep of some token counts keeps that table's other buckets)."""
+    if origin is None:
+        return sweep
+    return f"{origin}; then {sweep}: the buckets of the token counts swept are its picks"
 
 
 def moe_configs(table: dict[int, tuple]) -> dict:
@@ -498,9 +513,12 @@ def moe_configs(table: dict[int, tuple]) -> dict:
     }
 
 
-def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict) -> list[Path]:
-    """Each table as the JSON file the kernel module reads (its table_json), named as the
-    module's table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
+def write_tables(
+    folder: Path, tables: dict[str, dict[int, tuple]], notes: dict[str, dict]
+) -> list[Path]:
+    """Each table as the JSON file the kernel module reads (its table_json, with the notes of
+    its name), named as the module's table_file_names: the shape's, and (key "") the one for
+    any shape of this GPU."""
     device = device_name()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -512,7 +530,7 @@ def write_tables(folder: Path, tables: dict[str, dict[int, tuple]], notes: dict)
             )[0]
         else:
             file = K.table_file_names(0, 0, 0, device)[1]  # any shape of this GPU
-        text = K.table_json(moe_configs(table), {**notes, "shapes": name or "all tuned"})
+        text = K.table_json(moe_configs(table), {**notes[name], "shapes": name or "all tuned"})
         K.parse_table(text, file)  # what the kernel will read: refused here first
         (folder / file).write_text(text)
         written.append(folder / file)
@@ -622,10 +640,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [s.name for s in shapes]
     # "" -> the pick over every shape (the GPU's table); each shape -> its own pick.
     tables: dict[str, dict[int, tuple]] = {n: {} for n in names}
+    origins: dict[str, str | None]
     if every_bucket:
         tables[""] = {}
+        origins = {n: None for n in tables}
     else:  # the buckets not swept: as the kernel module takes them today
-        tables = {s.name: shipped_table(s) for s in shapes}
+        shipped = {s.name: shipped_table(s) for s in shapes}
+        tables = {name: table for name, (table, _) in shipped.items()}
+        origins = {name: origin for name, (_, origin) in shipped.items()}
     picks = []
     for bound, (t, groups) in BUCKETS.items():
         if t not in tokens:
@@ -682,11 +704,17 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     if args.write_table is not None:
+        options = (("wide", args.wide), ("split-gate-up", args.split_gate_up))
+        flags = "".join(f" --{flag}" for flag, on in options if on)
         swept = "" if every_bucket else f" --tokens {' '.join(map(str, tokens))}"
+        sweep = f"benchmarks/tune_nvfp4_moe.py{flags}{swept} on {torch.cuda.get_device_name()}"
         notes = {
-            "tuned": f"benchmarks/tune_nvfp4_moe.py{swept} on {torch.cuda.get_device_name()}",
-            "torch": torch.__version__,
-            "triton": triton.__version__,
+            name: {
+                "tuned": sweep_note(sweep, origins[name]),
+                "torch": torch.__version__,
+                "triton": triton.__version__,
+            }
+            for name in tables
         }
         for path in write_tables(args.write_table, tables, notes):
             print(f"wrote {path}")

@@ -397,3 +397,40 @@ def test_unfused_result_comes_through_the_finalize_exactly(
     assert torch.equal(got, result)
     assert torch.equal(got.view(torch.int32)[:, 2:], result.view(torch.int32)[:, 2:])
     assert got[0, 1].item() == 0.0 and not got[0, 1].signbit()
+
+
+def test_tuner_keeps_where_a_table_came_from(
+    load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """benchmarks/tune_nvfp4_moe.py, sweeping some token counts, keeps a shipped table's other
+    buckets and says so: the written file's "_tuned" note is the shipped file's, then the sweep
+    with its options; a shape without a table of its own names the GPU's file it came from."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    fused, _ = load()
+    monkeypatch.setattr(tune, "K", fused.module, raising=False)
+    monkeypatch.setattr(tune, "device_name", lambda: "NVIDIA_H200")
+    folder = Path(fused.module.TABLES_DIR)
+    own = tune.shape_named("qwen3-30b-a3b-tp8")  # ships E128_H2048_I96's table
+    shipped = folder / "nvfp4_emulation_moe_tiles.E128_H2048_I96.NVIDIA_H200.json"
+    table, origin = tune.shipped_table(own)
+    assert origin == json.loads(shipped.read_text())["_tuned"]
+    parsed = fused.module.parse_table(shipped.read_text(), "x")
+    assert table == {bound: tune.config_tuple(c) for bound, c in parsed.items()}
+
+    other = tune.shape_named("e128-h4096-i1536")  # no table of its own: the H200's
+    device_note = json.loads((folder / DEVICE_FILE).read_text())["_tuned"]
+    assert tune.shipped_table(other)[1] == f"{DEVICE_FILE} ({device_note})"
+
+    sweep = "benchmarks/tune_nvfp4_moe.py --wide --tokens 32 on NVIDIA H200"
+    assert tune.sweep_note(sweep, None) == sweep
+    notes = {own.name: {"tuned": tune.sweep_note(sweep, origin), "torch": "t"}}
+    (written,) = tune.write_tables(tmp_path, {own.name: table}, notes)
+    assert written.name == shipped.name
+    text = json.loads(written.read_text())
+    assert text["_tuned"] == (
+        f"{origin}; then {sweep}: the buckets of the token counts swept are its picks"
+    )
+    assert (text["_torch"], text["_shapes"]) == ("t", own.name)
+    assert fused.module.parse_table(written.read_text(), "x") == parsed
