@@ -234,7 +234,10 @@ K: types.ModuleType  # the kernel module, set by main() and by each compile proc
 
 
 def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
-    """moe_align_block_size through the stand-in op (same buffers as vLLM's wrapper)."""
+    """moe_align_block_size as the experts call vLLM's wrapper, through the stand-in op (same
+    buffers): with an expert map every pair is aligned, then the blocks of other ranks'
+    experts are named -1 (the GEMMs write their pairs as zeros, which the top-k sum needs).
+    The op itself would drop those pairs, leaving their rows of the per-pair output unwritten."""
     numel = topk_ids.numel()
     padded = numel + num_experts * (block_m - 1)
     if numel < num_experts:
@@ -244,8 +247,10 @@ def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
     expert_ids = torch.empty(triton.cdiv(padded, block_m), dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
     standins.moe_align_block_size(
-        topk_ids, num_experts, block_m, sorted_ids, expert_ids, post_pad, emap
+        topk_ids, num_experts, block_m, sorted_ids, expert_ids, post_pad, None
     )
+    if emap is not None:
+        expert_ids = emap[expert_ids.long()]
     return sorted_ids, expert_ids, post_pad
 
 

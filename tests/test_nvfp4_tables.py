@@ -434,3 +434,37 @@ def test_tuner_keeps_where_a_table_came_from(
     )
     assert (text["_torch"], text["_shapes"]) == ("t", own.name)
     assert fused.module.parse_table(written.read_text(), "x") == parsed
+
+
+def test_tuner_aligns_as_vllms_wrapper(full_pristine: Pristine) -> None:
+    """benchmarks/tune_nvfp4_moe.py aligns an expert-parallel rank's pairs as vLLM 0.24.0's
+    moe_align_block_size wrapper does for the experts (its own Python over the stand-in op):
+    every pair in a block, other ranks' blocks named -1, so the GEMMs write those pairs as
+    zeros. (It passed the map to the op, which drops those pairs: their rows of the per-pair
+    output were never written, and the tuner's check of its picks summed garbage.)"""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    ops = types.SimpleNamespace(moe_align_block_size=standins.moe_align_block_size)
+    wrapper = kernels.load(
+        full_pristine.root / kernels.ALIGN,
+        {
+            "vllm._custom_ops": ops,
+            "vllm.utils.math_utils.round_up": lambda x, m: (x + m - 1) // m * m,
+        },
+    ).moe_align_block_size
+    emap = torch.tensor([-1, 0, -1, 1, -1, -1, 2, -1], dtype=torch.int32)  # 3 of 8 experts held
+    ids = torch.tensor([[1, 2], [3, 6], [0, 1], [5, 3], [6, 7]], dtype=torch.int32)
+    for block_m in (2, 4):
+        got = tune.align(ids, block_m, 8, emap)
+        want = wrapper(ids, block_m, 8, emap)
+        blocks = int(want[2].item()) // block_m
+        assert int(got[2].item()) == int(want[2].item())
+        assert torch.equal(got[0][: blocks * block_m], want[0][: blocks * block_m])
+        assert torch.equal(got[1][:blocks], want[1][:blocks])
+        # Every pair is in a block; the -1 blocks hold exactly the other ranks' pairs.
+        kept = got[0][: blocks * block_m].view(blocks, block_m)
+        pairs = kept[kept < ids.numel()]
+        assert sorted(pairs.tolist()) == list(range(ids.numel()))
+        other = kept[got[1][:blocks] == -1]
+        assert sorted(other[other < ids.numel()].tolist()) == [1, 4, 6, 9]
