@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import multiprocessing as mp
 import re
 import sys
@@ -56,7 +57,7 @@ sys.path.insert(0, str(REPO / "tests" / "gpu"))
 import moe_setup  # noqa: E402
 import standins  # noqa: E402
 from cuda_graphs import l2_flush_buffer, time_us  # noqa: E402
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference  # noqa: E402
+from nvfp4_reference import REL_FROBENIUS, Nvfp4Moe, nvfp4_moe_reference  # noqa: E402
 
 # The shapes tuned without --shapes: the two the generic table was tuned on.
 DEFAULT_SHAPES = ("qwen3-30b-a3b", "e128-h4096-i1536")
@@ -470,6 +471,31 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
     return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
 
 
+def pick_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """A pick's layer against exact W4A4: the relative Frobenius error; where the reference is
+    all zeros (an expert-parallel rank that holds none of the tokens' experts) 0.0 for zeros and
+    inf for anything else."""
+    got, want = got.float(), want.float()
+    if not want.any():
+        return 0.0 if not got.any() else math.inf
+    return ((got - want).norm() / want.norm()).item()
+
+
+def refuse_wrong_picks(picks: list[dict]) -> None:
+    """Stop, in one line and before any table is written, where a pick's layer is not within
+    REL_FROBENIUS of exact W4A4 (NaN included): a table must not ship a tile that computes
+    something else."""
+    wrong = [p for p in picks if not p["rel_err"] < REL_FROBENIUS]
+    if wrong:
+        cells = ", ".join(
+            f"{p['shape']} at {p['tokens']} tokens ({p['rel_err']:.1e})" for p in wrong
+        )
+        raise SystemExit(
+            f"tune_nvfp4_moe: picks off exact W4A4 by {REL_FROBENIUS:g} or more: {cells};"
+            " no table written (the sweep's timings are in tune.json)"
+        )
+
+
 def config_tuple(config) -> tuple:
     """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2)."""
     tiles = [
@@ -674,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert local_routing is not None  # moe_setup's expert_map comes with it
                 tw, tids = local_routing(shape, tw, tids)
             want = nvfp4_moe_reference(c.rows, c.hidden, tw, tids, exact=True).float()
-            rel = ((got - want).norm() / want.norm()).item()
+            rel = pick_error(got, want)
             picks.append(
                 dict(
                     bucket=bound,
@@ -708,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n"
     )
+    refuse_wrong_picks(picks)
     if args.write_table is not None:
         options = (("wide", args.wide), ("split-gate-up", args.split_gate_up))
         flags = "".join(f" --{flag}" for flag, on in options if on)

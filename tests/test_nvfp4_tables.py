@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -468,3 +469,29 @@ def test_tuner_aligns_as_vllms_wrapper(full_pristine: Pristine) -> None:
         assert sorted(pairs.tolist()) == list(range(ids.numel()))
         other = kept[got[1][:blocks] == -1]
         assert sorted(other[other < ids.numel()].tolist()) == [1, 4, 6, 9]
+
+
+def test_tuner_refuses_picks_off_exact_w4a4() -> None:
+    """benchmarks/tune_nvfp4_moe.py checks each pick's layer against exact W4A4 and writes no
+    table where one is off by REL_FROBENIUS or more (NaN included), in one line naming them; an
+    expert-parallel rank whose tokens' experts are all elsewhere must give exact zeros."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    want = torch.tensor([[3.0, 4.0]])
+    assert tune.pick_error(want.to(torch.bfloat16), want) == 0.0
+    assert tune.pick_error(torch.tensor([[3.0, 4.25]]), want) == torch.tensor(0.05).item()
+    zeros = torch.zeros(1, 2)
+    assert tune.pick_error(zeros, zeros) == 0.0
+    assert tune.pick_error(torch.tensor([[0.0, 1e-30]]), zeros) == math.inf
+
+    def pick(shape: str, rel: float) -> dict[str, Any]:
+        return {"shape": shape, "tokens": 32, "rel_err": rel}
+
+    tune.refuse_wrong_picks([pick("a", 0.0), pick("b", 0.0099)])
+    with pytest.raises(SystemExit) as stop:
+        tune.refuse_wrong_picks([pick("a", 0.0), pick("b", 3.9), pick("c", math.nan)])
+    assert str(stop.value) == (
+        "tune_nvfp4_moe: picks off exact W4A4 by 0.01 or more: b at 32 tokens (3.9e+00),"
+        " c at 32 tokens (nan); no table written (the sweep's timings are in tune.json)"
+    )

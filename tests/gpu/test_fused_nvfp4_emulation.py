@@ -46,7 +46,7 @@ pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_T
 
 import cuda_graphs
 import moe_setup
-from nvfp4_reference import nvfp4_moe_reference
+from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference
 from vllm.model_executor.layers.fused_moe.experts import (
     nvfp4_emulation_moe,
 )
@@ -62,7 +62,6 @@ needs_fused = pytest.mark.skipif(
 
 SHAPES = {s.name: s for s in moe_setup.TEST_SHAPES}
 CASES = [(shape, tokens) for shape in SHAPES for tokens in moe_setup.TOKENS]
-REL_FROBENIUS = 1e-2  # module docstring
 ATOL, RTOL, MIN_CLOSE = 1e-2, 1.6e-2, 0.995  # module docstring
 FUSED_VS_UNFUSED = 5e-2  # module docstring: 0.24.0's BF16-rounded weights
 
