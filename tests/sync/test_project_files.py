@@ -283,3 +283,28 @@ def test_the_readme_follows_the_pin() -> None:
         )
         .replace("| `patches/0002-b.patch` | slow | — | applies |\n", "")
     )
+
+
+GIT_PIN = {"ref": "v1.1", "commit": "c0ffee", "requirement": False}
+
+
+def test_set_pin_places_the_git_keys_under_the_pin() -> None:
+    """Through tomlkit's public API only (its private insertion left in 0.15.3, and with it
+    the rebase's git pins): the git keys go under the pin line of [tool.vllm-patchset],
+    however its name is quoted, not under another table's `pin`."""
+    text = '[tool.other]\npin = 1\n\n[tool."vllm-patchset"]  # ours\npin = "0.24.0"\n\n# end\n'
+    assert set_pin(text, "1.1", **GIT_PIN) == (  # type: ignore[arg-type]
+        '[tool.other]\npin = 1\n\n[tool."vllm-patchset"]  # ours\npin = "1.1"\n'
+        'pin-ref = "v1.1"\npin-commit = "c0ffee"\n\n# end\n'
+    )
+
+
+def test_set_pin_without_a_pin_line_adds_the_keys_as_tomlkit_does() -> None:
+    """A table written with dotted keys has no `pin = ` line: the keys go where tomlkit adds
+    them, the same document."""
+    import tomlkit
+
+    text = '[tool]\nvllm-patchset.pin = "0.24.0"\nx = 1\n'
+    got = tomlkit.parse(set_pin(text, "1.1", **GIT_PIN)).unwrap()  # type: ignore[arg-type]
+    pinned = {"pin": "1.1", "pin-ref": "v1.1", "pin-commit": "c0ffee"}
+    assert got == {"tool": {"vllm-patchset": pinned, "x": 1}}

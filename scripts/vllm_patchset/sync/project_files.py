@@ -13,7 +13,6 @@ from vllm_patchset.errors import BadInput
 
 if TYPE_CHECKING:  # imported where used: only a rebase edits pyproject.toml (`maintain` extra)
     import tomlkit
-    from tomlkit.items import Table
 
 CHANGELOG_HEADER = (
     "# Changelog\n\n"
@@ -54,26 +53,43 @@ def set_pin(
         for key in _PIN_KEYS:
             if key in table:
                 del table[key]
-        if ref is not None and commit is not None:
-            after = "pin"
-            for key, value in (("pin-git", git_url), ("pin-ref", ref), ("pin-commit", commit)):
-                if value is not None:
-                    _insert_after(table, after, key, value)
-                    after = key
         if requirement:
             _set_requirement(doc, pin)
+        if ref is None or commit is None:
+            return tomlkit.dumps(doc)
+        values = (git_url, ref, commit)
+        keys = [(k, v) for k, v in zip(_PIN_KEYS, values, strict=True) if v is not None]
+        released = tomlkit.dumps(doc)
+        for key, value in keys:
+            table[key] = value  # tomlkit's public API: at the table's end
+        lines = "".join(f"{key} = {tomlkit.item(value).as_string()}\n" for key, value in keys)
+        placed = _after_pin_line(released, lines)
+        # Under the pin where that is the same document, else where tomlkit puts them.
+        if placed is not None and tomlkit.parse(placed).unwrap() == doc.unwrap():
+            return placed
         return tomlkit.dumps(doc)
     except TOMLKitError as exc:
         raise BadInput(f"pyproject.toml: not valid TOML ({exc})") from None
 
 
-def _insert_after(table: Table, after: str, key: str, value: str) -> None:
-    """Put `key = value` on the line after `after`. tomlkit's public `add` appends to the
-    table's end, past its trailing blank line and comments; its container's `_insert_after`
-    places the line where it belongs (the table's own dict view is not used afterwards)."""
-    import tomlkit
+_HEADER = re.compile(r"\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?")
+_PIN_LINE = re.compile(r"\s*pin\s*=")
 
-    table.value._insert_after(after, key, tomlkit.item(value))
+
+def _after_pin_line(text: str, lines: str) -> str | None:
+    """text with `lines` after the `pin = ...` line of [tool.vllm-patchset] (tomlkit's public
+    API would append them at the table's end, past its trailing blank line and comments; its
+    private insertion changed between releases); None where no such line is found. The caller
+    checks that the result parses to the document it means."""
+    out = text.splitlines(keepends=True)
+    table = None
+    for i, line in enumerate(out):
+        header = _HEADER.fullmatch(line.rstrip("\n"))
+        if header:
+            table = header.group(1).replace('"', "").replace(" ", "")
+        elif table == "tool.vllm-patchset" and _PIN_LINE.match(line):
+            return "".join(out[: i + 1]) + lines + "".join(out[i + 1 :])
+    return None
 
 
 def _set_requirement(doc: tomlkit.TOMLDocument, pin: str) -> None:
