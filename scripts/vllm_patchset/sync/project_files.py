@@ -58,18 +58,28 @@ def set_pin(
         if ref is None or commit is None:
             return tomlkit.dumps(doc)
         values = (git_url, ref, commit)
-        keys = [(k, v) for k, v in zip(_PIN_KEYS, values, strict=True) if v is not None]
-        released = tomlkit.dumps(doc)
-        for key, value in keys:
-            table[key] = value  # tomlkit's public API: at the table's end
-        lines = "".join(f"{key} = {tomlkit.item(value).as_string()}\n" for key, value in keys)
-        placed = _after_pin_line(released, lines)
-        # Under the pin where that is the same document, else where tomlkit puts them.
-        if placed is not None and tomlkit.parse(placed).unwrap() == doc.unwrap():
-            return placed
-        return tomlkit.dumps(doc)
+        return _with_git_keys(
+            doc, table, [(k, v) for k, v in zip(_PIN_KEYS, values, strict=True) if v is not None]
+        )
     except TOMLKitError as exc:
         raise BadInput(f"pyproject.toml: not valid TOML ({exc})") from None
+
+
+def _with_git_keys(
+    doc: tomlkit.TOMLDocument, table: tomlkit.items.Table, keys: list[tuple[str, str]]
+) -> str:
+    """doc's text with `keys` set in `table`: under its pin line where that gives the same
+    document, else where tomlkit's public API adds keys (at the table's end)."""
+    import tomlkit
+
+    released = tomlkit.dumps(doc)
+    for key, value in keys:
+        table[key] = value
+    lines = "".join(f"{key} = {tomlkit.item(value).as_string()}\n" for key, value in keys)
+    placed = _after_pin_line(released, lines)
+    if placed is not None and tomlkit.parse(placed).unwrap() == doc.unwrap():
+        return placed
+    return tomlkit.dumps(doc)
 
 
 _HEADER = re.compile(r"\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?")
