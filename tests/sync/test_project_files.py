@@ -299,12 +299,28 @@ def test_set_pin_places_the_git_keys_under_the_pin() -> None:
     )
 
 
-def test_set_pin_without_a_pin_line_adds_the_keys_as_tomlkit_does() -> None:
-    """A table written with dotted keys has no `pin = ` line: the keys go where tomlkit adds
-    them, the same document."""
+PINNED = {"pin": "1.1", "pin-ref": "v1.1", "pin-commit": "c0ffee"}
+DECOY = "[tool.vllm-patchset]\npin = 1\n"
+ELSEWHERE = [
+    # (pyproject.toml, the document set_pin must give): no `pin =` line of the table to go under
+    (  # dotted keys
+        '[tool]\nvllm-patchset.pin = "0.24.0"\nx = 1\n',
+        {"tool": {"vllm-patchset": PINNED, "x": 1}},
+    ),
+    (  # the table's header and a pin line inside another table's multi-line string first
+        f'[tool.other]\nx = """\n{DECOY}"""\n\n[tool.vllm-patchset]\npin = "0.24.0"\n',
+        {"tool": {"other": {"x": DECOY}, "vllm-patchset": PINNED}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "document"), ELSEWHERE)
+def test_set_pin_where_no_pin_line_is_found_adds_the_keys_as_tomlkit_does(
+    text: str, document: dict[str, object]
+) -> None:
+    """Where the text search finds no pin line of the table, or a wrong one, the keys go where
+    tomlkit adds them: the document a git pin means, every other value as it was."""
     import tomlkit
 
-    text = '[tool]\nvllm-patchset.pin = "0.24.0"\nx = 1\n'
     got = tomlkit.parse(set_pin(text, "1.1", **GIT_PIN)).unwrap()  # type: ignore[arg-type]
-    pinned = {"pin": "1.1", "pin-ref": "v1.1", "pin-commit": "c0ffee"}
-    assert got == {"tool": {"vllm-patchset": pinned, "x": 1}}
+    assert got == document
