@@ -31,7 +31,8 @@ PIN = "0.24.0"
 # The columns of the Markdown table, per backend.
 HIP_COLUMNS = ("vgprs", "agprs", "sgprs", "vgpr_spills", "sgpr_spills", "scratch_bytes",
                "occupancy_waves", "mfma")  # fmt: skip
-CUDA_COLUMNS = ("registers", "local_bytes", "stack_bytes", "sass_instructions", "mma")
+CUDA_COLUMNS = ("registers", "local_bytes", "stack_bytes", "sass_instructions", "mma",
+                "k_loop_instructions", "k_loop_mma")  # fmt: skip
 MIX_SHOWN = 8  # the most frequent SASS opcodes shown in the table
 
 
@@ -68,7 +69,8 @@ def markdown(rows: list[dict[str, Any]], triton_version: str, source_sha256: str
         f"Compiled on a CPU machine with triton {triton_version} (`benchmarks/isa_facts.py`),",
         "for every configuration the fused experts' launcher uses. `shared`: triton's shared",
         "memory (LDS) per program, bytes; `mfma` / `mma`: matrix instructions in the code",
-        "(v_mfma_*; HMMA/HGMMA); spills and scratch/local bytes: what a change costs first.",
+        "(v_mfma_*; HMMA/HGMMA); spills and scratch/local bytes: what a change costs first;",
+        "`k_loop_*`: the SASS of a GEMM's K loop (one K step, per warp), where the decode shows.",
         f"The fused MoE kernels file's sha256 (the lock's patched_sha256): `{source_sha256[:12]}`.",
         "",
     ]
@@ -78,13 +80,13 @@ def markdown(rows: list[dict[str, Any]], triton_version: str, source_sha256: str
             continue
         head = ["kernel", "target", "config", "shared", *columns]
         if backend == "cuda":
-            head.append(f"SASS mix (top {MIX_SHOWN})")
+            head.append(f"SASS mix of the K loop, else the kernel (top {MIX_SHOWN})")
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in chosen:
             cells = [r["kernel"], r["target"], f"`{r['config']}`", str(r["shared_bytes_triton"])]
             cells += [str(r.get(c)) for c in columns]
             if backend == "cuda":
-                top = list(r["sass_mix"].items())[:MIX_SHOWN]
+                top = list((r["k_loop_mix"] or r["sass_mix"]).items())[:MIX_SHOWN]
                 cells.append(" ".join(f"{op} {n}" for op, n in top))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

@@ -762,6 +762,26 @@ AMDGCN_FIELDS = {
 CUBIN_FIELDS = {"registers": "REG", "stack_bytes": "STACK", "shared_bytes": "SHARED",
                 "local_bytes": "LOCAL"}  # fmt: skip
 SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)")
+SASS_AT = re.compile(r"^\s+/\*(?P<at>[0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)"
+                     r"(?:[.\w]*\s+0x(?P<to>[0-9a-f]+))?")  # fmt: skip
+
+
+def k_loop_mix(sass: str) -> dict[str, int]:
+    """The SASS opcodes of the kernel's longest loop (from a backward branch's target to the
+    branch), by count: what a fused GEMM issues per K step, where its time goes once the
+    weights stream (empty where the kernel has no loop)."""
+    code = [
+        (int(m["at"], 16), m["op"], m["to"]) for m in map(SASS_AT.match, sass.splitlines()) if m
+    ]
+    loops = [(int(to, 16), at) for at, op, to in code if op == "BRA" and to and int(to, 16) < at]
+    if not loops:
+        return {}
+    start, end = max(loops, key=lambda loop: loop[1] - loop[0])
+    mix: dict[str, int] = {}
+    for at, op, _ in code:
+        if start <= at <= end:
+            mix[op] = mix.get(op, 0) + 1
+    return dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
@@ -797,6 +817,10 @@ def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
     facts["sass_instructions"] = sum(mix.values())
     facts["mma"] = sum(n for op, n in mix.items() if op in ("HMMA", "HGMMA"))
     facts["sass_mix"] = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
+    loop = k_loop_mix(sass)
+    facts["k_loop_instructions"] = sum(loop.values())
+    facts["k_loop_mma"] = sum(n for op, n in loop.items() if op in ("HMMA", "HGMMA"))
+    facts["k_loop_mix"] = loop
     return facts
 
 

@@ -222,11 +222,47 @@ def fused_gemms(target: str, fused: dict[str, tuple[list[Any], Any]]) -> list[An
     return [s for s in specs if kernels.is_fused_gemm(s)]
 
 
+def loop_mma(spec: kernels.Specialization) -> int:
+    """The HMMAs (m16n8k16) one warp issues per K step of a fused GEMM: its weight rows (gate
+    and up rows both, unless split) by its tokens by GEMM_BLOCK_K, over its warps."""
+    rows = spec.constexpr("BLOCK_N") * (
+        2 if spec.constexpr("GATED") and not spec.constexpr("SPLIT_GU") else 1
+    )
+    tiles = rows // 16 * spec.constexpr("BLOCK_M") // 8 * spec.constexpr("BLOCK_K") // 16
+    return tiles // dict(spec.options)["num_warps"]
+
+
+def test_k_loop_mix_reads_the_longest_backward_branch() -> None:
+    """The K loop of a SASS listing: from the target of its longest backward branch to the
+    branch, predicated instructions included; a forward branch and a shorter loop are not it."""
+    sass = "\n".join(
+        f"        /*{at:04x}*/   {text} ;   /* 0x0 */"
+        for at, text in [
+            (0x00, "MOV R1, c[0x0][0x28]"),
+            (0x10, "@!P0 BRA 0x90"),
+            (0x20, "LOP3.LUT R2, R3, 0xf, RZ, 0xc0, !PT"),
+            (0x30, "HMMA.16816.F32.BF16 R4, R8, R12, R4"),
+            (0x40, "@P1 BRA 0x30"),
+            (0x50, "IMAD R2, R2, 0x1040, RZ"),
+            (0x60, "HMUL2.BF16_V2 R5, R2, R6"),
+            (0x70, "@!P5 BRA 0x20"),
+            (0x80, "BRA 0x80"),
+            (0x90, "EXIT"),
+        ]
+    )
+    assert kernels.k_loop_mix(sass) == {"BRA": 2, "HMMA": 1, "HMUL2": 1, "IMAD": 1, "LOP3": 1}
+    assert (
+        kernels.k_loop_mix(sass.replace("BRA 0x20", "BRA 0x90").replace("BRA 0x30", "BRA 0x90"))
+        == {}
+    )
+
+
 @pytest.mark.parametrize("target", kernels.TARGETS)
 def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None:
     """benchmarks/isa_facts.py's reading of the code objects: the registers, spills and matrix
     instructions are there (triton itself leaves them empty without a driver), and every fused
-    GEMM configuration of the target has matrix instructions. A tile that triton compiles to
+    GEMM configuration of the target has matrix instructions; on sm_90 its K loop issues
+    exactly its tile's MMAs per step (no dot computed twice, none fallen back to FMA). A tile that triton compiles to
     FMA dots instead (ROCm's MFMA does not cover blocks of 8 tokens in narrow tiles) is slow,
     and it sums in another order than the tiles of the other token buckets: a token's output
     would then depend on the batch."""
@@ -240,6 +276,7 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
         else:
             assert facts["registers"] > 0 and isinstance(facts["local_bytes"], int)
             assert facts["sass_instructions"] == sum(facts["sass_mix"].values())
+            assert facts["k_loop_mma"] == loop_mma(spec), spec.label()
             matrix = facts["mma"]
         if matrix == 0:
             without.append(spec.label())

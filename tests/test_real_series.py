@@ -85,6 +85,7 @@ H200_SHAPE_TABLES = tuple(
         (256, 3072, 384),  # MiniMax-M2.5 TP4
         (256, 6144, 256),  # GLM-5 TP8
         (256, 7168, 256),  # DeepSeek-R1 TP8
+        (32, 7168, 2048),  # DeepSeek-R1 EP8 rank (32 of 256 experts)
         (384, 7168, 1024),  # Kimi-K2 TP2
         (384, 7168, 2048),  # Kimi-K2
         (384, 7168, 256),  # Kimi-K2 TP8
