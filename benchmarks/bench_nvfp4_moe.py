@@ -38,7 +38,10 @@ cache is flushed (the weights of one layer would otherwise stay in the 60 MB L2 
 previous call, which a real model's other layers prevent); median over the reps (--reps at
 most, fewer where a call is slow: about --rep-budget-ms of calls, --min-reps at least). An
 expert-parallel shape's call is its rank's: the local experts' weights, vLLM's expert map and
-the router's global ids, as an EP rank's FusedMoE layer calls it.
+the router's global ids, as an EP rank's FusedMoE layer calls it; every rank is timed on the
+same tokens (its own experts local: moe_setup.rank_routing) and the cell's ``graph_us`` is the
+slowest rank's (``rank``; ``rank_graph_us`` and ``rank_active_experts`` per rank), since the
+layer waits for it: one rank alone may hold none of a decode token's experts.
 ``graph_us``: replay of a captured CUDA graph, the GPU time alone. ``eager_us``: a plain call
 after a device sync, so the host's launch overhead counts. ``experts_graph_us``: the experts'
 own ``apply`` alone, replayed likewise. The bound is the bytes of the routed experts' packed
@@ -497,6 +500,9 @@ def vllm_fused(kind: str, vllm: Any) -> bool:
 def row_line(row: dict[str, Any]) -> str:
     """One measured row, as the worker prints it."""
     times = [f"graph {row['graph_us']:.1f} us"]
+    if "rank" in row:
+        ranks = " / ".join(f"{us:.1f}" for us in row["rank_graph_us"])
+        times[0] += f" (EP rank {row['rank']}, the slowest: {ranks})"
     if "eager_us" in row:
         times.append(f"eager {row['eager_us']:.1f} us")
     if "experts_graph_us" in row:
@@ -578,7 +584,37 @@ def measure(
         ran_unfused_fallback=unfused,
         **numerics,
     )
+    row.update(rank_times(call, layer, shape, reps, flush, row["graph_us"]))
     return row
+
+
+def rank_times(
+    call: Any, layer: Any, shape: Any, reps: int, flush: Any, rank0_us: float
+) -> dict[str, Any]:
+    """An expert-parallel cell's every rank (rank 0's time given), on the same tokens: the
+    slowest rank's graph time and routed experts, with each rank's; nothing where one GPU holds
+    every expert. The layer's routing is back as it was after."""
+    import moe_setup
+    from cuda_graphs import time_us
+
+    n = moe_setup.ranks(shape)
+    if n == 1:
+        return {}
+    ids = layer.topk_ids.clone()
+    times, active = [rank0_us], [moe_setup.active_experts(shape, ids)]
+    for rank in range(1, n):
+        layer.topk_ids.copy_(moe_setup.rank_routing(shape, ids, rank))
+        times.append(time_us(call.run, reps, graph=True, flush=flush))
+        active.append(moe_setup.active_experts(shape, layer.topk_ids))
+    layer.topk_ids.copy_(ids)
+    slowest = max(range(n), key=times.__getitem__)
+    return dict(
+        graph_us=times[slowest],
+        active_experts=active[slowest],
+        rank=slowest,
+        rank_graph_us=times,
+        rank_active_experts=active,
+    )
 
 
 def _triton_version() -> str | None:

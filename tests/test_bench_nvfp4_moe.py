@@ -148,6 +148,42 @@ def test_bound_rows() -> None:
     assert overlay["bound_fraction"] == pytest.approx(bounds[1] / 50.0)
 
 
+def test_rank_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EP cell's ranks, each timed on the same tokens with its own experts local: the cell
+    is the slowest rank's (a stand-in timer: 10 us a routed expert, the routing the layer holds
+    when it is timed), the routing back as it was; a shape on one GPU has no ranks."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import cuda_graphs
+    import moe_setup
+    import torch
+
+    shape = moe_setup.MoeShape("ep", experts=8, hidden=64, intermediate=32, top_k=3,
+                               local_experts=2)  # fmt: skip
+    ids = torch.tensor([[1, 5, 0], [7, 6, 2]], dtype=torch.int32)
+    layer = type("Layer", (), {"topk_ids": ids.clone()})()
+    timed = lambda fn, reps, graph, flush: 10.0 * moe_setup.active_experts(shape, layer.topk_ids)  # noqa: E731
+    monkeypatch.setattr(cuda_graphs, "time_us", timed)
+    call = type("Call", (), {"run": None})()
+    got = bench.rank_times(call, layer, shape, 5, None, rank0_us=20.0)
+    assert got == {
+        "graph_us": 20.0,
+        "active_experts": 2,
+        "rank": 0,
+        "rank_graph_us": [20.0, 10.0, 10.0, 20.0],
+        "rank_active_experts": [2, 1, 1, 2],
+    }
+    assert torch.equal(layer.topk_ids, ids)
+    got = bench.rank_times(call, layer, shape, 5, None, rank0_us=3.0)
+    assert (got["graph_us"], got["rank"], got["active_experts"]) == (20.0, 3, 2)
+    whole = dataclasses.replace(shape, local_experts=0)
+    assert bench.rank_times(call, layer, whole, 5, None, rank0_us=3.0) == {}
+    row = dict(impl="x", shape="ep", tokens=2, reps=5, ops="native", **got)
+    assert bench.row_line(row) == (
+        "[x] ep tokens=2: graph 20.0 us (EP rank 3, the slowest: 3.0 / 10.0 / 10.0 / 20.0)"
+        " (5 reps), no reference at this token count (native ops)"
+    )
+
+
 def test_output_name() -> None:
     meta = fake_run()["meta"]
     assert bench.output_name("nvfp4_moe_h200", meta) == "nvfp4_moe_h200"

@@ -364,6 +364,21 @@ def test_local_routing() -> None:
     assert same[0] is weights and same[1] is ids
 
 
+def test_rank_routing() -> None:
+    """Rank r's view of the routing in rank 0's ids: its experts (2r, 2r + 1 of 8) local."""
+    ids = torch.tensor([[1, 5, 0], [7, 6, 2]], dtype=torch.int32)
+    views = [moe_setup.rank_routing(EP, ids, r) for r in range(moe_setup.ranks(EP))]
+    assert [v.tolist() for v in views] == [
+        [[1, 5, 0], [7, 6, 2]],
+        [[7, 3, 6], [5, 4, 0]],
+        [[5, 1, 4], [3, 2, 6]],
+        [[3, 7, 2], [1, 0, 4]],
+    ]
+    assert {v.dtype for v in views} == {torch.int32}
+    assert [moe_setup.active_experts(EP, v) for v in views] == [2, 1, 1, 2]
+    assert (moe_setup.ranks(EP), moe_setup.ranks(SMALL)) == (4, 1)
+
+
 def test_expert_parallel_reference_is_the_whole_layers_share() -> None:
     """What the benchmark checks an EP rank against: the reference over the rank's experts
     (make_moe's) with local_routing equals the whole layer's reference with the other ranks'

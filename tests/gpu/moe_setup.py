@@ -304,6 +304,19 @@ def local_routing(
     return topk_weights * held, torch.where(held, local, 0).to(topk_ids.dtype)
 
 
+def ranks(shape: MoeShape) -> int:
+    """How many expert-parallel ranks share the layer's experts (1 where one GPU holds all)."""
+    return shape.experts // shape.held_experts
+
+
+def rank_routing(shape: MoeShape, topk_ids: torch.Tensor, rank: int) -> torch.Tensor:
+    """The routing as rank ``rank`` sees it, in the ids that rank 0's expert map reads: the
+    global ids moved down by the rank's first expert (modulo E), so that the experts rank
+    ``rank`` holds (vLLM's linear placement: ``rank * E / N`` on) are the local ones. Timing
+    rank 0's layer on it times that rank's: an EP layer waits for its slowest rank."""
+    return ((topk_ids.long() - rank * shape.held_experts) % shape.experts).to(topk_ids.dtype)
+
+
 def active_experts(shape: MoeShape, topk_ids: torch.Tensor) -> int:
     """How many of the experts this GPU holds the routing picks (whose weights a call reads)."""
     emap = expert_map(shape, topk_ids.device)
