@@ -321,6 +321,10 @@ class Case:
         # moe: as the GEMMs read it (laid_out); rows: the checkpoint's, for the reference.
         self.moe, self.shape, self.tokens, self.rows = moe, shape, tokens, rows
         self.hidden, self.tw, self.tids = moe_setup.random_inputs(tokens, shape, seed=tokens)
+        # An expert-parallel layer waits for its slowest rank: tune the rank that routes the
+        # most of its experts (rank 0's routing may hold none of a decode token's experts).
+        self.rank = moe_setup.busiest_rank(shape, self.tids)
+        self.tids = moe_setup.rank_routing(shape, self.tids, self.rank)
         self.emap = expert_map(shape)
         # The w13 GEMM's input where the hidden states are quantized in a pass of their own.
         self.hidden_q = K.invoke_nvfp4_qdq(self.hidden, moe.a13_gscale)

@@ -377,6 +377,10 @@ def test_rank_routing() -> None:
     assert {v.dtype for v in views} == {torch.int32}
     assert [moe_setup.active_experts(EP, v) for v in views] == [2, 1, 1, 2]
     assert (moe_setup.ranks(EP), moe_setup.ranks(SMALL)) == (4, 1)
+    assert moe_setup.busiest_rank(EP, ids) == 0
+    # Rank 0 routes none of this token's experts; ranks 1-3 one each: the first of them.
+    assert moe_setup.busiest_rank(EP, torch.tensor([[5, 6, 2]], dtype=torch.int32)) == 1
+    assert moe_setup.busiest_rank(SMALL, ids) == 0
 
 
 def test_expert_parallel_reference_is_the_whole_layers_share() -> None:

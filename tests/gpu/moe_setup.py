@@ -317,6 +317,14 @@ def rank_routing(shape: MoeShape, topk_ids: torch.Tensor, rank: int) -> torch.Te
     return ((topk_ids.long() - rank * shape.held_experts) % shape.experts).to(topk_ids.dtype)
 
 
+def busiest_rank(shape: MoeShape, topk_ids: torch.Tensor) -> int:
+    """The rank that routes the most of its experts (the first of them): the tuner's stand-in
+    for the slowest rank, which it cannot time tile by tile on every rank. 0 on one GPU."""
+    views = [rank_routing(shape, topk_ids, r) for r in range(ranks(shape))]
+    counts = [active_experts(shape, v) for v in views]
+    return counts.index(max(counts))
+
+
 def active_experts(shape: MoeShape, topk_ids: torch.Tensor) -> int:
     """How many of the experts this GPU holds the routing picks (whose weights a call reads)."""
     emap = expert_map(shape, topk_ids.device)
