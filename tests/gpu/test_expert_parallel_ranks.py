@@ -92,6 +92,25 @@ def test_rank_matches_reference_cuda_graph(rank, tokens: int, capture_graph) -> 
     assert_rank_agrees(output, rank_reference(layer))
 
 
+@pytest.mark.parametrize("tokens", (1, 2))
+def test_every_rank_matches_reference_cuda_graph(rank, tokens: int, capture_graph) -> None:
+    """Each of the N ranks on the same tokens (its own experts local: moe_setup.rank_routing),
+    replayed from one graph: at one token rank 0 alone may route none of the token's experts,
+    and the others route one, two or three of them, through the decode tiles."""
+    shape, moe = rank
+    layer = rank_layer(shape, moe, tokens)
+    ids = layer.topk_ids.clone()
+    graph, output = capture_graph(layer.apply)
+    routed = []
+    for r in range(moe_setup.ranks(shape)):
+        layer.topk_ids.copy_(moe_setup.rank_routing(shape, ids, r))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rank_agrees(output, rank_reference(layer))
+        routed.append(moe_setup.active_experts(shape, layer.topk_ids))
+    assert sum(routed) == int(ids.unique().numel())  # every expert of the tokens, once
+
+
 def test_rank_token_alone_equals_token_in_batch(rank, capture_graph) -> None:
     shape, moe = rank
     alone = rank_layer(shape, moe, 1)
