@@ -1,0 +1,110 @@
+"""Keep the tile tables the layer confirms: of the tables a tuner sweep wrote, those whose
+shape's layer is faster with them than with the shipped tables in every given benchmark run.
+
+    python benchmarks/keep_faster_tables.py --tables DIR --results A.json [B.json ...] \\
+        --tokens 32 [--out DIR]
+
+The tuner times the two GEMMs alone; the layer (bench_nvfp4_moe.py's ``FusedMoEKernel.apply``
+under CUDA graphs) also runs the quantization pass, the top-k sum and their launches, and on an
+H200 it found a pick 7% behind the shipped tile that the tuner's GEMM timings put 4% ahead
+(Llama-4-Maverick TP8 at 32 tokens, 2026-12-03). A results file is a bench run with the ``overlay`` column on the tree with the new
+tables and the ``before`` column on the shipped one. A table is kept where every row of its
+shape (experts held, hidden, intermediate) at the swept token counts is faster (before /
+overlay above 1) in every results file, and dropped where one is not, or where no row measured
+it. Prints a line per table; with --out, copies the kept tables there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TABLE_NAME = re.compile(r"^nvfp4_emulation_moe_tiles\.E(\d+)_H(\d+)_I(\d+)\.[^.]+\.json$")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    table: str
+    speedups: tuple[tuple[str, int, float], ...]  # (shape, tokens, before / overlay) per row
+
+    @property
+    def kept(self) -> bool:
+        return bool(self.speedups) and all(s > 1.0 for _, _, s in self.speedups)
+
+    def line(self) -> str:
+        if not self.speedups:
+            return f"drop {self.table}: no row of its shape at the swept token counts"
+        cells = ", ".join(f"{shape} {tokens}: {s:.3f}x" for shape, tokens, s in self.speedups)
+        return f"{'keep' if self.kept else 'drop'} {self.table}: {cells}"
+
+
+def table_shape(name: str) -> tuple[int, int, int]:
+    """(experts held, hidden, intermediate) from a shape table's file name."""
+    found = TABLE_NAME.match(name)
+    if found is None:
+        raise ValueError(
+            f"{name}: not a shape table's name (nvfp4_emulation_moe_tiles.E*_H*_I*.*.json)"
+        )
+    return int(found[1]), int(found[2]), int(found[3])
+
+
+def speedups(
+    run: dict[str, Any], shape: tuple[int, int, int], tokens: set[int]
+) -> list[tuple[str, int, float]]:
+    """before / overlay per (shape name, tokens) of one bench run, for the rows of ``shape``."""
+    times: dict[tuple[str, int], dict[str, float]] = {}
+    for row in run["rows"]:
+        held = row.get("local_experts") or row.get("experts")
+        if (held, row.get("hidden"), row.get("intermediate")) != shape or row[
+            "tokens"
+        ] not in tokens:
+            continue
+        if row.get("column") in ("overlay", "before"):
+            times.setdefault((row["shape"], row["tokens"]), {})[row["column"]] = row["graph_us"]
+    return [
+        (name, t, pair["before"] / pair["overlay"])
+        for (name, t), pair in sorted(times.items())
+        if {"before", "overlay"} <= pair.keys()
+    ]
+
+
+def verdicts(tables: list[str], runs: list[dict[str, Any]], tokens: set[int]) -> list[Verdict]:
+    return [
+        Verdict(name, tuple(s for run in runs for s in speedups(run, table_shape(name), tokens)))
+        for name in tables
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", type=Path, required=True, help="the tables the sweep wrote")
+    parser.add_argument("--results", type=Path, nargs="+", required=True, help="bench JSONs")
+    parser.add_argument("--tokens", type=int, nargs="+", required=True, help="token counts swept")
+    parser.add_argument("--out", type=Path, help="copy the kept tables here")
+    args = parser.parse_args(argv)
+    try:
+        names = sorted(p.name for p in args.tables.glob("*.json"))
+        runs = [json.loads(p.read_text()) for p in args.results]
+        found = verdicts(names, runs, set(args.tokens))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"keep_faster_tables: {exc}", file=sys.stderr)
+        return 2
+    for verdict in found:
+        print(verdict.line())
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for verdict in found:
+            if verdict.kept:
+                shutil.copy2(args.tables / verdict.table, args.out / verdict.table)
+    print(f"{sum(v.kept for v in found)} of {len(found)} tables kept")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

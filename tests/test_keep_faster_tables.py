@@ -1,0 +1,84 @@
+"""benchmarks/keep_faster_tables.py: of a sweep's tables, those the layer confirms, read from
+bench runs shaped as the H200's (the 2026-12-03 32-token sweep's two runs, committed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import keep_faster_tables as keep
+
+RESULTS = REPO / "benchmarks" / "results"
+RUNS = [RESULTS / "nvfp4_moe_h200_tuned32_more.json", RESULTS / "nvfp4_moe_h200_required_t32b.json"]
+SWEPT = [  # the tables tune_nvfp4_moe.py --wide --tokens 32 wrote that day (experts held, H, I)
+    (128, 2048, 384), (128, 2688, 928), (128, 4096, 384), (128, 5120, 1024), (16, 5120, 2048),
+    (256, 3072, 384), (256, 6144, 256), (256, 7168, 256), (32, 7168, 2048), (384, 7168, 256),
+    (48, 7168, 2048), (512, 4096, 256),
+]  # fmt: skip
+
+
+def name(e: int, h: int, i: int) -> str:
+    return f"nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}.NVIDIA_H200.json"
+
+
+def test_the_h200_sweep_keeps_what_patch_0002_ships(tmp_path: Path, capsys) -> None:
+    """The rule reproduces the hand-made choice of that day: the 9 tables patch 0002 ships
+    kept (copied as they are); Maverick TP8 and Scout TP4 (slower in the A/B) and Kimi-K2 EP8
+    (slower in both runs) dropped."""
+    tables, out = tmp_path / "tables", tmp_path / "out"
+    tables.mkdir()
+    for shape in SWEPT:
+        (tables / name(*shape)).write_text(json.dumps({"shape": shape}))
+    argv = ["--tables", str(tables), "--results", *map(str, RUNS), "--tokens", "32"]
+    assert keep.main([*argv, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "9 of 12 tables kept"
+    dropped = [line for line in lines if line.startswith("drop ")]
+    assert dropped == [
+        f"drop {name(128, 5120, 1024)}: llama-4-maverick-tp8 32: 0.925x, llama-4-maverick-tp8 32: 0.995x",
+        f"drop {name(16, 5120, 2048)}: llama-4-scout-tp4 32: 0.945x, llama-4-scout-tp4 32: 1.000x",
+        f"drop {name(48, 7168, 2048)}: kimi-k2-ep8 32: 0.995x, kimi-k2-ep8 32: 0.993x",
+    ]
+    dropped_shapes = [(128, 5120, 1024), (16, 5120, 2048), (48, 7168, 2048)]
+    kept = sorted(p.name for p in out.iterdir())
+    assert kept == sorted(name(*s) for s in SWEPT if s not in dropped_shapes)
+    assert all((out / k).read_text() == (tables / k).read_text() for k in kept)
+
+
+def test_unmeasured_and_other_token_counts() -> None:
+    """A table no row measured is dropped; rows at token counts not swept do not count."""
+    run = {"rows": [
+        {"shape": "s", "experts": 8, "local_experts": 0, "hidden": 64, "intermediate": 32,
+         "tokens": t, "column": c, "graph_us": us}
+        for t, c, us in [(1, "overlay", 10.0), (1, "before", 12.0), (32, "overlay", 30.0),
+                         (32, "before", 29.0), (32, "marlin", 99.0)]
+    ]}  # fmt: skip
+    got = keep.verdicts([name(8, 64, 32), name(4, 64, 32)], [run], {1})
+    assert [(v.kept, v.speedups) for v in got] == [(True, (("s", 1, 1.2),)), (False, ())]
+    assert got[1].line() == f"drop {name(4, 64, 32)}: no row of its shape at the swept token counts"
+    assert keep.verdicts([name(8, 64, 32)], [run], {1, 32})[0].kept is False
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "message"),
+    [
+        ("other.json", "{}", "other.json: not a shape table's name"),
+        (name(8, 64, 32), "{}", ""),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, capsys, file: str, text: str, message: str) -> None:
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / file).write_text(text)
+    results = tmp_path / "r.json"
+    results.write_text("not json" if not message else '{"rows": []}')
+    code = keep.main(["--tables", str(tables), "--results", str(results), "--tokens", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("keep_faster_tables: ")
+    assert message in err
