@@ -7,11 +7,12 @@ shape's layer is faster with them than with the shipped tables in every given be
 The tuner times the two GEMMs alone; the layer (bench_nvfp4_moe.py's ``FusedMoEKernel.apply``
 under CUDA graphs) also runs the quantization pass, the top-k sum and their launches, and on an
 H200 it found a pick 7% behind the shipped tile that the tuner's GEMM timings put 4% ahead
-(Llama-4-Maverick TP8 at 32 tokens, 2026-12-03). A results file is a bench run with the ``overlay`` column on the tree with the new
-tables and the ``before`` column on the shipped one. A table is kept where every row of its
-shape (experts held, hidden, intermediate) at the swept token counts is faster (before /
-overlay above 1) in every results file, and dropped where one is not, or where no row measured
-it. Prints a line per table; with --out, copies the kept tables there.
+(Llama-4-Maverick TP8 at 32 tokens, 2026-12-03). A results file is a bench run with the
+``overlay`` column on the tree with the new tables and the ``before`` column on the shipped
+one. A table is kept where every row of its shape (experts held, hidden, intermediate) at the
+swept token counts is faster (before / overlay above 1) in every results file, and dropped
+where one is not, or where no row measured it. Prints a line per table; with --out, copies the
+kept tables there.
 """
 
 from __future__ import annotations
