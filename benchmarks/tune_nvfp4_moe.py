@@ -485,6 +485,17 @@ def pick_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm()).item()
 
 
+def pick_line(p: dict) -> str:
+    """One pick, as the sweep prints it; an expert-parallel shape's names the rank it was timed
+    on and how many of that rank's experts the tokens route."""
+    rank = f" (EP rank {p['rank']}: {p['active_experts']} experts routed)" if "rank" in p else ""
+    return (
+        f"<= {p['bucket']:>19} {p['shape']:18s} t={p['tokens']:4d} naive={int(p['naive'])} "
+        f"bm={p['block_m']} qdq={int(p['qdq_a'])} w13 {p['w13']} w2 {p['w2']}: both GEMMs "
+        f"{p['gemms_us']:7.1f} us, rel err {p['rel_err']:.1e}{rank}"
+    )
+
+
 def refuse_wrong_picks(picks: list[dict]) -> None:
     """Stop, in one line and before any table is written, where a pick's layer is not within
     REL_FROBENIUS of exact W4A4 (NaN included): a table must not ship a tile that computes
@@ -719,12 +730,11 @@ def main(argv: list[str] | None = None) -> int:
                     rel_err=rel,
                 )
             )
-            print(
-                f"<= {bound:>19} {shape.name:18s} t={t:4d} naive={int(naive)} bm={bm} "
-                f"qdq={int(qdq)} w13 {w13} w2 {w2}: both GEMMs {totals[shape.name]:7.1f} us, "
-                f"rel err {rel:.1e}",
-                flush=True,
-            )
+            if moe_setup.ranks(shape) > 1:  # which rank's routing the picks were timed on
+                picks[-1].update(
+                    rank=c.rank, active_experts=moe_setup.active_experts(shape, c.tids)
+                )
+            print(pick_line(picks[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tune.json").write_text(
         json.dumps(

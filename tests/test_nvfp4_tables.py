@@ -471,6 +471,29 @@ def test_tuner_aligns_as_vllms_wrapper(full_pristine: Pristine) -> None:
         assert sorted(other[other < ids.numel()].tolist()) == [1, 4, 6, 9]
 
 
+def test_tuner_pick_line_names_the_ep_rank() -> None:
+    """benchmarks/tune_nvfp4_moe.py prints each pick as the 2026-12-03 sweep logged it, and an
+    expert-parallel shape's pick with the rank it was timed on (moe_setup.busiest_rank) and how
+    many of that rank's experts the tokens route."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    pick = dict(bucket=64, shape="qwen3-30b-a3b-tp2", tokens=32, naive=False, block_m=8,
+                qdq_a=False, w13=(64, 128, 4, 3), w2=(64, 128, 2, 4), gemms_us=69.5,
+                rel_err=1.2e-05)  # fmt: skip
+    assert tune.pick_line(pick) == (
+        "<=                  64 qwen3-30b-a3b-tp2  t=  32 naive=0 bm=8 qdq=0 w13 (64, 128, 4, 3)"
+        " w2 (64, 128, 2, 4): both GEMMs    69.5 us, rel err 1.2e-05"
+    )
+    ep = dict(pick, bucket=1, shape="deepseek-r1-ep8", tokens=1, naive=True, rank=6,
+              active_experts=2)  # fmt: skip
+    assert tune.pick_line(ep) == (
+        "<=                   1 deepseek-r1-ep8    t=   1 naive=1 bm=8 qdq=0 w13 (64, 128, 4, 3)"
+        " w2 (64, 128, 2, 4): both GEMMs    69.5 us, rel err 1.2e-05 (EP rank 6: 2 experts"
+        " routed)"
+    )
+
+
 def test_tuner_refuses_picks_off_exact_w4a4() -> None:
     """benchmarks/tune_nvfp4_moe.py checks each pick's layer against exact W4A4 and writes no
     table where one is off by REL_FROBENIUS or more (NaN included), in one line naming them; an
