@@ -5,7 +5,7 @@ cost on AMD before anyone has an MI300.
 
     python benchmarks/isa_facts.py [--overlay DIR] [--pristine DIR] [--out DIR]
 
-The configurations are those of tests/test_kernels_compile.py (tests/kernels.py: the fused
+The configurations are those of tests/test_kernels_compile.py (tests/overlay_kernels.py: the fused
 experts' own launcher driven over both benchmark shapes, both dtypes and every token bucket,
 its launches recorded and bound by triton's binder). Without a driver triton leaves
 n_regs/n_spills empty: AMD's facts come from the hsaco's metadata (.vgpr_count,
@@ -42,7 +42,7 @@ def default_pristine() -> Path:
 
 
 def collect(overlay: Path, pristine: Path) -> list[dict[str, Any]]:
-    import kernels
+    import overlay_kernels as kernels
     import triton
 
     rows = []
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import hashlib
 
-    import kernels
+    import overlay_kernels as kernels
 
     # Which kernels these are: the overlaid files' sha256 (the lock's patched_sha256).
     sources = {

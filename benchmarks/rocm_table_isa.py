@@ -8,8 +8,8 @@ at least two waves per SIMD.
 
 TABLE: a tile table's JSON as patch 0002 reads it (nvfp4_emulation_moe_tiles.*.json), or
 ``shipped`` for ROCm's generic table as the overlay has it. The configurations are those of
-tests/kernels.py's drive of the fused experts (both benchmark shapes and the ragged one, BF16
-and FP16, with and without an expert map, both ends of every bucket of TABLE). Writes NAME.json
+tests/overlay_kernels.py's drive of the fused experts (both benchmark shapes and the ragged one,
+BF16 and FP16, with and without an expert map, both ends of every bucket of TABLE). Writes NAME.json
 and NAME.md under DIR (default benchmarks/results, rocm_table_isa) and exits 1 where a
 configuration breaks a rule, 0 where none does, 2 (one line, nothing written) for a TABLE it
 cannot read. Candidate tables measured on an H200 with
@@ -87,7 +87,7 @@ def rocm_table(module: Any, table: dict[int, Any] | None) -> Iterator[None]:
 
 def gemm_launches(fused: Any, table: dict[int, Any] | None) -> list[Any]:
     """Every GEMM launch of the fused experts' drive, on a ROCm machine, with ``table``."""
-    import kernels
+    import overlay_kernels as kernels
 
     module = kernels_module(fused)
     with rocm_table(module, table), kernels.recording_launches() as launches:
@@ -112,7 +112,7 @@ def read_table(module: Any, name: str) -> dict[int, Any] | None:
 
 
 def facts(name: str, fused: Any, table: dict[int, Any] | None) -> list[Row]:
-    import kernels
+    import overlay_kernels as kernels
 
     launches = gemm_launches(fused, table)
     rows = []
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="rocm_table_isa")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as benchmarks/isa_facts.py
-    import kernels
+    import overlay_kernels as kernels
     import standins
     import triton
 

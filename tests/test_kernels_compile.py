@@ -5,7 +5,7 @@ their launchers use; and so does vLLM 0.24.0's own Triton MoE kernel, which Trit
 launches on the overlaid path.
 
 The kernels are the `@triton.jit` functions of every overlaid file, read from its source
-(tests/kernels.py): a new kernel is covered without editing this file. Their configurations are
+(tests/overlay_kernels.py): a new kernel is covered without editing this file. Their configurations are
 not written here: each launcher runs on CPU tensors of both benchmark shapes, both activation
 dtypes and one token count at each end of each of its token buckets, with the launches
 recorded, and triton's own binder turns each recorded launch into what a GPU launch would
@@ -34,7 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
+import overlay_kernels as kernels
 import standins
 from vllm_install import OVERLAID, Overlay, Pristine
 

@@ -3,7 +3,7 @@ against the pure-torch reference (tests/gpu/nvfp4_reference.py): the loop for ke
 without a GPU.
 
 The experts' own ``apply`` runs, as on a ROCm machine: the portable kernels, since the
-interpreter runs no inline PTX (tests/kernels.py loads the overlaid module without vLLM, over
+interpreter runs no inline PTX (tests/overlay_kernels.py loads the overlaid module without vLLM, over
 vLLM 0.24.0's own moe_align_block_size and NVFP4 quantize-dequantize, with the C++ alignment op
 of tests/gpu/standins.py), so every kernel it launches runs, in the configuration its launcher
 picks: the w13 GEMM gated (SiLU-and-mul and the activation QDQ in its epilogue) and the w2 GEMM
@@ -50,8 +50,8 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
 import moe_setup
+import overlay_kernels as kernels
 import standins
 from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference
 

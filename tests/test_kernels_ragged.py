@@ -44,8 +44,8 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
 import moe_setup
+import overlay_kernels as kernels
 from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference, zero_padded
 
 # name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)

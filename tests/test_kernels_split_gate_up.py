@@ -32,8 +32,8 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
 import moe_setup
+import overlay_kernels as kernels
 from vllm_install import Overlay, Pristine
 
 pytestmark = pytest.mark.usefixtures("triton_cache")

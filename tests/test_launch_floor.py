@@ -12,7 +12,7 @@ import pytest
 from support import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-# Triton 3.9 warns when this is unset, and warnings fail the tests (as in tests/kernels.py).
+# Triton 3.9 warns when this is unset, and warnings fail the tests (as in tests/overlay_kernels.py).
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import launch_floor as lf

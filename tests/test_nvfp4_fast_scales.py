@@ -22,8 +22,8 @@ pytest.importorskip("triton", reason="the overlaid module imports triton (pip in
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
 import moe_setup
+import overlay_kernels as kernels
 import standins
 from vllm_install import Overlay, Pristine
 

@@ -1,5 +1,5 @@
 """Patch 0002's tile tables as data, its platform switch and what its experts say in vLLM's log,
-on the CPU (the overlaid module loaded without vLLM, tests/kernels.py, its logger recording):
+on the CPU (the overlaid module loaded without vLLM, tests/overlay_kernels.py, its logger recording):
 
 - a tuned table is a JSON file per device and shape
   (``nvfp4_emulation_moe_tiles.E.._H.._I.....json``, then
@@ -28,7 +28,7 @@ pytest.importorskip("triton", reason="the module defines triton kernels (pip ins
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import kernels
+import overlay_kernels as kernels
 import standins
 from vllm_install import Overlay, Pristine
 

@@ -17,7 +17,7 @@ pytest.importorskip("torch", reason="the launchers run on torch tensors (pip ins
 pytest.importorskip("triton", reason="triton binds the launches (pip install triton)")
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
-import kernels
+import overlay_kernels as kernels
 import rocm_table_isa
 import standins
 from vllm_install import Overlay, Pristine
