@@ -10,6 +10,7 @@ module or of the standard library's."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def top_level_names(folder: Path) -> set[str]:
     return modules | packages
 
 
-def shadowed(names: set[str], installed: dict[str, list[str]], own: str) -> dict[str, str]:
+def shadowed(names: set[str], installed: Mapping[str, list[str]], own: str) -> dict[str, str]:
     """name -> what it hides: an installed distribution other than the project, or the stdlib."""
     hidden = {}
     for name in sorted(names):
