@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -32,7 +33,7 @@ import re
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -761,27 +762,33 @@ AMDGCN_FIELDS = {
 }
 CUBIN_FIELDS = {"registers": "REG", "stack_bytes": "STACK", "shared_bytes": "SHARED",
                 "local_bytes": "LOCAL"}  # fmt: skip
-SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)")
-SASS_AT = re.compile(r"^\s+/\*(?P<at>[0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)"
-                     r"(?:[.\w]*\s+0x(?P<to>[0-9a-f]+))?")  # fmt: skip
+# An instruction of cuobjdump's listing: its address, its opcode and (a branch) its target.
+SASS_LINE = re.compile(r"^\s+/\*(?P<at>[0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_]*)"
+                       r"(?:[.\w]*\s+0x(?P<to>[0-9a-f]+))?")  # fmt: skip
+
+
+def sass_code(sass: str) -> list[tuple[int, str, str | None]]:
+    """(address, opcode, branch target or None) of each instruction of a SASS listing."""
+    return [
+        (int(m["at"], 16), m["op"], m["to"]) for m in map(SASS_LINE.match, sass.splitlines()) if m
+    ]
+
+
+def op_counts(ops: Iterable[str]) -> dict[str, int]:
+    """Opcodes by count, the most frequent first (then by name)."""
+    return dict(sorted(collections.Counter(ops).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def k_loop_mix(sass: str) -> dict[str, int]:
     """The SASS opcodes of the kernel's longest loop (from a backward branch's target to the
     branch), by count: what a fused GEMM issues per K step, where its time goes once the
     weights stream (empty where the kernel has no loop)."""
-    code = [
-        (int(m["at"], 16), m["op"], m["to"]) for m in map(SASS_AT.match, sass.splitlines()) if m
-    ]
+    code = sass_code(sass)
     loops = [(int(to, 16), at) for at, op, to in code if op == "BRA" and to and int(to, 16) < at]
     if not loops:
         return {}
     start, end = max(loops, key=lambda loop: loop[1] - loop[0])
-    mix: dict[str, int] = {}
-    for at, op, _ in code:
-        if start <= at <= end:
-            mix[op] = mix.get(op, 0) + 1
-    return dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
+    return op_counts(op for at, op, _ in code if start <= at <= end)
 
 
 def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
@@ -810,13 +817,10 @@ def isa_facts(compiled: Any, target: str) -> dict[str, Any]:
     for key, field in CUBIN_FIELDS.items():
         found = re.search(rf"\b{field}:(\d+)", usage)
         facts[key] = int(found[1]) if found else None
-    mix: dict[str, int] = {}
-    for line in sass.splitlines():
-        if op := SASS_LINE.match(line):
-            mix[op["op"]] = mix.get(op["op"], 0) + 1
+    mix = op_counts(op for _, op, _ in sass_code(sass))
     facts["sass_instructions"] = sum(mix.values())
     facts["mma"] = sum(n for op, n in mix.items() if op in ("HMMA", "HGMMA"))
-    facts["sass_mix"] = dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))
+    facts["sass_mix"] = mix
     loop = k_loop_mix(sass)
     facts["k_loop_instructions"] = sum(loop.values())
     facts["k_loop_mma"] = sum(n for op, n in loop.items() if op in ("HMMA", "HGMMA"))

@@ -5,12 +5,11 @@ their launchers use; and so does vLLM 0.24.0's own Triton MoE kernel, which Trit
 launches on the overlaid path.
 
 The kernels are the `@triton.jit` functions of every overlaid file, read from its source
-(tests/overlay_kernels.py): a new kernel is covered without editing this file. Their configurations are
-not written here: each launcher runs on CPU tensors of both benchmark shapes, both activation
-dtypes and one token count at each end of each of its token buckets, with the launches
-recorded, and triton's own binder turns each recorded launch into what a GPU launch would
-compile (signature, constexprs, alignment, options). The counts are asserted: a walk that
-compiled nothing fails.
+(tests/overlay_kernels.py): a new kernel is covered without editing this file. Their configurations
+are not written here: each launcher runs on CPU tensors of both benchmark shapes, both activation
+dtypes and one token count at each end of each of its token buckets, with the launches recorded, and
+triton's own binder turns each recorded launch into what a GPU launch would compile (signature,
+constexprs, alignment, options). The counts are asserted: a walk that compiled nothing fails.
 
 A kernel meant for one platform only declares it above its decorator (`# triton-platform:
 cuda`) and is compiled for that platform's targets; every other kernel is portable and must
@@ -260,11 +259,11 @@ def test_k_loop_mix_reads_the_longest_backward_branch() -> None:
 @pytest.mark.parametrize("target", kernels.TARGETS)
 def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None:
     """benchmarks/isa_facts.py's reading of the code objects: the registers, spills and matrix
-    instructions are there (triton itself leaves them empty without a driver), and every fused
-    GEMM configuration of the target has matrix instructions; on sm_90 its K loop issues
-    exactly its tile's MMAs per step (no dot computed twice, none fallen back to FMA). A tile that triton compiles to
-    FMA dots instead (ROCm's MFMA does not cover blocks of 8 tokens in narrow tiles) is slow,
-    and it sums in another order than the tiles of the other token buckets: a token's output
+    instructions are there (triton itself leaves them empty without a driver), and every fused GEMM
+    configuration of the target has matrix instructions; on sm_90 its K loop issues exactly its
+    tile's MMAs per step (no dot computed twice, none fallen back to FMA). A tile that triton
+    compiles to FMA dots instead (ROCm's MFMA does not cover blocks of 8 tokens in narrow tiles) is
+    slow, and it sums in another order than the tiles of the other token buckets: a token's output
     would then depend on the batch."""
     without = []
     for spec in fused_gemms(target, fused):
