@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         names = sorted(p.name for p in args.tables.glob("*.json"))
+        if not names:
+            raise ValueError(f"{args.tables}: no tables (*.json) there")
         runs = [json.loads(p.read_text()) for p in args.results]
         found = verdicts(names, runs, set(args.tokens))
     except (OSError, ValueError, KeyError) as exc:

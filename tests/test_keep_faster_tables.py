@@ -82,3 +82,16 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys, file: str, text: str, mes
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("keep_faster_tables: ")
     assert message in err
+
+
+def test_a_folder_without_tables_is_one_line(tmp_path: Path, capsys) -> None:
+    """A wrong --tables (missing, or no table in it) is an error, not "0 of 0 tables kept"."""
+    (tmp_path / "r.json").write_text('{"rows": []}')
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "missing", tmp_path / "empty"):
+        argv = ["--tables", str(folder), "--results", str(tmp_path / "r.json"), "--tokens", "1"]
+        assert keep.main([*argv, "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == (
+            f"keep_faster_tables: {folder}: no tables (*.json) there\n"
+        )
+    assert not (tmp_path / "out").exists()
