@@ -65,8 +65,10 @@ H200_SHAPE_TABLES = tuple(
         (128, 2048, 768),  # Qwen3-30B-A3B
         (128, 2688, 464),  # Nemotron-3-Nano-30B-A3B TP4
         (128, 2688, 928),  # Nemotron-3-Nano-30B-A3B TP2
+        (128, 2688, 1856),  # Nemotron-3-Nano-30B-A3B
         (128, 2816, 176),  # Gemma-4-26B-A4B TP4
         (128, 2816, 352),  # Gemma-4-26B-A4B TP2
+        (128, 2816, 704),  # Gemma-4-26B-A4B
         (128, 4096, 192),  # Qwen3-235B-A22B TP8
         (128, 4096, 384),  # Qwen3-235B-A22B TP4
         (128, 5120, 1024),  # Llama-4-Maverick TP8
@@ -83,8 +85,13 @@ H200_SHAPE_TABLES = tuple(
         (256, 2048, 512),  # Qwen3.6-35B-A3B
         (256, 3072, 192),  # MiniMax-M2.5 TP8
         (256, 3072, 384),  # MiniMax-M2.5 TP4
+        (256, 3072, 768),  # MiniMax-M2.5 TP2
         (256, 6144, 256),  # GLM-5 TP8
+        (256, 6144, 512),  # GLM-5 TP4
+        (256, 6144, 1024),  # GLM-5 TP2
         (256, 7168, 256),  # DeepSeek-R1 TP8
+        (256, 7168, 512),  # DeepSeek-R1 TP4
+        (256, 7168, 1024),  # DeepSeek-R1 TP2
         (32, 7168, 2048),  # DeepSeek-R1 EP8 rank (32 of 256 experts)
         (384, 7168, 1024),  # Kimi-K2 TP2
         (384, 7168, 2048),  # Kimi-K2
