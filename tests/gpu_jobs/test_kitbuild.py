@@ -12,6 +12,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -94,3 +95,38 @@ def test_pin_wheel_is_the_index_s(project, cache_dir: Path) -> None:
     assert wheel == cache_dir / "wheels" / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     assert sha256 == "2d2831aeba311292250df0132dbc4d8e9f42c654536eaec48e6fe58acb1822cf"
     assert kitparts.sha256_file(wheel) == sha256
+
+
+def test_part_mib_sizes_the_parts(tiny, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`kit build --part-mib 1`: parts of 1 MiB (the last what is left), each checked by
+    `verify`: a channel that carries a kit part beside other files takes smaller parts."""
+    import random
+
+    from kits import WHEEL_FILES, make_wheel
+    from vllm_patchset.cli import main
+    from vllm_patchset.gpu import KIT_PART_MIB, kitbuild
+
+    extension = random.Random(1).randbytes(5 * 2**19)  # 2.5 MiB that xz cannot shrink
+    files = {**WHEEL_FILES, "vllm/_moe_C_stable_libtorch.abi3.so": extension}
+    wheel = make_wheel(tmp_path / "vllm-1.0-cp38-abi3-manylinux_2_28_x86_64.whl", files)
+    monkeypatch.setattr(kitbuild, "pin_wheel", lambda project, platform: (wheel, "ab" * 32))
+    out = tmp_path / "kit"
+    argv = ["--project", str(tiny.root), "kit", "build", "--no-wheels", "--level", "0"]
+    assert main([*argv, "--part-mib", "1", "--out", str(out)]) == 0
+    sizes = [part.size for part in kitparts.verify(out).parts]
+    assert sizes[:-1] == [2**20, 2**20] and 0 < sizes[-1] <= 2**20
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"wrote {out}: 3 parts, ")
+    assert KIT_PART_MIB * 2**20 == kitparts.PART_LIMIT  # the default is the format's limit
+
+
+@pytest.mark.parametrize("text", ["0", "61", "x", "", "-1"])
+def test_part_mib_out_of_range_is_refused(tiny, text: str, capsys) -> None:
+    """Refused when the line is parsed, in one line: no build folder claimed, nothing written."""
+    from vllm_patchset.cli import main
+
+    assert main(["--project", str(tiny.root), "kit", "build", "--part-mib", text]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"vllm-patchset: kit build: argument --part-mib: {text} MiB is not in 1..60"
+        " (see `vllm-patchset kit build --help`)"
+    ]
+    assert not (tiny.root / "build").exists()

@@ -11,7 +11,7 @@ from vllm_patchset.commands import project_of
 from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import emit, progress
 from vllm_patchset.errors import as_project_errors
-from vllm_patchset.gpu import KIT_NAME, KIT_PLATFORM
+from vllm_patchset.gpu import KIT_NAME, KIT_PART_MIB, KIT_PLATFORM
 from vllm_patchset.infra import fsio
 from vllm_patchset.registry import Subcommands, add_command, add_group
 
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
 def _parts(manifest: Manifest) -> list[dict[str, object]]:
     return [{"name": p.name, "size": p.size, "sha256": p.sha256} for p in manifest.parts]
+
+
+def part_mib(text: str) -> int:
+    """`kit build --part-mib`: the parts' size limit, 1 to 60 MiB, refused when the line is
+    parsed (before the build folder is claimed)."""
+    if not (text.isdigit() and 1 <= int(text) <= KIT_PART_MIB):
+        raise argparse.ArgumentTypeError(f"{text} MiB is not in 1..{KIT_PART_MIB}")
+    return int(text)
 
 
 def cmd_kit_build(args: argparse.Namespace) -> int:
@@ -37,6 +45,7 @@ def cmd_kit_build(args: argparse.Namespace) -> int:
         with_wheels=args.wheels,
         python_version=args.python_version,
         platform=args.platform,
+        part_limit=args.part_mib * 2**20,
     )
     size = sum(p.size for p in manifest.parts) / 2**20
     wheels = len(manifest.wheels)
@@ -83,6 +92,14 @@ def register_cli(sub: Subcommands) -> None:
     p.add_argument("--out", type=Path, help=f"a new folder (default: build/{KIT_NAME})")
     add_options(p, "--level", "--no-wheels", "--python-version", no_wheels="vLLM's wheel only")
     p.add_argument("--platform", default=KIT_PLATFORM, help="the wheel's platform tag")
+    p.add_argument(
+        "--part-mib",
+        type=part_mib,
+        default=KIT_PART_MIB,
+        metavar="N",
+        help=f"each part at most N MiB, 1..{KIT_PART_MIB} (default {KIT_PART_MIB}): smaller where"
+        " what carries a part to the host carries other files beside it",
+    )
     for name, handler, text in (
         ("verify", cmd_kit_verify, "check every part's size and sha256"),
         ("assemble", cmd_kit_assemble, "check, unpack, check every file against the RECORD"),

@@ -194,6 +194,7 @@ def build_kit(
     with_wheels: bool = True,
     python_version: str = "3.12",
     platform: str = KIT_PLATFORM,
+    part_limit: int = kitparts.PART_LIMIT,
 ) -> kitparts.Manifest:
     wheel, sha256 = pin_wheel(project, platform)
     scratch = dest.with_name(f".{dest.name}.wheels")
@@ -204,6 +205,8 @@ def build_kit(
             with progress("kit build: downloading the wheels vLLM imports"):
                 wheels = download_wheels(scratch, python_version, ENGINE_WHEELS)
         with progress(f"kit build: compressing {wheel.name} into parts"):
-            return write_kit(wheel, sha256, project.pin, dest, wheels=wheels, level=level)
+            return write_kit(
+                wheel, sha256, project.pin, dest, wheels=wheels, level=level, part_limit=part_limit
+            )
     finally:
         fsio.discard_tree(scratch)
