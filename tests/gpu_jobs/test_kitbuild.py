@@ -8,18 +8,22 @@ import."""
 from __future__ import annotations
 
 import importlib.metadata
+import random
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from kits import WHEEL_FILES, make_wheel
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from support import REPO
 from vllm_install import install_pristine
-from vllm_patchset.gpu import kitparts
+from vllm_patchset.cli import main
+from vllm_patchset.gpu import KIT_PART_MIB, kitbuild, kitparts
 from vllm_patchset.gpu.kitbuild import ENGINE_WHEELS, TOOL_WHEELS, VLLM_WHEELS, kit_member
+from vllm_patchset.infra.config import Project
 
 HOST = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
         "platform_system": "Linux", "implementation_name": "cpython", "extra": ""}  # fmt: skip
@@ -97,15 +101,14 @@ def test_pin_wheel_is_the_index_s(project, cache_dir: Path) -> None:
     assert kitparts.sha256_file(wheel) == sha256
 
 
-def test_part_mib_sizes_the_parts(tiny, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_part_mib_sizes_the_parts(
+    tiny: Project,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """`kit build --part-mib 1`: parts of 1 MiB (the last what is left), each checked by
     `verify`: a channel that carries a kit part beside other files takes smaller parts."""
-    import random
-
-    from kits import WHEEL_FILES, make_wheel
-    from vllm_patchset.cli import main
-    from vllm_patchset.gpu import KIT_PART_MIB, kitbuild
-
     extension = random.Random(1).randbytes(5 * 2**19)  # 2.5 MiB that xz cannot shrink
     files = {**WHEEL_FILES, "vllm/_moe_C_stable_libtorch.abi3.so": extension}
     wheel = make_wheel(tmp_path / "vllm-1.0-cp38-abi3-manylinux_2_28_x86_64.whl", files)
@@ -120,10 +123,10 @@ def test_part_mib_sizes_the_parts(tiny, tmp_path: Path, monkeypatch, capsys) -> 
 
 
 @pytest.mark.parametrize("text", ["0", "61", "x", "", "-1"])
-def test_part_mib_out_of_range_is_refused(tiny, text: str, capsys) -> None:
+def test_part_mib_out_of_range_is_refused(
+    tiny: Project, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Refused when the line is parsed, in one line: no build folder claimed, nothing written."""
-    from vllm_patchset.cli import main
-
     assert main(["--project", str(tiny.root), "kit", "build", "--part-mib", text]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"vllm-patchset: kit build: argument --part-mib: {text} MiB is not in 1..60"
