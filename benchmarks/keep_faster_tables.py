@@ -62,11 +62,8 @@ def speedups(
     times: dict[tuple[str, int], dict[str, float]] = {}
     for row in run["rows"]:
         held = row.get("local_experts") or row.get("experts")
-        if (held, row.get("hidden"), row.get("intermediate")) != shape or row[
-            "tokens"
-        ] not in tokens:
-            continue
-        if row.get("column") in ("overlay", "before"):
+        ours = (held, row.get("hidden"), row.get("intermediate")) == shape
+        if ours and row["tokens"] in tokens and row.get("column") in ("overlay", "before"):
             times.setdefault((row["shape"], row["tokens"]), {})[row["column"]] = row["graph_us"]
     return [
         (name, t, pair["before"] / pair["overlay"])

@@ -115,15 +115,14 @@ def test_shape_table_matches_reference(name: str, tokens: int) -> None:
     moe = moe_setup.held_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts)
+    tw, tids = layer.topk_weights, layer.topk_ids
     if moe_setup.expert_map(shape) is not None:
         # The busiest rank's routing, as the tuner timed it: rank 0's may hold none of a
         # decode token's experts, and then no tile of the table runs (and the reference is 0).
-        rank = moe_setup.busiest_rank(shape, layer.topk_ids)
-        layer.topk_ids.copy_(moe_setup.rank_routing(shape, layer.topk_ids, rank))
-        assert moe_setup.active_experts(shape, layer.topk_ids) > 0
-    tw, tids = layer.topk_weights, layer.topk_ids
-    if moe_setup.expert_map(shape) is not None:  # the ids and weights the rank's experts see
-        tw, tids = moe_setup.local_routing(shape, tw, tids)
+        rank = moe_setup.busiest_rank(shape, tids)
+        tids.copy_(moe_setup.rank_routing(shape, tids, rank))
+        assert moe_setup.active_experts(shape, tids) > 0
+        tw, tids = moe_setup.local_routing(shape, tw, tids)  # what the rank's experts see
     want = nvfp4_moe_reference(moe, layer.hidden, tw, tids, exact=True)
     assert_agree(layer.apply(), want)
 
