@@ -12,15 +12,17 @@ H200 it found a pick 7% behind the shipped tile that the tuner's GEMM timings pu
 one. A table is kept where every row of its shape (experts held, hidden, intermediate) at the
 swept token counts is faster (before / overlay above 1) in every results file, and dropped
 where one is not, or where no row measured it. Prints a line per table; with --out, copies the
-kept tables there.
+kept tables there (first: a reader that goes away, `| head`, ends the printing, not the copy).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,14 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"keep_faster_tables: {exc}", file=sys.stderr)
         return 2
-    for verdict in found:
-        print(verdict.line())
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         for verdict in found:
             if verdict.kept:
                 shutil.copy2(args.tables / verdict.table, args.out / verdict.table)
-    print(f"{sum(v.kept for v in found)} of {len(found)} tables kept")
+    try:
+        for verdict in found:
+            print(verdict.line())
+        print(f"{sum(v.kept for v in found)} of {len(found)} tables kept", flush=True)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, the tables copied
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
 
 

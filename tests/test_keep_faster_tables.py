@@ -4,6 +4,9 @@ bench runs shaped as the H200's (the 2026-12-03 32-token sweep's two runs, commi
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +98,26 @@ def test_a_folder_without_tables_is_one_line(tmp_path: Path, capsys) -> None:
             f"keep_faster_tables: {folder}: no tables (*.json) there\n"
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reader_gone_ends_the_printing_not_the_copy(tmp_path: Path) -> None:
+    """`| head -0`: no traceback, exit 128 + SIGPIPE as other command-line tools, and the kept
+    tables copied all the same."""
+    tables, out = tmp_path / "tables", tmp_path / "out"
+    tables.mkdir()
+    for shape in SWEPT:
+        (tables / name(*shape)).write_text(json.dumps({"shape": shape}))
+    script = REPO / "benchmarks" / "keep_faster_tables.py"
+    argv = ["--tables", str(tables), "--results", *map(str, RUNS), "--tokens", "32"]
+    read, write = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, str(script), *argv, "--out", str(out)],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write)
+    os.close(read)  # the reader is gone before the first line
+    _, err = child.communicate(timeout=120)
+    assert (child.returncode, err) == (128 + signal.SIGPIPE, "")
+    assert len(list(out.glob("*.json"))) == 9
