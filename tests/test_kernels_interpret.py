@@ -11,7 +11,9 @@ ungated, at 1 to 17 tokens (the buckets with the QDQ of the hidden states inside
 before it), with and without an expert map that has -1 entries (expert parallelism), and with
 one block per (token, expert) pair where the experts are many (E=16), with and without an
 expert map (the kernels map each pair's expert then, without an alignment pass), and with an
-expert map at 3 and 4 tokens (E=32), where the alignment pass comes back.
+expert map at 3 and 4 tokens (E=32), where blocks of pairs come back. Every case sorts its pairs
+into blocks with the QDQ pass's route program (tests/test_kernels_route.py has it against vLLM's
+alignment pass).
 
 FP16 activations, and BF16 at the ends of the token buckets. Three faults of triton 3.9.0's interpreter (with torch 2.13.0) are
 mended by `kernels.fix_interpreter` first: its BF16 `tl.dot` multiplies the uint16 storage as
@@ -66,8 +68,8 @@ SMALL, SPARSE, SPARSER = EXPERTS
 CASES = [(SMALL, tokens, False) for tokens in range(1, 18)]
 CASES += [(SMALL, tokens, True) for tokens in (1, 4, 5, 16, 17)]
 CASES += [(SPARSE, tokens, ep) for tokens in (1, 2) for ep in (False, True)]
-# The table's one-block-per-pair bucket at 3 and 4 tokens (32 experts), with an expert map: the
-# alignment pass there (nvfp4_emulation_moe.EP_NAIVE_MAX_TOKENS).
+# The table's one-block-per-pair bucket at 3 and 4 tokens (32 experts), with an expert map: blocks
+# of pairs there (nvfp4_emulation_moe.EP_NAIVE_MAX_TOKENS).
 CASES += [(SPARSER, tokens, True) for tokens in (3, 4)]
 # The fused kernel's own arithmetic: patch 0002 computes exact W4A4 (as a Blackwell NVFP4 GEMM)
 # and the reference has `exact` for it; a kernel without it rounds as 0.24.0 does (the
@@ -151,15 +153,18 @@ def test_weight_layouts_give_the_same_bits(results: dict[str, Any], case: str) -
     assert torch.equal(tiles, rows)
 
 
-@pytest.mark.parametrize("case", [c for c in CASE_IDS if "-sparse" in c])
-def test_alignment_pass_only_where_blocks_are_not_pairs(results: dict[str, Any], case: str) -> None:
-    """Where the table's bucket has one block per (token, expert) pair (tokens * top_k * 4 <=
-    experts), the kernels take the router's ids without vLLM's alignment pass; with an expert
-    map only up to EP_NAIVE_MAX_TOKENS (2) tokens, and above it the alignment pass, which also
-    maps the experts (slower blocks of pairs there on an H200: the constant's comment)."""
-    tokens = int(case.split("-")[3].removesuffix("tok"))
-    want = 1 if case.endswith("-ep") and tokens > 2 else 0
-    assert results["aligned"][case] == want
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_blocks_of_pairs_only_where_blocks_are_not_pairs(results: dict[str, Any], case: str) -> None:
+    """(vLLM's alignment calls, route programs) of one apply. Where the table's bucket has one
+    block per (token, expert) pair (tokens * top_k * 4 <= experts), the kernels take the
+    router's ids without blocks of pairs; with an expert map only up to EP_NAIVE_MAX_TOKENS (2)
+    tokens (slower blocks of pairs there on an H200: the constant's comment). Every other
+    case here sorts its pairs into blocks, which the QDQ pass's route program makes at these
+    pair counts (up to ROUTE_MAX_PAIRS; vLLM's alignment never runs)."""
+    _, name, tokens_id = case.split("-")[1:4]
+    tokens = int(tokens_id.removesuffix("tok"))
+    pairs = name in ("sparse", "sparser") and (tokens <= 2 or not case.endswith("-ep"))
+    assert results["aligned"][case] == ((0, 0) if pairs else (0, 1))
 
 
 @pytest.mark.parametrize("case", QDQ_IN_GEMM_CASES)
@@ -167,10 +172,14 @@ def test_hidden_states_quantized_in_w13_give_the_same_bits(
     results: dict[str, Any], case: str
 ) -> None:
     """With the QDQ of the hidden states inside the w13 GEMM (one block per pair: the token's
-    row alone), the bits of the QDQ pass of its own, which is then not launched."""
+    row alone), the bits of the QDQ pass of its own, which is then not launched: where the
+    pairs go in sorted blocks, its kernel runs the route program alone."""
     got, launched = results["qdq_in_gemm"][case]
     assert torch.equal(got, results["outputs"][case][0])
-    assert launched.count("_nvfp4_moe_gemm_kernel") == 2 and "_nvfp4_qdq_kernel" not in launched
+    pairs = "-sparse-" in case
+    route = [] if pairs else ["_nvfp4_qdq_kernel (route only)"]
+    gemms = ["_nvfp4_moe_gemm_kernel"] * 2
+    assert launched == route + gemms + ["_topk_sum_kernel"]
 
 
 @pytest.mark.parametrize("case", ALL2ALL_CASES)
@@ -287,11 +296,21 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         return standins.moe_align_block_size(*args, **kwargs)
 
     fused = kernels.load_fused(Path(overlay_vllm), Path(pristine_vllm), align, rocm=True)
+    routed: list[int] = []
+    route = fused.module.routing
+
+    def counted_route(*args: Any, **kwargs: Any) -> Any:
+        routed.append(1)
+        return route(*args, **kwargs)
+
+    fused.module.routing = counted_route
     launched: list[str] = []
     original = InterpretedFunction.run
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
-        launched.append(self.fn.__name__)
+        # The QDQ kernel with QDQ off is the route program alone (sorted blocks, no pass).
+        alone = kwargs.get("QDQ", True) is False
+        launched.append(self.fn.__name__ + (" (route only)" if alone else ""))
         return original(self, *args, **kwargs)
 
     outputs = {}
@@ -307,9 +326,9 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         shape = shapes[name]
         if case_id == SPIED:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
-        before = len(aligned)
+        before = len(aligned), len(routed)
         outputs[case_id] = run(fused, shape, tokens, ep, dtype)
-        alignments[case_id] = len(aligned) - before
+        alignments[case_id] = (len(aligned) - before[0], len(routed) - before[1])
         InterpretedFunction.run = original  # type: ignore[method-assign]
         if case_id in ROW_LAYOUT:
             wide = moe_setup.MoeShape(name, shape.experts, 2 * hidden, 2 * intermediate, top_k=2)

@@ -1,10 +1,12 @@
 """Patch 0002's route program under Triton's interpreter (TRITON_INTERPRET=1) on the CPU: up to
-ROUTE_MAX_PAIRS routed (token, expert) pairs, one more program of the QDQ pass sorts the pairs
+ROUTE_MAX_PAIRS routed (token, expert) pairs over at most ROUTE_MAX_GROUPS groups (the rank's
+experts + 1, rounded up to a power of two), one more program of the QDQ pass sorts the pairs
 into blocks of one expert (moe_align_block_size's layout) instead of vLLM's alignment kernels.
 
 - The blocks, over the classes a layer meets (a generator, not a list of cases): the expert
-  counts of the released checkpoints and their EP8 ranks (4 to 512), top-k 1 to 10, token
-  counts from 1 pair to exactly ROUTE_MAX_PAIRS, token blocks of 8 to 64, int32 and int64 ids;
+  counts the route takes (the released checkpoints' up to Kimi-K2's 384, and every EP8 rank's,
+  from 512 experts down to 32), top-k 1 to 10, token counts from 1 pair to exactly
+  ROUTE_MAX_PAIRS, token blocks of 8 to 64, int32 and int64 ids;
   with no expert map against vLLM 0.24.0's own ``moe_align_block_size`` over the C++ op's
   stand-in (tests/gpu/standins.py: ascending expert, ascending pair), exactly; with an EP8
   rank's map, and with ids outside the router's range, against a plain statement of the
@@ -34,7 +36,11 @@ import moe_setup
 import overlay_kernels as kernels
 import standins
 
-EXPERTS = (4, 16, 32, 64, 128, 256, 384, 512)  # 16 .. 512: checkpoints; 32, 48, 64: EP8 ranks
+# The module's limits (asserted against it in the child): the generator reaches them exactly.
+ROUTE_MAX_PAIRS, ROUTE_MAX_GROUPS = 512, 512
+# 16 .. 384: checkpoints the route takes (Qwen3.5-397B's 512 experts whole are not: 1024 groups);
+# 4: the smallest layer; EP8 ranks of 256, 384 and 512 experts: 32, 48, 64 local experts.
+EXPERTS = (4, 16, 128, 256, 384, 512)
 TOP_K = (1, 2, 6, 8, 10)
 BLOCK_M = (8, 16, 32, 64)
 MAPS = ("none", "ep8", "ep8-outside")
@@ -43,16 +49,19 @@ MAPS = ("none", "ep8", "ep8-outside")
 def block_cases() -> list[tuple[int, int, int, int, str, str]]:
     """(experts, top_k, tokens, block_m, map, id dtype): every expert count with every top-k it
     allows, at 1 token, a ragged count, and the most tokens whose pairs fit ROUTE_MAX_PAIRS
-    (1024: exactly the limit where top-k divides it), the block and the map cycling."""
+    (exactly the limit where top-k divides it), the block and the map cycling; 512 experts
+    only as an EP8 rank's (64 local experts)."""
     cases = []
     cycle = itertools.cycle(itertools.product(BLOCK_M, MAPS, ("int32", "int64")))
     for experts, top_k in itertools.product(EXPERTS, TOP_K):
         if top_k > experts or (experts < 16 and top_k > 2):
             continue
-        for tokens in (1, 13, 1024 // top_k):
+        for tokens in (1, 13, ROUTE_MAX_PAIRS // top_k):
             block_m, emap, dtype = next(cycle)
             if emap != "none" and experts < 16:
                 emap = "none"  # an EP8 rank needs 8 ranks of experts
+            if experts == 512:
+                emap = "ep8-outside" if emap == "ep8-outside" else "ep8"
             cases.append((experts, top_k, tokens, block_m, emap, dtype))
     return cases
 
@@ -81,7 +90,7 @@ def test_the_generator_reaches_every_class() -> None:
     assert set(seen[3]) == set(BLOCK_M) and set(seen[4]) == set(MAPS)
     assert set(seen[5]) == {"int32", "int64"}
     pairs = {k * t for _, k, t, *_ in BLOCK_CASES}
-    assert 1 in pairs and 1024 in pairs and max(pairs) == 1024
+    assert 1 in pairs and ROUTE_MAX_PAIRS in pairs and max(pairs) == ROUTE_MAX_PAIRS
 
 
 @pytest.mark.parametrize("case", BLOCK_IDS)
@@ -90,8 +99,18 @@ def test_route_blocks_are_the_alignment(results: dict[str, Any], case: str) -> N
     assert got == want
 
 
-def test_route_refuses_more_pairs_than_its_program_holds(results: dict[str, Any]) -> None:
-    assert results["over_limit"] == "refused"
+def test_route_limits_are_the_modules(results: dict[str, Any]) -> None:
+    assert results["limits"] == (ROUTE_MAX_PAIRS, ROUTE_MAX_GROUPS)
+
+
+def test_route_refuses_what_its_program_does_not_take(results: dict[str, Any]) -> None:
+    """routes() and routing(): one pair more than the limit, and 511 experts (1024 groups),
+    are refused; the limit itself and 510 experts (512 groups) are taken."""
+    assert results["over_limit"] == {
+        "pairs": "refused",
+        "groups": "refused",
+        "at the limits": "taken",
+    }
 
 
 @pytest.mark.parametrize("case", LAYERS)
@@ -189,11 +208,20 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
             want = groups_reference(ids, block_m, experts, emap)
         blocks[case] = (got, want)
 
-    try:
-        kmod.routing(torch.zeros(kmod.ROUTE_MAX_PAIRS + 1, dtype=torch.int32), 16, 8, None)
-        over_limit = "accepted"
-    except AssertionError:
-        over_limit = "refused"
+    def taken(pairs: int, experts: int) -> str:
+        try:
+            kmod.routing(torch.zeros(pairs, dtype=torch.int32), 16, experts, None)
+        except AssertionError:
+            assert not kmod.routes(pairs, experts)
+            return "refused"
+        assert kmod.routes(pairs, experts)
+        return "taken"
+
+    over_limit = {
+        "pairs": taken(kmod.ROUTE_MAX_PAIRS + 1, 8),
+        "groups": taken(16, 511),
+        "at the limits": taken(kmod.ROUTE_MAX_PAIRS, 510),
+    }
 
     routed: list[int] = []
     route = fused.module.routing
@@ -218,7 +246,9 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
             counts.append((len(aligned), len(routed)))
         fused.module.ROUTE_MAX_PAIRS = kmod.ROUTE_MAX_PAIRS
         layers[case], calls[case] = tuple(outputs), tuple(counts)
-    torch.save({"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": calls}, out)
+    limits = (kmod.ROUTE_MAX_PAIRS, kmod.ROUTE_MAX_GROUPS)
+    saved = {"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": calls}
+    torch.save({**saved, "limits": limits}, out)
 
 
 if __name__ == "__main__":
