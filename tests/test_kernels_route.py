@@ -13,7 +13,7 @@ into blocks of one expert (moe_align_block_size's layout) instead of vLLM's alig
   route's groups (this rank's experts in order, then one group of expert -1 for the pairs of
   other ranks and the ids outside, whose outputs the GEMMs store as zeros).
 - The layer: the experts' own ``apply`` with the route program against the same apply with
-  vLLM's alignment (ROUTE_MAX_PAIRS 0 in the module), the same bits (``torch.equal``), with and
+  vLLM's alignment (ROUTE_MAX_PAIRS 0 in the kernels' module), the same bits (``torch.equal``), with and
   without an expert map, FP16 and BF16; the alignment op is called only in the latter, the
   route only in the former.
 """
@@ -238,13 +238,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
         hidden = hidden.to(DTYPES[dtype])
         outputs, counts = [], []
-        for limit in (kmod.ROUTE_MAX_PAIRS, 0):
-            fused.module.ROUTE_MAX_PAIRS = limit
+        limit = kmod.ROUTE_MAX_PAIRS
+        for kmod.ROUTE_MAX_PAIRS in (limit, 0):
             aligned.clear()
             routed.clear()
             outputs.append(kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep))
             counts.append((len(aligned), len(routed)))
-        fused.module.ROUTE_MAX_PAIRS = kmod.ROUTE_MAX_PAIRS
+        kmod.ROUTE_MAX_PAIRS = limit
         layers[case], calls[case] = tuple(outputs), tuple(counts)
     limits = (kmod.ROUTE_MAX_PAIRS, kmod.ROUTE_MAX_GROUPS)
     saved = {"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": calls}
