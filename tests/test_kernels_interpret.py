@@ -154,7 +154,9 @@ def test_weight_layouts_give_the_same_bits(results: dict[str, Any], case: str) -
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
-def test_blocks_of_pairs_only_where_blocks_are_not_pairs(results: dict[str, Any], case: str) -> None:
+def test_blocks_of_pairs_only_where_blocks_are_not_pairs(
+    results: dict[str, Any], case: str
+) -> None:
     """(vLLM's alignment calls, route programs) of one apply. Where the table's bucket has one
     block per (token, expert) pair (tokens * top_k * 4 <= experts), the kernels take the
     router's ids without blocks of pairs; with an expert map only up to EP_NAIVE_MAX_TOKENS (2)
@@ -303,7 +305,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         routed.append(1)
         return route(*args, **kwargs)
 
-    fused.module.routing = counted_route
+    fused.module.routing = counted_route  # type: ignore[attr-defined]
     launched: list[str] = []
     original = InterpretedFunction.run
 

@@ -230,7 +230,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         routed.append(1)
         return route(*args, **kwargs)
 
-    fused.module.routing = counted_route
+    fused.module.routing = counted_route  # type: ignore[attr-defined]
     layers, calls = {}, {}
     for case, (e, h, i, top_k, tokens, dtype, ep) in LAYERS.items():
         shape = moe_setup.MoeShape(case, e, h, i, top_k)
@@ -239,12 +239,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         hidden = hidden.to(DTYPES[dtype])
         outputs, counts = [], []
         limit = kmod.ROUTE_MAX_PAIRS
-        for kmod.ROUTE_MAX_PAIRS in (limit, 0):
+        for pairs in (limit, 0):
+            kmod.ROUTE_MAX_PAIRS = pairs  # type: ignore[attr-defined]
             aligned.clear()
             routed.clear()
             outputs.append(kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep))
             counts.append((len(aligned), len(routed)))
-        kmod.ROUTE_MAX_PAIRS = limit
+        kmod.ROUTE_MAX_PAIRS = limit  # type: ignore[attr-defined]
         layers[case], calls[case] = tuple(outputs), tuple(counts)
     limits = (kmod.ROUTE_MAX_PAIRS, kmod.ROUTE_MAX_GROUPS)
     saved = {"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": calls}
