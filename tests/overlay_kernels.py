@@ -847,6 +847,37 @@ def interpreted_fused(overlay_vllm: str, pristine_vllm: str) -> FusedModule:
     return fused
 
 
+@dataclasses.dataclass
+class BlockCalls:
+    """How often the experts' apply sorted its pairs into blocks, and how: vLLM's alignment op
+    (``aligned``) or patch 0002's route program (``routed``, its ``routing`` buffers)."""
+
+    aligned: int = 0
+    routed: int = 0
+
+
+def counting_fused(overlay_vllm: str, pristine_vllm: str) -> tuple[FusedModule, BlockCalls]:
+    """Patch 0002's module as on a ROCm machine (load_fused over the C++ alignment op's
+    stand-in), with each call of the alignment op and of the module's ``routing`` counted."""
+    import standins  # tests/gpu: the C++ alignment op in plain torch
+
+    calls = BlockCalls()
+
+    def align(*args: Any, **kwargs: Any) -> Any:
+        calls.aligned += 1
+        return standins.moe_align_block_size(*args, **kwargs)
+
+    fused = load_fused(Path(overlay_vllm), Path(pristine_vllm), align, rocm=True)
+    route = fused.module.routing
+
+    def counted_route(*args: Any, **kwargs: Any) -> Any:
+        calls.routed += 1
+        return route(*args, **kwargs)
+
+    fused.module.routing = counted_route  # type: ignore[attr-defined]
+    return fused, calls
+
+
 def interpreted_results_fixture() -> Any:
     """A kernel test module's ``results`` fixture (``results = kernels.interpreted_results_fixture()``
     at its top level): the module run once as a script by run_interpreted, on the overlay and

@@ -54,7 +54,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import moe_setup
 import overlay_kernels as kernels
-import standins
 from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference
 
 # Shapes by name: four experts, and enough experts for one block per (token, expert) pair at
@@ -291,21 +290,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     kernels.fix_interpreter()
     errors |= dot_errors(Path(out).parent, "-mended")
     # As on a ROCm machine: the portable kernels (the interpreter runs no inline PTX).
-    aligned: list[int] = []
-
-    def align(*args: Any, **kwargs: Any) -> Any:
-        aligned.append(1)
-        return standins.moe_align_block_size(*args, **kwargs)
-
-    fused = kernels.load_fused(Path(overlay_vllm), Path(pristine_vllm), align, rocm=True)
-    routed: list[int] = []
-    route = fused.module.routing
-
-    def counted_route(*args: Any, **kwargs: Any) -> Any:
-        routed.append(1)
-        return route(*args, **kwargs)
-
-    fused.module.routing = counted_route  # type: ignore[attr-defined]
+    fused, calls = kernels.counting_fused(overlay_vllm, pristine_vllm)
     launched: list[str] = []
     original = InterpretedFunction.run
 
@@ -328,9 +313,9 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         shape = shapes[name]
         if case_id == SPIED:
             InterpretedFunction.run = spy  # type: ignore[method-assign]
-        before = len(aligned), len(routed)
+        before = calls.aligned, calls.routed
         outputs[case_id] = run(fused, shape, tokens, ep, dtype)
-        alignments[case_id] = (len(aligned) - before[0], len(routed) - before[1])
+        alignments[case_id] = (calls.aligned - before[0], calls.routed - before[1])
         InterpretedFunction.run = original  # type: ignore[method-assign]
         if case_id in ROW_LAYOUT:
             wide = moe_setup.MoeShape(name, shape.experts, 2 * hidden, 2 * intermediate, top_k=2)

@@ -34,7 +34,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import moe_setup
 import overlay_kernels as kernels
-import standins
 
 # The module's limits (asserted against it in the child): the generator reaches them exactly.
 ROUTE_MAX_PAIRS, ROUTE_MAX_GROUPS = 512, 512
@@ -181,15 +180,9 @@ def route_blocks(
 
 def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     kernels.fix_interpreter()
-    aligned: list[int] = []
-
-    def align(*args: Any, **kwargs: Any) -> Any:
-        aligned.append(1)
-        return standins.moe_align_block_size(*args, **kwargs)
-
-    fused = kernels.load_fused(Path(overlay_vllm), Path(pristine_vllm), align, rocm=True)
+    fused, calls = kernels.counting_fused(overlay_vllm, pristine_vllm)
     kernels.forbid_unfused(fused)
-    kmod = sys.modules[fused.module.routing.__module__]
+    kmod = sys.modules[fused.module.routes.__module__]  # the kernels module (routing is wrapped)
     vllm_align = fused.module.moe_align_block_size
 
     blocks = {}
@@ -223,15 +216,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         "at the limits": taken(kmod.ROUTE_MAX_PAIRS, 510),
     }
 
-    routed: list[int] = []
-    route = fused.module.routing
-
-    def counted_route(*args: Any, **kwargs: Any) -> Any:
-        routed.append(1)
-        return route(*args, **kwargs)
-
-    fused.module.routing = counted_route  # type: ignore[attr-defined]
-    layers, calls = {}, {}
+    layers, counted = {}, {}
     for case, (e, h, i, top_k, tokens, dtype, ep) in LAYERS.items():
         shape = moe_setup.MoeShape(case, e, h, i, top_k)
         moe = moe_setup.make_moe(shape, seed=0, device="cpu")
@@ -241,14 +226,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         limit = kmod.ROUTE_MAX_PAIRS
         for pairs in (limit, 0):
             kmod.ROUTE_MAX_PAIRS = pairs  # type: ignore[attr-defined]
-            aligned.clear()
-            routed.clear()
+            calls.aligned = calls.routed = 0
             outputs.append(kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep))
-            counts.append((len(aligned), len(routed)))
+            counts.append((calls.aligned, calls.routed))
         kmod.ROUTE_MAX_PAIRS = limit  # type: ignore[attr-defined]
-        layers[case], calls[case] = tuple(outputs), tuple(counts)
+        layers[case], counted[case] = tuple(outputs), tuple(counts)
     limits = (kmod.ROUTE_MAX_PAIRS, kmod.ROUTE_MAX_GROUPS)
-    saved = {"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": calls}
+    saved = {"blocks": blocks, "over_limit": over_limit, "layers": layers, "calls": counted}
     torch.save({**saved, "limits": limits}, out)
 
 
