@@ -26,14 +26,9 @@ pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_T
 
 import moe_setup
 from nvfp4_reference import Nvfp4Moe
-from test_fused_nvfp4_emulation import HAS_FUSED
+from test_fused_nvfp4_emulation import needs_fused
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not HAS_FUSED, reason="the vLLM under test has no fused NVFP4 emulation (patch 0002)"
-    ),
-]
+pytestmark = [pytest.mark.gpu, needs_fused]
 
 SHAPES = ("qwen3-30b-a3b-tp8", "qwen3.5-397b-a17b-tp8", "llama-4-scout-tp8", "deepseek-r1-ep8")
 TOKENS = (1, 2, 4)

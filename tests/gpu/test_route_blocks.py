@@ -25,14 +25,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_TREE)")
 
 import moe_setup
-from test_fused_nvfp4_emulation import HAS_FUSED
+from test_fused_nvfp4_emulation import needs_fused
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not HAS_FUSED, reason="the vLLM under test has no fused NVFP4 emulation (patch 0002)"
-    ),
-]
+pytestmark = [pytest.mark.gpu, needs_fused]
 
 SHAPES = (
     "qwen3-30b-a3b-tp8",
