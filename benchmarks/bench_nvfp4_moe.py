@@ -306,6 +306,12 @@ class FallbackCounter:
         experts._apply_dequantized = counted
 
 
+# The default breakdown's largest token count: on the H200 (2026-12-03) replaying one kernel of the
+# Qwen3-235B TP8 layer's graph alone at 8192 tokens ended the worker ("operation not supported on
+# global/shared address space"; the whole graph's replays ran clean), at 1024 and 2048 it did not.
+BREAKDOWN_MAX = 2048
+
+
 def breakdown(call: Any, reps: int, flush: Any) -> dict[str, Any]:
     """Each launch of one FusedMoEKernel.apply timed alone (cuda_graphs.kernel_breakdown),
     names filled from torch.profiler where the driver gives none; an error as a reason."""
@@ -1274,8 +1280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--breakdown-tokens",
         type=int,
         nargs="*",
-        help="token counts with a per-kernel breakdown (default: every one without --cells,"
-        " none with it; none given: no breakdown)",
+        help=f"token counts with a per-kernel breakdown (default: every one up to {BREAKDOWN_MAX}"
+        " without --cells, none with it; none given: no breakdown)",
     )
     parser.add_argument("--reps", type=int, default=25, help="reps of a timing, at most")
     parser.add_argument("--min-reps", type=int, default=5, help="reps of a timing, at least")
@@ -1324,7 +1330,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.columns is None:
         args.columns = [c for c in COLUMNS if c != "before" or args.before is not None]
     if args.breakdown_tokens is None:
-        args.breakdown_tokens = [] if args.cells else list(args.tokens)
+        args.breakdown_tokens = [] if args.cells else [t for t in args.tokens if t <= BREAKDOWN_MAX]
     if args.replot is None and args.worker is None and args.merge is None:
         needs_pristine = {"pristine", "bf16", "marlin"} & set(args.columns)
         needs_overlay = {"overlay", "portable", "rocm"} & set(args.columns)

@@ -69,6 +69,13 @@ def test_arguments(argv: list[str], columns: list[str], breakdown: list[int]) ->
     assert (args.columns, args.breakdown_tokens) == (columns, breakdown)
 
 
+def test_default_breakdown_stops_at_its_largest_count() -> None:
+    args = bench.parse_args(
+        ["--overlay", "o", "--columns", "overlay", "--tokens", "1", "2048", "8192"]
+    )
+    assert (bench.BREAKDOWN_MAX, args.breakdown_tokens) == (2048, [1, 2048])
+
+
 def test_arguments_need_the_trees_of_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(["--overlay", "o"])  # the default columns need --pristine too
