@@ -620,6 +620,26 @@ def fused_apply(
     return reduce.apply(output, fused_out, topk_weights, topk_ids, False)
 
 
+# The dtypes of the interpreter modules' case tables, by name.
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def case_layer(
+    name: str, case: tuple[int, int, int, int, int, str, bool]
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One case of an interpreter module's table, (experts, hidden, intermediate, top-k,
+    tokens, dtype name, expert parallelism), on the CPU: its layer of random NVFP4 weights
+    (seed 0) and its inputs (seed 1), the hidden states in that dtype: (moe, hidden,
+    topk_weights, topk_ids)."""
+    import moe_setup  # tests/gpu
+
+    experts, hidden_size, intermediate, top_k, tokens, dtype, _ = case
+    shape = moe_setup.MoeShape(name, experts, hidden_size, intermediate, top_k)
+    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
+    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
+    return moe, hidden.to(DTYPES[dtype]), weights, ids
+
+
 def run_experts(
     fused: FusedModule,
     moe: Any,

@@ -44,7 +44,6 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import moe_setup
 import overlay_kernels as kernels
 from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference, zero_padded
 
@@ -63,7 +62,6 @@ CASES = {
 }
 NAN_CASE = "h144-i192"
 EXACT = ["i16", "i48", "i96", "h144-i192", "h144-i192-ep", "h144-i192-bf16-sparse"]
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ATOL, MIN_CLOSE = 1e-2, 0.995
 RTOL = {"fp16": 2e-3, "bf16": 1.6e-2}
 
@@ -120,11 +118,8 @@ def up128(n: int) -> int:
 
 
 def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
-    e, h, i, top_k, tokens, dtype_name, ep = CASES[case]
-    shape = moe_setup.MoeShape(case, e, h, i, top_k)
-    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
-    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
-    hidden = hidden.to(DTYPES[dtype_name])
+    moe, hidden, weights, ids = kernels.case_layer(case, CASES[case])
+    _, h, i, _, tokens, _, ep = CASES[case]
     out = {
         "tiled": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep),
         "rows": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep, layout=False),
@@ -150,11 +145,7 @@ def nan_beyond(t: torch.Tensor, fill: int) -> torch.Tensor:
 
 
 def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
-    e, h, i, top_k, tokens, dtype_name, _ = CASES[NAN_CASE]
-    shape = moe_setup.MoeShape(NAN_CASE, e, h, i, top_k)
-    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
-    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
-    hidden = hidden.to(DTYPES[dtype_name])
+    moe, hidden, weights, ids = kernels.case_layer(NAN_CASE, CASES[NAN_CASE])
     clean = kernels.run_experts(fused, moe, hidden, weights, ids, layout=False)
     poisoned = dataclasses.replace(
         moe,

@@ -32,7 +32,6 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import moe_setup
 import overlay_kernels as kernels
 
 # The module's limits (asserted against it in the child): the generator reaches them exactly.
@@ -75,7 +74,6 @@ LAYERS = {
     "t40-bf16": (8, 256, 96, 2, 40, "bf16", False),
     "t3-ep-sparse": (32, 256, 64, 2, 3, "bf16", True),
 }
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
 results = kernels.interpreted_results_fixture()
@@ -217,11 +215,9 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     }
 
     layers, counted = {}, {}
-    for case, (e, h, i, top_k, tokens, dtype, ep) in LAYERS.items():
-        shape = moe_setup.MoeShape(case, e, h, i, top_k)
-        moe = moe_setup.make_moe(shape, seed=0, device="cpu")
-        hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
-        hidden = hidden.to(DTYPES[dtype])
+    for case, layer in LAYERS.items():
+        moe, hidden, weights, ids = kernels.case_layer(case, layer)
+        ep = layer[-1]
         outputs, counts = [], []
         limit = kmod.ROUTE_MAX_PAIRS
         for pairs in (limit, 0):

@@ -32,7 +32,6 @@ pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-import moe_setup
 import overlay_kernels as kernels
 from vllm_install import Overlay, Pristine
 
@@ -46,7 +45,6 @@ CASES = {
     "h144-tail": (4, 144, 192, 2, 5, "fp16", False),
     "t5-ep": (4, 256, 64, 2, 5, "bf16", True),
 }
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # Every case run once, under the interpreter, in a child process (kernels.run_interpreted).
@@ -144,11 +142,9 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     original = InterpretedFunction.run
     outputs: dict[str, dict[str, torch.Tensor]] = {}
     launches: dict[str, dict[str, list[bool]]] = {}
-    for case, (e, h, i, top_k, tokens, dtype, ep) in CASES.items():
-        shape = moe_setup.MoeShape(case, e, h, i, top_k)
-        moe = moe_setup.make_moe(shape, seed=0, device="cpu")
-        hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
-        hidden = hidden.to(DTYPES[dtype])
+    for case, layer in CASES.items():
+        moe, hidden, weights, ids = kernels.case_layer(case, layer)
+        ep = layer[-1]
         outputs[case], launches[case] = {}, {}
         for kind, retile in (("split", split_gate_up), ("table", None)):
             seen: list[bool] = []
