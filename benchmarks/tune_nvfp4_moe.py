@@ -237,7 +237,7 @@ K: types.ModuleType  # the kernel module, set by main() and by each compile proc
 def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
     """moe_align_block_size as the experts call vLLM's wrapper, through the stand-in op (same
     buffers): with an expert map every pair is aligned, then the blocks of other ranks'
-    experts are named -1 (the GEMMs write their pairs as zeros, which the top-k sum needs).
+    experts are named -1 (w2 writes their pairs as zeros, which the top-k sum needs).
     The op itself would drop those pairs, leaving their rows of the per-pair output unwritten."""
     numel = topk_ids.numel()
     padded = numel + num_experts * (block_m - 1)

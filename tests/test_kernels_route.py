@@ -11,7 +11,7 @@ into blocks of one expert (moe_align_block_size's layout) instead of vLLM's alig
   stand-in (tests/gpu/standins.py: ascending expert, ascending pair), exactly; with an EP8
   rank's map, and with ids outside the router's range, against a plain statement of the
   route's groups (this rank's experts in order, then one group of expert -1 for the pairs of
-  other ranks and the ids outside, whose outputs the GEMMs store as zeros).
+  other ranks and the ids outside, whose outputs w2 stores as zeros).
 - The layer: the experts' own ``apply`` with the route program against the same apply with
   vLLM's alignment (ROUTE_MAX_PAIRS 0 in the kernels' module), the same bits (``torch.equal``), with and
   without an expert map, FP16 and BF16; the alignment op is called only in the latter, the

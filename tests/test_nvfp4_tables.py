@@ -440,7 +440,7 @@ def test_tuner_keeps_where_a_table_came_from(
 def test_tuner_aligns_as_vllms_wrapper(full_pristine: Pristine) -> None:
     """benchmarks/tune_nvfp4_moe.py aligns an expert-parallel rank's pairs as vLLM 0.24.0's
     moe_align_block_size wrapper does for the experts (its own Python over the stand-in op):
-    every pair in a block, other ranks' blocks named -1, so the GEMMs write those pairs as
+    every pair in a block, other ranks' blocks named -1, so that w2 writes those pairs as
     zeros. (It passed the map to the op, which drops those pairs: their rows of the per-pair
     output were never written, and the tuner's check of its picks summed garbage.)"""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
