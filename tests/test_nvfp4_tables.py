@@ -335,6 +335,33 @@ def test_tiled_layout_at_ragged_depths(load: Any, depth: int) -> None:
     assert torch.equal(again[0], packed) and torch.equal(again[1].view(torch.uint8), scales)
 
 
+def test_whole_steps_in_the_gemm_order(load: Any) -> None:
+    """Each whole K step's nibbles in the order the GEMM steps multiply (step_order,
+    order_steps; the kernel's _step_k): byte j pairs k and k + 8 of one block scale, k =
+    64q + 16t + 4i + 2b + c for j = 32q + 16b + 4t + 2i + c; a last narrower step keeps the
+    checkpoint's pairs (k, k + 1); back to the checkpoint's bytes exactly."""
+    kernels_module = load()[0].module.tile_nvfp4_weights.__globals__  # the kernels module's
+    order, order_steps = kernels_module["step_order"](), kernels_module["order_steps"]
+    assert sorted(order.tolist()) == list(range(128))
+    low, high = order[0::2], order[1::2]
+    assert torch.equal(high, low + 8) and torch.equal(low // 16, high // 16)
+    assert low[:20].tolist() == [0, 1, 4, 5, 16, 17, 20, 21, 32, 33, 36, 37, 48, 49, 52, 53, 2,
+                                 3, 6, 7]  # fmt: skip
+    assert low[32:36].tolist() == [64, 65, 68, 69]
+    depth = 2704  # 21 whole steps and a last one of 16 columns
+    packed = torch.randint(0, 256, (2, 32, depth // 2), dtype=torch.uint8)
+    ordered = packed.clone()
+    order_steps(ordered, to_gemm=True)
+    nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)  # [.., k]
+    steps = nibbles[..., : 21 * 128].unflatten(-1, (21, 128))[..., order]
+    assert torch.equal(
+        ordered[..., : 21 * 64], (steps[..., 0::2] | steps[..., 1::2] << 4).flatten(-2)
+    )
+    assert torch.equal(ordered[..., 21 * 64 :], packed[..., 21 * 64 :])
+    order_steps(ordered, to_gemm=False)
+    assert torch.equal(ordered, packed)
+
+
 def test_experts_output_is_per_pair_and_the_finalize_sums_it(
     load: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
