@@ -296,7 +296,8 @@ def test_portable_decode_is_exact_fp16_on_rocm(
     for spec in gemms:
         asm = kernels.compile_for(spec).asm["amdgcn"]
         assert ".amdhsa_float_denorm_mode_16_64 3" in asm, spec.label()
-        assert re.search(r"\bv_(pk_)?mul_f16\b", asm), spec.label()
+        # v_mul_f16 in any encoding (e32, e64, sdwa, dpp), or packed
+        assert re.search(r"\bv_(pk_)?mul_f16(_e32|_e64|_sdwa|_dpp)?\b", asm), spec.label()
         mfmas = set(re.findall(r"\bv_mfma_\w+", asm))
         assert mfmas and all(m.endswith("_f16") for m in mfmas), (spec.label(), mfmas)
 
