@@ -24,7 +24,7 @@ outputs by 16% to 39% relative), and it refuses scalar masks.
 
 Tolerance: the interpreter and the reference (exact W4A4: weights and quantized activations
 unrounded, FP32 between the GEMMs, each expert's output rounded to the activation dtype) may
-differ only in the order of FP32 sums inside the GEMMs (K split in tiles, each step in its own k order)
+differ only in the order of FP32 sums inside the GEMMs (K in tiles, each step in its own k order)
 and in where the global scales are applied (the kernel on its accumulator, the reference on
 each value): measured bit-exact at these shapes with triton 3.9.0, but a kernel with other
 tiles sums in another order, which moves an FP32 intermediate by one ulp now and then, and
