@@ -306,9 +306,10 @@ class FallbackCounter:
         experts._apply_dequantized = counted
 
 
-# The default breakdown's largest token count: on the H200 (2026-12-03) replaying one kernel of the
-# Qwen3-235B TP8 layer's graph alone at 8192 tokens ended the worker ("operation not supported on
-# global/shared address space"; the whole graph's replays ran clean), at 1024 and 2048 it did not.
+# The default breakdown's largest token count. It was set when replaying one launch alone ended
+# the worker on the H200 (Qwen3-235B TP8 at 8192 tokens, Llama-4-Scout TP4 at 1024): vLLM's
+# counting alignment launch replayed on its own last state, fixed since in
+# cuda_graphs.kernel_breakdown (1024 tokens ran; 8192 not measured since).
 BREAKDOWN_MAX = 2048
 
 

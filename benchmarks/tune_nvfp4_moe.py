@@ -11,7 +11,7 @@ process_weights_after_loading leaves them (the module's tiles, where it has them
 ``laid_out``), the reference reads the checkpoint's rows. Times each GEMM (w13 with
 silu_and_mul and QDQ, w2 with the router weight) for each candidate tile on the --shapes
 (tests/gpu/moe_setup.SHAPES names; default the two the generic table was tuned on) and token
-counts 1, 8, 32, 128, 512 (or those of --tokens; CUDA graph replay, L2 flushed before each
+counts 1, 8, 32, 128, 256, 512 (or those of --tokens; CUDA graph replay, L2 flushed before each
 replay, median of 20),
 checks the picked configs against the pure-torch reference (tests/gpu/nvfp4_reference.py),
 and with --write-table writes the picks as the kernel module's tile tables (JSON, as its
@@ -101,6 +101,7 @@ GROUPS = {
     ],
     32: [(8, False, False), (16, False, True), (16, False, False), (32, False, False)],
     128: [(8, False, False), (16, False, False), (32, False, False), (64, False, False)],
+    256: [(16, False, False), (32, False, False), (64, False, False)],
     512: [(16, False, False), (32, False, False), (64, False, False)],
 }
 # Bucket bound (largest token count) -> (token count swept, groups it may pick). Naive blocks
@@ -109,7 +110,8 @@ BUCKETS = {
     4: (1, GROUPS[1]),
     16: (8, [g for g in GROUPS[8] if not g[1]]),
     64: (32, GROUPS[32]),
-    256: (128, GROUPS[128]),
+    128: (128, GROUPS[128]),
+    256: (256, GROUPS[256]),
     1 << 62: (512, GROUPS[512]),
 }
 # A group that quantize-dequantizes the hidden states in a pass of its own pays one more small

@@ -4,8 +4,12 @@ tuner. Timings are what the benchmark and the tuner print; no test asserts one.
 ``kernel_breakdown`` times each launch of one captured call alone: the call is captured once,
 the CUDA driver lists the graph's nodes (``cuGraphGetNodes``, in dependency order), and an
 executable graph of the whole call is replayed with every kernel, memset and memcpy node but
-one disabled (``cuGraphNodeSetEnabled``), the L2 flushed before each replay. CUDA only (the
-driver API through ctypes, no extra package); elsewhere it raises BreakdownUnavailable.
+one disabled (``cuGraphNodeSetEnabled``), the L2 flushed before each replay. Before each of those
+replays, untimed, the launches before that one replay (the others disabled), so that each
+launch runs on the state it has in the whole call: a launch that counts with atomics into a
+buffer an earlier launch clears (vLLM's ``moe_align_block_size``) would otherwise count on from
+its own last replay and index past its buffers. CUDA only (the driver API through ctypes, no
+extra package); elsewhere it raises BreakdownUnavailable.
 """
 
 from __future__ import annotations
@@ -173,7 +177,8 @@ def kernel_breakdown(
     fn: Callable[[], Any], reps: int, flush: torch.Tensor | None = None
 ) -> tuple[list[Launch], float, float]:
     """Each kernel, memset and memcpy of one call of ``fn``, replayed alone from the call's own
-    graph (the others disabled), median µs of ``reps`` replays, ``flush`` zeroed before each.
+    graph (the others disabled), median µs of ``reps`` replays, before each (untimed) the
+    launches before it and ``flush`` zeroed.
 
     Returns (the launches in order, the whole graph's µs, an all-disabled graph's µs: the floor
     that every one-launch replay includes). Raises BreakdownUnavailable where it cannot run."""
@@ -208,23 +213,32 @@ def kernel_breakdown(
     )
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
-    def enable(only: int | None, every: bool = False) -> None:
+    def enable(on: set[int]) -> None:
         for node, *_ in launches:
-            on = every or node == only
-            driver("cuGraphNodeSetEnabled", exec_, ctypes.c_void_p(node), ctypes.c_uint(on))
+            driver("cuGraphNodeSetEnabled", exec_, ctypes.c_void_p(node), ctypes.c_uint(node in on))
 
     def replay() -> None:
         driver("cuGraphLaunch", exec_, stream)
 
+    def restore(i: int) -> Callable[[], None]:
+        """The launches before launch ``i`` replayed, then launch ``i`` alone enabled."""
+        before, only = {n for n, *_ in launches[:i]}, {launches[i][0]}
+
+        def run() -> None:
+            enable(before)
+            replay()
+            enable(only)
+
+        return run
+
     try:
         timed: list[Launch] = []
-        for node, kind, name, grid, block in launches:
-            enable(node)
-            us = _median_us(replay, reps, flush)
+        for i, (_node, kind, name, grid, block) in enumerate(launches):
+            us = _median_us(replay, reps, flush, restore(i))
             timed.append(Launch(len(timed), kind, name, grid, block, us))
-        enable(None)
+        enable(set())
         floor = _median_us(replay, reps, flush)
-        enable(None, every=True)
+        enable({n for n, *_ in launches})
         whole = _median_us(replay, reps, flush)
     finally:
         torch.cuda.synchronize()
@@ -233,10 +247,21 @@ def kernel_breakdown(
     return timed, whole, floor
 
 
-def _median_us(fn: Callable[[], Any], reps: int, flush: torch.Tensor | None) -> float:
+def _median_us(
+    fn: Callable[[], Any],
+    reps: int,
+    flush: torch.Tensor | None,
+    before: Callable[[], Any] | None = None,
+) -> float:
+    """Median µs of ``reps`` calls of ``fn`` between CUDA events, after one untimed; ``before``
+    (untimed) and the flush before each."""
+    if before is not None:
+        before()
     fn()
     events = []
     for _ in range(reps):
+        if before is not None:
+            before()
         if flush is not None:
             flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
