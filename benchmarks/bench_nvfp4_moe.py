@@ -85,6 +85,7 @@ BOUND = "NVFP4 weight-read bound"
 BF16 = "BF16 TritonExperts"
 PORTABLE_ENV = "VLLM_PATCHSET_NVFP4_PORTABLE"  # tests/gpu/moe_setup.py names it too
 PLATFORM_ENV = "VLLM_PATCHSET_NVFP4_PLATFORM"  # likewise
+CONTEXT_LOST = 3  # a worker's exit status after a CUDA error that poisons its process
 SWITCHES = (PORTABLE_ENV, PLATFORM_ENV)
 # What --columns picks from: the trees' implementations.
 COLUMNS = ("pristine", "bf16", "marlin", "overlay", "portable", "rocm", "before", "upstream")
@@ -415,6 +416,7 @@ def worker(
         "skipped_cells": [],
         "failed": [],
         "breakdown": [],
+        "started": [],  # the shapes begun, in order: where a worker that ends early ended
     }
 
     def save() -> None:  # after every row: a crash later leaves what was measured
@@ -429,11 +431,24 @@ def worker(
 
     if measure_bandwidth:
         result["bandwidth"] = _copy_bandwidth()
+
+    def end_if_context_lost() -> None:
+        """After a failure: a CUDA error that poisons the process (an illegal memory access)
+        fails every later call, so the worker ends here and the parent starts a new one on
+        the shapes after this one."""
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            save()
+            raise SystemExit(CONTEXT_LOST) from None
+
     for name, tokens in plan.cells.items():
         if plan.deadline and time.time() > plan.deadline:
             for label in kinds:
                 skip_cells(label, name, tokens, "this tree's share of --budget-s was spent")
             continue
+        result["started"].append(name)
+        save()
         shape = moe_setup.shape_named(name)
         moe = moe_setup.make_moe(shape)
         references: dict[int, Any] = {}
@@ -457,6 +472,7 @@ def worker(
                 failure = {"impl": label, "shape": shape.name, "tokens": tokens, "error": repr(exc)}
                 result["failed"].append(failure)
                 save()
+                end_if_context_lost()
                 continue
             fallback = FallbackCounter(kernel.experts.experts)
             for t in tokens:
@@ -467,6 +483,7 @@ def worker(
                     failed = {"impl": label, "shape": shape.name, "tokens": t, "error": repr(exc)}
                     result["failed"].append(failed)
                     save()
+                    end_if_context_lost()
                     torch.cuda.empty_cache()
                     continue
                 row.update(impl=label, kind=kind, ops=vllm.mode)
@@ -675,11 +692,17 @@ def run_trees(
     after_each: Callable[[dict[str, Any]], None] = lambda data: None,
 ) -> dict[str, Any]:
     """Every tree's worker, one after the other; the merged results (rows, bounds, ``meta``
-    with the trees'), given to ``after_each`` after every tree (a run cut short keeps them)."""
+    with the trees'), given to ``after_each`` after every worker (a run cut short keeps them).
+    A worker that ends early (a CUDA error that poisons its process, a crash) is followed by a
+    new one on the shapes it had not begun; the shape it ended in is in ``meta["failed"]``."""
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     meta.update(trees={}, skipped={}, skipped_cells=[], failed=[], bandwidth_bytes_per_s=None)
     parts: list[dict[str, Any]] = []
+
+    def merged() -> dict[str, Any]:
+        return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts}
+
     with tempfile.TemporaryDirectory() as tmp:
         todo = [(tree, _tree_version(tree.path)) for tree in trees]
         todo = [(tree, version) for tree, version in todo if tree.impls(version, opts.columns)]
@@ -690,49 +713,83 @@ def run_trees(
                 left = opts.budget_s - (time.monotonic() - started)
                 share = budget_share(left, [len(t.impls(v, opts.columns)) for t, v in todo[i:]])
                 plan = dataclasses.replace(plan, deadline=time.time() + share)
-            out = Path(tmp) / f"{i}.json"
-            cmd = [sys.executable, __file__, "--worker", str(tree.path)]
-            cmd += [
-                "--kinds",
-                json.dumps(kinds),
-                "--plan",
-                plan_to_json(plan),
-            ]
-            cmd += ["--worker-out", str(out)]
-            if meta["bandwidth_bytes_per_s"] is None:
-                cmd.append("--bandwidth")
             print(f"== {tree.role}: vLLM {version} from {tree.path}", flush=True)
-            done = subprocess.run(cmd, env=tree.env())
-            if not out.is_file():
-                meta["failed"].append({"tree": tree.role, "error": f"exit {done.returncode}"})
-                continue
-            result = json.loads(out.read_text())
-            if done.returncode != 0:
-                meta["failed"].append({"tree": tree.role, "error": f"exit {done.returncode}"})
-            switches = {
-                PORTABLE_ENV: result.get("portable_env"),
-                PLATFORM_ENV: result.get("platform_env"),
-            }
-            meta["trees"][tree.role] = {
-                "path": str(tree.path),
-                "vllm": result["vllm"],
-                "ops": result["mode"],
-                "impls": list(kinds),
-                **{k: v for k, v in switches.items() if v is not None},
-            }
-            columns = {label: column for column, (label, _) in tree.by_column(version).items()}
-            for row in result["rows"]:
-                row["column"] = columns[row["impl"]]
-            meta["bandwidth_bytes_per_s"] = meta["bandwidth_bytes_per_s"] or result.get("bandwidth")
-            for key in ("device", "torch", "triton"):
-                meta.setdefault(key, result.get(key))
-            meta["skipped"].update(result["skipped"])
-            meta["skipped_cells"] += result.get("skipped_cells", [])
-            meta["failed"] += result["failed"]
-            rows += result["rows"]
-            parts += result["breakdown"]
-            after_each({"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts})
-    return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts}
+            attempt = 0
+            while plan.cells:
+                out = Path(tmp) / f"{i}-{attempt}.json"
+                code, result = run_worker(tree, kinds, plan, out, meta["bandwidth_bytes_per_s"])
+                attempt += 1
+                if result is None:
+                    meta["failed"].append({"tree": tree.role, "error": f"exit {code}"})
+                    break
+                begun = result.get("started", [])
+                if code != 0:
+                    failure = {"tree": tree.role, "error": f"exit {code}"}
+                    meta["failed"].append(failure | ({"shape": begun[-1]} if begun else {}))
+                merge_worker(tree, version, kinds, result, meta, rows, parts)
+                after_each(merged())
+                plan = dataclasses.replace(plan, cells=not_begun(plan.cells, begun, code))
+                if plan.cells:
+                    print(
+                        f"== {tree.role}: the worker ended (exit {code}) in {begun[-1]}; a new"
+                        f" one runs the {len(plan.cells)} shapes after it",
+                        flush=True,
+                    )
+    return merged()
+
+
+def not_begun(cells: dict[str, list[int]], begun: list[str], code: int) -> dict[str, list[int]]:
+    """The cells a new worker runs after one that exited with ``code`` having begun the shapes
+    ``begun``: none after a clean exit, or where it began none (no progress to build on)."""
+    if code == 0 or not begun:
+        return {}
+    return {shape: tokens for shape, tokens in cells.items() if shape not in begun}
+
+
+def run_worker(
+    tree: Tree, kinds: dict[str, str], plan: WorkerPlan, out: Path, bandwidth: float | None
+) -> tuple[int, dict[str, Any] | None]:
+    """One worker process on ``plan``: its exit status and what it saved (None: nothing)."""
+    cmd = [sys.executable, __file__, "--worker", str(tree.path)]
+    cmd += ["--kinds", json.dumps(kinds), "--plan", plan_to_json(plan), "--worker-out", str(out)]
+    if bandwidth is None:
+        cmd.append("--bandwidth")
+    done = subprocess.run(cmd, env=tree.env())
+    return done.returncode, json.loads(out.read_text()) if out.is_file() else None
+
+
+def merge_worker(
+    tree: Tree,
+    version: str,
+    kinds: dict[str, str],
+    result: dict[str, Any],
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    parts: list[dict[str, Any]],
+) -> None:
+    """One worker's results into the run's ``meta``, ``rows`` and ``parts`` (breakdowns)."""
+    switches = {
+        PORTABLE_ENV: result.get("portable_env"),
+        PLATFORM_ENV: result.get("platform_env"),
+    }
+    meta["trees"][tree.role] = {
+        "path": str(tree.path),
+        "vllm": result["vllm"],
+        "ops": result["mode"],
+        "impls": list(kinds),
+        **{k: v for k, v in switches.items() if v is not None},
+    }
+    columns = {label: column for column, (label, _) in tree.by_column(version).items()}
+    for row in result["rows"]:
+        row["column"] = columns[row["impl"]]
+    meta["bandwidth_bytes_per_s"] = meta["bandwidth_bytes_per_s"] or result.get("bandwidth")
+    for key in ("device", "torch", "triton"):
+        meta.setdefault(key, result.get(key))
+    meta["skipped"].update(result["skipped"])
+    meta["skipped_cells"] += result.get("skipped_cells", [])
+    meta["failed"] += result["failed"]
+    rows += result["rows"]
+    parts += result["breakdown"]
 
 
 def budget_share(left_s: float, columns: list[int]) -> float:

@@ -572,3 +572,82 @@ def test_the_plan_in_the_markdown() -> None:
         "Timings: graph; reps per timing at most 10, at least 5, about 60 ms of calls; the W4A4"
         " reference up to 32 tokens."
     ) in bench.markdown(data, "T").splitlines()
+
+
+NOT_BEGUN_CASES = [
+    (3, ["a", "b"], {"c": [1]}),  # ended in b: c runs in a new worker
+    (0, ["a", "b"], {}),  # a clean exit leaves nothing
+    (1, [], {}),  # ended before any shape: no progress to build on
+    (3, ["a", "b", "c"], {}),  # ended in the last shape
+]
+
+
+@pytest.mark.parametrize(("code", "begun", "left"), NOT_BEGUN_CASES)
+def test_not_begun(code: int, begun: list[str], left: dict[str, list[int]]) -> None:
+    cells = {"a": [1, 32], "b": [1], "c": [1]}
+    assert bench.not_begun(cells, begun, code) == left
+
+
+def fake_worker(died_in: str | None) -> tuple[list[list[str]], Any]:
+    """A run_worker that records each plan's shapes and measures each shape at its counts,
+    ending (exit 3, as after a poisoned CUDA context) at the shape ``died_in`` once."""
+    plans: list[list[str]] = []
+
+    def run(
+        tree: Any, kinds: dict[str, str], plan: Any, out: Path, bandwidth: Any
+    ) -> tuple[int, dict[str, Any]]:
+        plans.append(list(plan.cells))
+        label = next(iter(kinds))
+        result: dict[str, Any] = dict(
+            vllm="0.24.0", mode="native", rows=[], skipped={}, failed=[], breakdown=[], started=[]
+        )
+        for shape, tokens in plan.cells.items():
+            result["started"].append(shape)
+            if shape == died_in and len(plans) == 1:
+                result["failed"].append({"impl": label, "shape": shape, "tokens": 1, "error": "x"})
+                return bench.CONTEXT_LOST, result
+            result["rows"] += [{"impl": label, "shape": shape, "tokens": t} for t in tokens]
+        return 0, result
+
+    return plans, run
+
+
+def test_a_worker_that_ends_early_is_followed_by_one_on_the_shapes_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
+    plans, run = fake_worker(died_in="deepseek-r1")
+    monkeypatch.setattr(bench, "run_worker", run)
+    cells = {"qwen3-30b-a3b": [1, 8192], "deepseek-r1": [1, 32, 512], "kimi-k2": [1], "glm-5": [1]}
+    opts = bench.Options(bench.WorkerPlan(cells=cells, reps=5), ("pristine",))
+    saved: list[int] = []
+    data = bench.run_trees(
+        [bench.Tree("pristine", tmp_path)], opts, {}, lambda d: saved.append(len(d["rows"]))
+    )
+    assert plans == [list(cells), ["kimi-k2", "glm-5"]]
+    assert [(r["shape"], r["tokens"], r["column"]) for r in data["rows"]] == [
+        ("qwen3-30b-a3b", 1, "pristine"),
+        ("qwen3-30b-a3b", 8192, "pristine"),
+        ("kimi-k2", 1, "pristine"),
+        ("glm-5", 1, "pristine"),
+    ]
+    label = "0.24.0 emulation (pristine)"
+    assert data["meta"]["failed"] == [
+        {"tree": "pristine", "error": "exit 3", "shape": "deepseek-r1"},
+        {"impl": label, "shape": "deepseek-r1", "tokens": 1, "error": "x"},
+    ]
+    assert saved == [2, 4]
+
+
+def test_a_worker_that_runs_through_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
+    plans, run = fake_worker(died_in=None)
+    monkeypatch.setattr(bench, "run_worker", run)
+    opts = bench.Options(bench.WorkerPlan(cells={"kimi-k2": [1]}, reps=5), ("overlay",))
+    data = bench.run_trees([bench.Tree("overlay", tmp_path)], opts, {})
+    assert plans == [["kimi-k2"]]
+    assert data["meta"]["failed"] == []
