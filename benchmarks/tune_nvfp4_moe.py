@@ -665,11 +665,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = make_cases([s.name for s in shapes], tokens)
     results, rows = {}, []
     for name, t, kind, bm, naive, qdq, tile in tasks:
+        failure: dict[str, str] = {}  # a failed timing keeps its error in tune.json
         try:
             us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, tile))
         except Exception as e:
             print("FAIL", name, t, kind, bm, naive, qdq, tile, repr(e)[:300], flush=True)
-            us = float("inf")
+            us, failure = float("inf"), {"error": repr(e)[:1000]}
         results[name, t, kind, bm, naive, qdq, tile] = us
         rows.append(
             dict(
@@ -681,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
                 qdq_a=qdq,
                 tile=list(tile),
                 us=us,
+                **failure,
             )
         )
     print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
