@@ -5,7 +5,8 @@ The benchmark's per-kernel breakdown replays one launch of a layer's graph at a 
 again and again on its own, a launch that counts into a buffer an earlier launch clears (vLLM's
 ``moe_align_block_size`` does, with atomics) counts on from its last replay, and the launches
 after it index with those counts: on the H200 the breakdown of Llama-4-Scout TP4 at 1024 tokens
-and of Qwen3-235B TP8 at 8192 ended every worker, Marlin's too, with an illegal memory access.
+ended every worker, Marlin's too, with CUDA errors (an illegal memory access, "operation not
+supported on global/shared address space"), and with the fix ran in every one.
 Here a counter is cleared, incremented and read within one call, and what the read saw is kept
 as a running maximum: 1 in every replay of the whole call, 1 in every breakdown replay that
 restores the launches before the timed one, and the count of the increment's own replays
