@@ -2,7 +2,7 @@
 
     python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--tokens N ...]
                                         [--write-table [DIR]] [--out DIR] [--wide]
-                                        [--split-gate-up] [--predecode]
+                                        [--split-gate-up]
 
 DIR holds a vLLM tree with patch 0002 applied (the kernels live in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
@@ -31,11 +31,8 @@ Candidates compile in parallel processes first (one per variant: token counts an
 specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
 shape.
 
---predecode times every GEMM of blocks of pairs with its weights decoded first by the
-module's decode kernel (the decode's time counted in the GEMM's), and the tables it writes
-have predecode in the buckets it swept: for many tokens an expert (2048 and 8192 tokens are
-swept counts of their own, with blocks of up to 128 tokens). keep_faster_tables.py then keeps
-such a table only where the layer is faster with it.
+2048 and 8192 tokens are swept only when --tokens names them, each a bucket of its own in the
+table written, with blocks of up to 128 tokens.
 
 Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
 (time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
@@ -126,6 +123,9 @@ BUCKETS = {
 }
 # The counts a sweep of every bucket times (the default); 2048 and 8192 only when asked.
 SWEPT = [t for t, _ in BUCKETS.values()]
+# Every token block a group may take: each is aligned for every case (Case.aligned), and each
+# has candidate tiles for both GEMMs (W13, W2).
+BLOCK_MS = sorted({bm for groups in GROUPS.values() for bm, _, _ in groups})
 # A group that quantize-dequantizes the hidden states in a pass of its own pays one more small
 # kernel (the patch's QDQ pass), not timed here: count it as this much.
 SEPARATE_QDQ_US = 4.0
@@ -273,9 +273,8 @@ def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
 
 def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
     """The MoE as Nvfp4QuantizationEmulationTritonExperts.apply runs it (the QDQ pass for the
-    hidden states where the config does not fuse it; each GEMM's weights decoded first where
-    it predecodes); experts: E (the router's), emap: the expert map of an expert-parallel shape
-    (naive blocks then aligned, as apply does)."""
+    hidden states where the config does not fuse it); experts: E (the router's), emap: the
+    expert map of an expert-parallel shape (naive blocks then aligned, as apply does)."""
     tokens, top_k = topk_ids.shape
     pairs = tokens * top_k
     if cfg.naive and emap is None:
@@ -284,7 +283,6 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
         sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, experts, emap)
     a1 = hidden if cfg.fuse_a1_qdq else K.invoke_nvfp4_qdq(hidden, moe.a13_gscale)
     act = torch.empty(pairs, moe.w2.size(2) * 2, dtype=hidden.dtype, device=hidden.device)
-    predecode = getattr(cfg, "predecode", False)
     K.invoke_nvfp4_moe_gemm(
         a1,
         moe.a13_gscale,
@@ -304,7 +302,6 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
         cfg.w13,
         quantize_a=cfg.fuse_a1_qdq,
         **layout_kwargs(),
-        **decoded_kwargs(moe.w13, moe.w13_scale, hidden.dtype, predecode),
     )
     out = torch.empty(tokens, top_k, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
     K.invoke_nvfp4_moe_gemm(
@@ -325,25 +322,10 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
         cfg.block_m,
         cfg.w2,
         **layout_kwargs(),
-        **decoded_kwargs(moe.w2, moe.w2_scale, hidden.dtype, predecode),
     )
     summed = torch.empty(tokens, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
     K.invoke_topk_sum(out, summed)
     return summed
-
-
-def decoded_kwargs(w, w_scale, dtype, predecode: bool) -> dict:
-    """invoke_nvfp4_moe_gemm's decoded argument where predecode: w decoded now (the module's
-    decode kernel, on weights from ``laid_out``), else none."""
-    if not predecode:
-        return {}
-    decoded = torch.empty(*w.shape[:2], w.size(2) * 2, dtype=K.decoded_dtype(dtype), device="cuda")
-    K.invoke_nvfp4_decode(w, w_scale, decoded, **layout_kwargs())
-    return {"decoded": decoded}
-
-
-# --predecode: every GEMM of blocks of pairs timed with its weights decoded first (set by main).
-PREDECODE = False
 
 
 class Case:
@@ -366,33 +348,9 @@ class Case:
         self.act = torch.randn(self.pairs, shape.intermediate, device="cuda").to(torch.bfloat16)
         self.act_out = torch.empty_like(self.act)
         self.y = torch.empty(self.pairs, shape.hidden, dtype=torch.bfloat16, device="cuda")
-        block_ms = sorted({g[0] for groups in GROUPS.values() for g in groups})
-        self.aligned = {bm: align(self.tids, bm, shape.experts, self.emap) for bm in block_ms}
-        # --predecode: each GEMM's decoded weights (the decode kernel writes them in each
-        # timing), allocated at the first.
-        self.decoded: dict[str, torch.Tensor] = {}
+        self.aligned = {bm: align(self.tids, bm, shape.experts, self.emap) for bm in BLOCK_MS}
 
     def gemm(self, kind, bm, naive, qdq, tile):
-        """The GEMM's launch (with --predecode, after its weights' decode, for blocks of
-        pairs)."""
-        launch = self._gemm(kind, bm, naive, qdq, tile)
-        if not (PREDECODE and not naive):
-            return launch
-        m = self.moe
-        w, scale = (m.w13, m.w13_scale) if kind == "w13" else (m.w2, m.w2_scale)
-        if kind not in self.decoded:
-            dtype = K.decoded_dtype(torch.bfloat16)
-            shape = (*w.shape[:2], w.size(2) * 2)
-            self.decoded[kind] = torch.empty(shape, dtype=dtype, device="cuda")
-        decoded = self.decoded[kind]
-
-        def decode_then_gemm():
-            K.invoke_nvfp4_decode(w, scale, decoded, **layout_kwargs())
-            launch(decoded=decoded)
-
-        return decode_then_gemm
-
-    def _gemm(self, kind, bm, naive, qdq, tile):
         m, g = self.moe, K.GemmConfig(*tile)
         if naive and self.emap is None:
             sorted_ids, expert_ids, post_pad = None, self.tids.view(-1), None
@@ -400,7 +358,7 @@ class Case:
             sorted_ids, expert_ids, post_pad = self.aligned[bm]
         if kind == "w13":
             a = self.hidden if qdq else self.hidden_q
-            return lambda **decoded: K.invoke_nvfp4_moe_gemm(
+            return lambda: K.invoke_nvfp4_moe_gemm(
                 a,
                 m.a13_gscale,
                 m.w13,
@@ -419,9 +377,8 @@ class Case:
                 g,
                 quantize_a=qdq,
                 **layout_kwargs(),
-                **decoded,
             )
-        return lambda **decoded: K.invoke_nvfp4_moe_gemm(
+        return lambda: K.invoke_nvfp4_moe_gemm(
             self.act,
             m.a2_gscale,
             m.w2,
@@ -439,7 +396,6 @@ class Case:
             bm,
             g,
             **layout_kwargs(),
-            **decoded,
         )
 
 
@@ -486,10 +442,9 @@ def make_cases(names, tokens) -> dict:
     return cases
 
 
-def compile_some(tree: Path, tasks: list[tuple], predecode: bool) -> None:
-    global K, PREDECODE
+def compile_some(tree: Path, tasks: list[tuple]) -> None:
+    global K
     K = load_kernel_module(tree)
-    PREDECODE = predecode
     cases = make_cases(sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}))
     for name, t, kind, bm, naive, qdq, tile in tasks:
         try:
@@ -534,12 +489,6 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
     return min(options, key=lambda o: sum(o[0][sh] / floor[sh] for sh in shapes))
 
 
-def predecoded(choice: tuple) -> tuple:
-    """A pick, with predecode where --predecode timed it so (blocks of pairs: naive ones
-    decode in the GEMM)."""
-    return (*choice, True) if PREDECODE and not choice[0] else choice
-
-
 def pick_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """A pick's layer against exact W4A4: the relative Frobenius error; where the reference is
     all zeros (an expert-parallel rank that holds none of the tokens' experts) 0.0 for zeros and
@@ -556,8 +505,7 @@ def pick_line(p: dict) -> str:
     rank = f" (EP rank {p['rank']}: {p['active_experts']} experts routed)" if "rank" in p else ""
     return (
         f"<= {p['bucket']:>19} {p['shape']:18s} t={p['tokens']:4d} naive={int(p['naive'])} "
-        f"bm={p['block_m']} qdq={int(p['qdq_a'])} w13 {p['w13']} w2 {p['w2']}"
-        f"{' predecode' if p.get('predecode') else ''}: both GEMMs "
+        f"bm={p['block_m']} qdq={int(p['qdq_a'])} w13 {p['w13']} w2 {p['w2']}: both GEMMs "
         f"{p['gemms_us']:7.1f} us, rel err {p['rel_err']:.1e}{rank}"
     )
 
@@ -578,22 +526,19 @@ def refuse_wrong_picks(picks: list[dict]) -> None:
 
 
 def config_tuple(config) -> tuple:
-    """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2), then True
-    where it predecodes."""
+    """A kernel module MoeConfig as a pick: (naive, block_m, fuse_a1_qdq, w13, w2)."""
     tiles = [
         (g.block_n, g.block_k, g.num_warps, g.num_stages)
         + ((True,) if getattr(g, "split_gate_up", False) else ())
         for g in (config.w13, config.w2)
     ]
-    predecode = (True,) if getattr(config, "predecode", False) else ()
-    return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles, *predecode)
+    return (config.naive, config.block_m, config.fuse_a1_qdq, *tiles)
 
 
 def moe_config(choice: tuple):
     """A pick (config_tuple's) as the kernel module's MoeConfig."""
-    naive, bm, qdq, w13, w2, *predecode = choice
-    options = {"predecode": True} if predecode else {}
-    return K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2), **options)
+    naive, bm, qdq, w13, w2 = choice
+    return K.MoeConfig(naive, bm, qdq, K.GemmConfig(*w13), K.GemmConfig(*w2))
 
 
 def device_name() -> str:
@@ -692,12 +637,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="sweep the w13 tiles with split_gate_up too (a warp for each 16 rows of gate or up)",
     )
-    parser.add_argument(
-        "--predecode",
-        action="store_true",
-        help="time each GEMM of blocks of pairs after its weights' decode, and write the swept"
-        " buckets with predecode",
-    )
     args = parser.parse_args(argv)
     if args.wide:
         widen()
@@ -712,10 +651,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{tree}: patch 0002's module reads no JSON tile tables")
     if args.split_gate_up and "split_gate_up" not in K.GemmConfig.__dataclass_fields__:
         raise SystemExit(f"{tree}: patch 0002's module has no split_gate_up tile option")
-    if args.predecode and "predecode" not in K.MoeConfig.__dataclass_fields__:
-        raise SystemExit(f"{tree}: patch 0002's module has no predecode option")
-    global PREDECODE
-    PREDECODE = args.predecode
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 
@@ -733,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = list({(tails(t[0]), t[2:]): t for t in tasks}.values())
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=compile_some, args=(tree, variants[i :: args.jobs], args.predecode))
+        ctx.Process(target=compile_some, args=(tree, variants[i :: args.jobs]))
         for i in range(args.jobs)
     ]
     for p in procs:
@@ -785,15 +720,14 @@ def main(argv: list[str] | None = None) -> int:
         if t not in tokens:
             continue
         if every_bucket:
-            tables[""][bound] = predecoded(pick(results, names, t, groups)[1])
+            tables[""][bound] = pick(results, names, t, groups)[1]
         for shape in shapes:
             totals, choice = pick(results, [shape.name], t, groups)
-            choice = predecoded(choice)
             # A partial sweep changes the table only up to the count it measured: its pick
             # covers the counts from the bucket below up to t, the entry above t stays.
             tables[shape.name][bound if every_bucket else t] = choice
             c = cases[shape.name, t]
-            naive, bm, qdq, w13, w2 = choice[:5]
+            naive, bm, qdq, w13, w2 = choice
             cfg = moe_config(choice)
             got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg, shape.experts, c.emap).float()
             tw, tids = c.tw, c.tids
@@ -813,7 +747,6 @@ def main(argv: list[str] | None = None) -> int:
                     qdq_a=qdq,
                     w13=w13,
                     w2=w2,
-                    predecode=getattr(cfg, "predecode", False),
                     gemms_us=totals[shape.name],
                     rel_err=rel,
                 )
@@ -838,11 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     refuse_wrong_picks(picks)
     if args.write_table is not None:
-        options = (
-            ("wide", args.wide),
-            ("split-gate-up", args.split_gate_up),
-            ("predecode", args.predecode),
-        )
+        options = (("wide", args.wide), ("split-gate-up", args.split_gate_up))
         flags = "".join(f" --{flag}" for flag, on in options if on)
         counts = "" if every_bucket else f" --tokens {' '.join(map(str, tokens))}"
         sweep = f"benchmarks/tune_nvfp4_moe.py{flags}{counts} on {torch.cuda.get_device_name()}"

@@ -32,7 +32,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -713,11 +712,6 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
                 configs = fused.configs
                 tables |= {(platform_forced or "native", b): c for b, c in configs.items()}
                 _drive(fused, token_counts(list(configs)))  # (the table's keys: token bounds)
-        if hasattr(fused.module.MoeConfig, "predecode"):
-            # The largest bucket once more with each GEMM's weights decoded first (predecode:
-            # the decode kernel and the GEMM that reads its output), the tiles being the same.
-            with tempfile.TemporaryDirectory() as folder, predecoding(fused, Path(folder)):
-                _drive(fused, token_counts(list(fused.configs))[-2:])
     return launches, tables
 
 
@@ -739,23 +733,6 @@ def _environ(name: str, value: str | None) -> Iterator[None]:
                 del os.environ[name]
             else:
                 os.environ[name] = old
-
-
-@contextlib.contextmanager
-def predecoding(fused: FusedModule, folder: Path) -> Iterator[None]:
-    """The experts under a table (through CONFIG_DIR_ENV, written in folder) of the platform's
-    generic tiles, each bucket of blocks of pairs with predecode (each GEMM's weights decoded
-    once per call into a buffer the GEMM reads)."""
-    module = fused.module
-    kernels_module = sys.modules[module.nvfp4_moe_configs.__module__]
-    platform = kernels_module.nvfp4_platform()
-    device = kernels_module.device_table_name(platform)
-    generic = kernels_module.GENERIC_CONFIGS[platform]
-    table = {b: dataclasses.replace(c, predecode=not c.naive) for b, c in generic.items()}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{module.TABLE_PREFIX}{device}.json").write_text(module.table_json(table))
-    with _environ(module.CONFIG_DIR_ENV, str(folder)):
-        yield
 
 
 def _drive(fused: FusedModule, tokens: list[int]) -> None:

@@ -112,16 +112,6 @@ QDQ_IN_GEMM_CASES = [
     "interpret-fp16-small-5tok",
 ]
 
-# These also run with each GEMM's weights decoded once per call into a buffer that the GEMM
-# reads (predecode in every bucket of blocks of pairs of a table given through CONFIG_DIR_ENV):
-# the same bits as the decode in every program.
-PREDECODE_CASES = [
-    "interpret-fp16-small-1tok",
-    "interpret-fp16-small-17tok-ep",
-    "interpret-bf16-small-5tok",
-    "interpret-bf16-small-16tok-ep",
-]
-
 # These also run as under all-to-all kernels (a moe_config whose parallel config uses them):
 # the experts reduce over the top-k slots themselves, their output [M, K] and their finalize
 # TritonExperts' copy; the same bits as the per-pair output their own finalize sums.
@@ -191,17 +181,6 @@ def test_hidden_states_quantized_in_w13_give_the_same_bits(
     route = [] if pairs else ["_nvfp4_qdq_kernel (route only)"]
     gemms = ["_nvfp4_moe_gemm_kernel"] * 2
     assert launched == route + gemms + ["_topk_sum_kernel"]
-
-
-@pytest.mark.parametrize("case", PREDECODE_CASES)
-def test_predecoded_weights_give_the_same_bits(results: dict[str, Any], case: str) -> None:
-    """With predecode, each GEMM's weights are decoded by a kernel of their own into a buffer,
-    which the GEMM then reads instead of decoding in each program: the same bits, and two
-    decode launches, one before each GEMM."""
-    got, launched = results["predecode"][case]
-    assert torch.equal(got, results["outputs"][case][0])
-    gemm, decode = "_nvfp4_moe_gemm_kernel", "_nvfp4_decode_kernel"
-    assert [n for n in launched if n in (gemm, decode)] == [decode, gemm, decode, gemm]
 
 
 @pytest.mark.parametrize("case", ALL2ALL_CASES)
@@ -361,14 +340,7 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
         launched.clear()
         qdq_in_gemm[case_id] = (run(fused, shapes[name], tokens, ep, dtype)[0], list(launched))
     InterpretedFunction.run = original  # type: ignore[method-assign]
-    predecode = {}
-    InterpretedFunction.run = spy  # type: ignore[method-assign]
-    with kernels.predecoding(fused, Path(out).parent / "predecode"):
-        for case_id in PREDECODE_CASES:
-            dtype, (name, tokens, ep) = RUNS[CASE_IDS.index(case_id)]
-            launched.clear()
-            predecode[case_id] = (run(fused, shapes[name], tokens, ep, dtype)[0], list(launched))
-    InterpretedFunction.run = original  # type: ignore[method-assign]
+    del os.environ[module.CONFIG_DIR_ENV]
     launched[:] = spied
     all2all = {}
     for case_id in ALL2ALL_CASES:
@@ -377,7 +349,6 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     saved = {
         "all2all": all2all,
         "qdq_in_gemm": qdq_in_gemm,
-        "predecode": predecode,
         "outputs": outputs,
         "layouts": layouts,
         "launched": launched,

@@ -13,11 +13,7 @@ outputs are the same bits (``torch.equal``):
 - on the checkpoint's rows (no layout);
 - on weights padded to depths of a multiple of 128 with zero E2M1 codes and zero block
   scales (the hidden states with zero columns, the intermediate rows of w13 with zero rows):
-  the masked last step sums exactly what a full step over zeros sums;
-
-and once more on each layout with each GEMM's weights decoded first by a kernel of their own
-(predecode, kernels.predecoding), which writes the masked step's values where the GEMM reads
-them: the same bits again.
+  the masked last step sums exactly what a full step over zeros sums.
 
 And the output is compared with the pure-torch reference (tests/gpu/nvfp4_reference.py, exact
 weights) under the bounds of tests/test_kernels_interpret.py (relative Frobenius error under
@@ -82,8 +78,6 @@ def test_ragged_depth_layouts_and_padding_give_the_same_bits(
     assert not got["tiled"].isnan().any(), "output elements left unwritten (NaN)"
     assert torch.equal(got["tiled"], got["rows"]), "tiled layout != checkpoint rows"
     assert torch.equal(got["tiled"], got["padded"]), "ragged depth != zero-padded depth"
-    assert torch.equal(got["tiled"], got["predecoded"]), "predecoded tiles != decoded in GEMM"
-    assert torch.equal(got["tiled"], got["predecoded-rows"]), "predecoded rows != tiles"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -111,10 +105,9 @@ def test_ragged_cases_take_the_masked_step(results: dict[str, Any]) -> None:
 
 
 def test_nothing_beyond_k_enters(results: dict[str, Any]) -> None:
-    got, clean, predecoded = results["nan"]
+    got, clean = results["nan"]
     assert not got.isnan().any()
     assert torch.equal(got, clean)
-    assert torch.equal(predecoded, clean)
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -124,18 +117,13 @@ def up128(n: int) -> int:
     return -(-n // 128) * 128
 
 
-def run_case(fused: kernels.FusedModule, case: str, folder: Path) -> dict[str, torch.Tensor]:
+def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     moe, hidden, weights, ids = kernels.case_layer(case, CASES[case])
     _, h, i, _, tokens, _, ep = CASES[case]
     out = {
         "tiled": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep),
         "rows": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep, layout=False),
     }
-    with kernels.predecoding(fused, folder):
-        out["predecoded"] = kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep)
-        out["predecoded-rows"] = kernels.run_experts(
-            fused, moe, hidden, weights, ids, ep=ep, layout=False
-        )
     wide = torch.zeros(tokens, up128(h), dtype=hidden.dtype)
     wide[:, :h] = hidden
     big = zero_padded(moe, up128(h), up128(i))
@@ -156,7 +144,7 @@ def nan_beyond(t: torch.Tensor, fill: int) -> torch.Tensor:
     return buf[: raw.numel()].view(t.dtype).view(t.shape)
 
 
-def nan_case(fused: kernels.FusedModule, folder: Path) -> tuple[torch.Tensor, ...]:
+def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
     moe, hidden, weights, ids = kernels.case_layer(NAN_CASE, CASES[NAN_CASE])
     clean = kernels.run_experts(fused, moe, hidden, weights, ids, layout=False)
     poisoned = dataclasses.replace(
@@ -176,12 +164,7 @@ def nan_case(fused: kernels.FusedModule, folder: Path) -> tuple[torch.Tensor, ..
     )
     experts = fused.experts(None, config)
     got = kernels.fused_apply(fused, experts, hidden, poisoned.w13, poisoned.w2, weights, ids)
-    with kernels.predecoding(fused, folder):
-        experts = fused.experts(None, config)
-        predecoded = kernels.fused_apply(
-            fused, experts, hidden, poisoned.w13, poisoned.w2, weights, ids
-        )
-    return got, clean, predecoded
+    return got, clean
 
 
 def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
@@ -201,13 +184,12 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
 
         InterpretedFunction.run = spy  # type: ignore[method-assign]
         try:
-            result = run_case(fused, case, Path(out).parent / "predecode")
+            result = run_case(fused, case)
         finally:
             InterpretedFunction.run = original  # type: ignore[method-assign]
         tails[case] = seen[:2]  # the first apply's w13 and w2 GEMMs
         outputs[case] = result
-    nan = nan_case(fused, Path(out).parent / "predecode")
-    torch.save({"outputs": outputs, "tails": tails, "nan": nan}, out)
+    torch.save({"outputs": outputs, "tails": tails, "nan": nan_case(fused)}, out)
 
 
 if __name__ == "__main__":

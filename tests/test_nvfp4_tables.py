@@ -427,6 +427,21 @@ def test_unfused_result_comes_through_the_finalize_exactly(
     assert got[0, 1].item() == 0.0 and not got[0, 1].signbit()
 
 
+def test_tuner_times_every_token_block_it_may_pick() -> None:
+    """benchmarks/tune_nvfp4_moe.py: every token block a group may pick is aligned for each case
+    and has candidate tiles for both GEMMs (blocks of 128 tokens, in the 8192-token groups, had
+    no alignment, and every such timing failed with a KeyError the sweep recorded as inf); the
+    default sweep is the buckets' counts, and 2048 and 8192 are counts --tokens may name."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    assert tune.BLOCK_MS == [8, 16, 32, 64, 128]
+    assert set(tune.BLOCK_MS) <= set(tune.W13) and set(tune.BLOCK_MS) <= set(tune.W2)
+    assert tune.SWEPT == [1, 8, 32, 128, 256, 512]
+    assert sorted(tune.GROUPS) == [*tune.SWEPT, 2048, 8192]
+    assert all(bm in (32, 64, 128) for t in (2048, 8192) for bm, _, _ in tune.GROUPS[t])
+
+
 def test_tuner_keeps_where_a_table_came_from(
     load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
