@@ -351,8 +351,16 @@ FUSED_CONFIGS = "GENERIC_CONFIGS"
 
 
 def is_fused_gemm(spec: Specialization) -> bool:
-    """A specialization of the fused MoE GEMM (the kernel with a GATED switch)."""
-    return "GATED" in spec.kernel.arg_names and spec.target in TARGETS
+    """A specialization of the fused MoE GEMM (the kernel that decodes its weights: a GATED
+    switch and a weight-scale pointer)."""
+    names = spec.kernel.arg_names
+    return "GATED" in names and "w_scale_ptr" in names and spec.target in TARGETS
+
+
+def is_predecoded_gemm(spec: Specialization) -> bool:
+    """A specialization of the GEMM over predecoded weights (a GATED switch, no weight scales)."""
+    names = spec.kernel.arg_names
+    return "GATED" in names and "w_scale_ptr" not in names and spec.target in TARGETS
 
 
 def fused_tiles(configs: Mapping[int, Any]) -> set[tuple[Any, ...]]:
@@ -711,7 +719,10 @@ def fused_launches(overlay_vllm: Path, pristine_vllm: Path, rocm: bool) -> tuple
             with _environ(fused.module.PLATFORM_ENV if platform_forced else "", platform_forced):
                 configs = fused.configs
                 tables |= {(platform_forced or "native", b): c for b, c in configs.items()}
-                _drive(fused, token_counts(list(configs)))  # (the table's keys: token bounds)
+                counts = token_counts(list(configs))  # (the table's keys: token bounds)
+                _drive(fused, counts)
+                with predecoding(fused):
+                    _drive(fused, counts[-1:])
     return launches, tables
 
 
@@ -765,6 +776,28 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
                     # both conversions compile.
                     experts.fast_scales = expert_map is None
                     fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
+
+
+@contextlib.contextmanager
+def predecoding(fused: FusedModule) -> Iterator[None]:
+    """The module's predecode threshold (routed pairs per expert, where it has one: none
+    before) at one pair for the block: its predecoded GEMMs run at any count, so that their
+    launches are recorded without the thousands of tokens (and gigabytes of CPU tensors) the
+    threshold asks for."""
+    rule = getattr(fused.module, "predecodes", None)
+    names = {} if rule is None else rule.__globals__
+    old = names.get(PREDECODE_NAME)
+    if old is not None:
+        names[PREDECODE_NAME] = 1
+    try:
+        yield
+    finally:
+        if old is not None:
+            names[PREDECODE_NAME] = old
+
+
+# The kernels module's name of the predecode threshold (routed pairs per expert).
+PREDECODE_NAME = "PREDECODE_MIN_PAIRS_PER_EXPERT"
 
 
 # -- ISA facts ---------------------------------------------------------------------------------

@@ -282,6 +282,22 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
     assert without == [], f"{target}: fused GEMMs without matrix instructions: {without}"
 
 
+def test_predecoded_gemms_run_hopper_matrix_instructions(
+    fused: dict[str, tuple[list[Any], Any]],
+) -> None:
+    """The GEMMs over predecoded weights (CUDA only: the rule's) compile for sm_90 to warpgroup
+    MMAs (HGMMA: both operands from shared memory), with no local memory (spills), both of them
+    (w13 gated, w2 not)."""
+    specs = kernels.unique([kernels.specialize(x, "sm90") for x in fused["cuda"][0]])
+    gemms = [s for s in specs if kernels.is_predecoded_gemm(s)]
+    assert sorted(s.constexpr("GATED") for s in gemms) == [False, True]
+    for spec in gemms:
+        compiled = kernels.compile_for(spec)
+        facts = kernels.isa_facts(compiled, "sm90")
+        assert facts["local_bytes"] == 0, spec.label()
+        assert facts["sass_mix"].get("HGMMA", 0) > 0, spec.label()
+
+
 @pytest.mark.parametrize("target", [t for t, v in kernels.TARGETS.items() if v.backend == "hip"])
 def test_portable_decode_is_exact_fp16_on_rocm(
     target: str, fused: dict[str, tuple[list[Any], Any]]

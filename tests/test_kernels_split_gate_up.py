@@ -62,13 +62,14 @@ def test_split_gate_up_gives_the_same_bits(results: dict[str, Any], case: str, l
 
 @pytest.fixture(scope="module")
 def gated(overlay: Overlay, full_pristine: Pristine) -> dict[str, list[Any]]:
-    """The fused experts' gated (w13) launches on each platform ("hip", "cuda")."""
+    """The fused experts' gated (w13) launches of the fused GEMM (the kernel with SPLIT_GU) on
+    each platform ("hip", "cuda")."""
     paths = (overlay.project.overlay_dir / "vllm", full_pristine.root / "vllm")
     return {
         p: [
             launch
             for launch in kernels.fused_launches(*paths, rocm=p == "hip")[0]
-            if launch.kwargs.get("GATED")
+            if launch.kwargs.get("GATED") and "SPLIT_GU" in launch.kernel.arg_names
         ]
         for p in ("hip", "cuda")
     }

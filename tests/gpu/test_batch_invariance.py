@@ -1,7 +1,7 @@
 """Batch invariance and numerics of the NVFP4 emulation MoE on each of its paths.
 
 Batch invariance, bitwise: one token's output computed alone is the output of the same token
-at a random row of a batch of 2 ... 3072 tokens whose other tokens are random, through
+at a random row of a batch of 2 ... 8192 tokens whose other tokens are random, through
 ``FusedMoEKernel.apply`` (what a FusedMoE layer calls) and through the experts' own ``apply``,
 eagerly and replayed from CUDA graphs (captured for the batch, then given new tokens and a new
 row for the probe). Every output is compared with the eager output of the token alone: vLLM's
@@ -61,9 +61,10 @@ SHAPE = moe_setup.SHAPES[0]  # qwen3-30b-a3b
 # (entry, graph): FusedMoEKernel.apply or the experts' apply; eager or replayed from a graph.
 MODES = [("kernel", False), ("kernel", True), ("experts", False), ("experts", True)]
 # Batch sizes around every token bucket and block boundary the emulation's paths use (4, 16,
-# 64, 256 and 8/16/32/64/128-row blocks), up to 512, and a few larger (prefill chunks).
+# 64, 256 and 8/16/32/64/128-row blocks), up to 512, and a few larger (prefill chunks); from
+# 8192 (512 routed pairs per expert) patch 0002's predecoded GEMMs.
 BATCHES: tuple[int, ...] = (2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127)
-BATCHES += (128, 129, 255, 256, 257, 300, 511, 512, 1024, 2048, 3072)
+BATCHES += (128, 129, 255, 256, 257, 300, 511, 512, 1024, 2048, 3072, 4096, 8192)
 NUMERICS_TOKENS = (1, 8, 32, 128, 512)
 PROBE_SEED = 1_000_003
 

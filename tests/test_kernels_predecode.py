@@ -1,0 +1,202 @@
+"""Patch 0002's predecoded GEMMs under Triton's interpreter (TRITON_INTERPRET=1) on the CPU: at
+many routed pairs per expert the fused experts decode each GEMM's weights once for the call
+(_nvfp4_predecode_kernel) and run plain GEMMs over them (_predecoded_moe_gemm_kernel), and a
+token's output must be the bits the fused kernel gives it at any other count (batch
+invariance: the same decoded values, products and order of sums).
+
+Each case runs the experts' own ``apply`` twice on the same inputs, on weights as their
+process_weights_after_loading lays them out: with the module's predecode threshold out of
+reach (the fused kernel) and at one pair per expert (the predecoded GEMMs), and compares the
+bits. As tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the
+interpreter runs no inline PTX: the portable decode, FP16 operands) with CUDA's platform
+forced (VLLM_PATCHSET_NVFP4_PLATFORM=cuda), since the rule predecodes on CUDA only. Depths of
+one and two whole K steps of both GEMMs, FP16 and BF16 activations, with and without an
+expert map with -1 entries (expert parallelism: w2's zeros for other ranks' pairs).
+
+The rule itself (``predecodes``) is pinned on released checkpoints' layers at 2048 and 8192
+tokens without the interpreter. On the GPU, tests/gpu/test_predecode.py compares the PTX
+decode's predecoded GEMMs with the fused kernel's bits at the counts where the rule takes them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the kernels run on torch tensors (pip install torch)")
+pytest.importorskip("triton", reason="triton's interpreter runs the kernels (pip install triton)")
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import moe_setup
+import overlay_kernels as kernels
+from test_kernels_interpret import expert_map
+
+EXPERTS = 4
+# (name, K steps of both GEMMs, tokens, dtype, expert map)
+CASES = [
+    (f"{steps}step-{tokens}tok-{name}{'-ep' if ep else ''}", steps, tokens, dtype, ep)
+    for steps, tokens in ((1, 9), (1, 40), (2, 40))
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))
+    for ep in (False, True)
+]
+CASE_IDS = [c[0] for c in CASES]
+NEVER = 1 << 62
+
+results = kernels.interpreted_results_fixture()
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_predecoded_gemms_give_the_fused_kernels_bits(results: dict[str, Any], case: str) -> None:
+    fused, predecoded = results["outputs"][case]
+    assert not fused.isnan().any()
+    assert torch.equal(fused.view(torch.int16), predecoded.view(torch.int16))
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_each_path_launches_its_own_kernels(results: dict[str, Any], case: str) -> None:
+    """The fused run: the QDQ pass (with the route program), both fused GEMMs, the top-k sum.
+    The predecoded run: vLLM's alignment into blocks of 128 pairs, the QDQ pass, then for each
+    GEMM the decode pass and the plain GEMM, and the top-k sum."""
+    fused, predecoded = results["launched"][case]
+    assert fused == ["_nvfp4_qdq_kernel", "_nvfp4_moe_gemm_kernel", "_nvfp4_moe_gemm_kernel",
+                     "_topk_sum_kernel"]  # fmt: skip
+    assert predecoded == [
+        "_nvfp4_qdq_kernel",
+        "_nvfp4_predecode_kernel",
+        "_predecoded_moe_gemm_kernel",
+        "_nvfp4_predecode_kernel",
+        "_predecoded_moe_gemm_kernel",
+        "_topk_sum_kernel",
+    ]
+    assert results["aligned"][case] == 1
+
+
+# Released checkpoints' layers (tests/gpu/moe_setup.SHAPES) -> whether 2048 and 8192 tokens
+# predecode on CUDA: at least PREDECODE_MIN_PAIRS_PER_EXPERT (512) routed pairs per expert of
+# the layer, both depths whole K steps (multiples of 128), and the rank's w13 in BF16 within
+# PREDECODE_MAX_BYTES (4 GiB).
+RULE = {
+    # 16384 and 65536 pairs over 128 experts: 128 and 512 an expert.
+    "qwen3-30b-a3b": (False, True),
+    # w13 in BF16: 128 * 3072 * 4096 * 2 bytes = 3 GiB.
+    "qwen3-235b-a22b": (False, True),
+    # Intermediate 192 and 1856: the last K step of w2 is not whole.
+    "qwen3-30b-a3b-tp4": (False, False),
+    "nemotron-3-nano-30b-a3b": (False, False),
+    # 256 experts: 64 and 256 pairs an expert.
+    "deepseek-r1-tp4": (False, False),
+    # One EP8 rank's 32 experts: the pairs spread over all 256 (about an eighth are its own).
+    "deepseek-r1-ep8": (False, False),
+    # Top-1 over 16 experts: 128 and 512 pairs an expert; w13 of 320 MiB.
+    "llama-4-scout-tp8": (False, True),
+}
+
+
+@pytest.mark.parametrize("name", list(RULE))
+def test_predecode_rule_on_released_layers(kernels_module: Any, name: str) -> None:
+    shape = moe_setup.shape_named(name)
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, "cuda")
+    got = tuple(kernels_module.predecodes(t * shape.top_k, *sizes) for t in (2048, 8192))
+    assert got == RULE[name]
+
+
+def test_predecode_is_cuda_only(kernels_module: Any) -> None:
+    """ROCm keeps the fused kernel (the predecoded tiles are measured on an H200 only)."""
+    assert kernels_module.predecodes(65536, 128, 128, 2048, 768, 2, "cuda")
+    assert not kernels_module.predecodes(65536, 128, 128, 2048, 768, 2, "rocm")
+
+
+def test_predecode_buffer_is_bounded(kernels_module: Any) -> None:
+    """DeepSeek-R1's whole layer (256 experts, hidden 7168, intermediate 2048): w13 of 14 GiB in
+    BF16, refused at any count; its EP8 rank's 32 experts (1.75 GiB) predecode at 512 pairs an
+    expert of the layer (16384 tokens)."""
+    assert not kernels_module.predecodes(1 << 20, 256, 256, 7168, 2048, 2, "cuda")
+    assert kernels_module.predecodes(16384 * 8, 256, 32, 7168, 2048, 2, "cuda")
+    assert not kernels_module.predecodes(16384 * 8 - 1, 256, 32, 7168, 2048, 2, "cuda")
+
+
+def test_gemm_order_is_the_step_order_by_halves(kernels_module: Any) -> None:
+    """gemm_order (the columns the activations are gathered from) is _step_k's order per step:
+    the low nibbles' 64 columns then the high nibbles', so a step's position 2j + h of the
+    tiled layout's nibble order (step_order) lands at 64 h + j."""
+    order = kernels_module.gemm_order(256, torch.device("cpu"))
+    nibbles = kernels_module.step_order()
+    assert sorted(order.tolist()) == list(range(256))
+    for step in range(2):
+        for j in range(64):
+            for h in range(2):
+                assert order[step * 128 + 64 * h + j] == step * 128 + nibbles[2 * j + h]
+
+
+@pytest.fixture(scope="module")
+def kernels_module(overlay: Any, full_pristine: Any) -> Any:
+    import standins
+
+    fused = kernels.load_fused(
+        overlay.project.overlay_dir / "vllm",
+        full_pristine.root / "vllm",
+        standins.moe_align_block_size,
+        rocm=False,
+    )
+    return sys.modules[fused.module.predecodes.__module__]
+
+
+def run(fused: kernels.FusedModule, shape: moe_setup.MoeShape, tokens: int, ep: bool,
+        dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    moe = moe_setup.make_moe(shape, seed=0, device="cpu")
+    hidden, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
+    pick: Any = slice(None)
+    emap = None
+    if ep:
+        pick, emap = expert_map(shape)
+    config = kernels.quant_config(moe.w13_scale[pick], moe.w2_scale[pick], moe.w13_gscale[pick],
+                                  moe.w2_gscale[pick], moe.a13_gscale, moe.a2_gscale)  # fmt: skip
+    experts = fused.experts(None, config)
+    w13, w2 = kernels.laid_out(experts, moe.w13[pick], moe.w2[pick])
+    return kernels.fused_apply(
+        fused, experts, hidden.to(dtype), w13, w2, weights, ids, emap, shape.experts
+    )
+
+
+def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fused, calls = kernels.counting_fused(overlay_vllm, pristine_vllm)
+    kernels.fix_interpreter()
+    kernels.forbid_unfused(fused)
+    os.environ[fused.module.PLATFORM_ENV] = "cuda"
+    rule = fused.module.predecodes.__globals__
+    launched: list[str] = []
+    original = InterpretedFunction.run
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        launched.append(self.fn.__name__)
+        return original(self, *args, **kwargs)
+
+    InterpretedFunction.run = spy  # type: ignore[method-assign]
+    hidden, intermediate = kernels.small_fused_sizes(fused.module)
+    outputs: dict[str, tuple[torch.Tensor, ...]] = {}
+    runs: dict[str, list[list[str]]] = {}
+    aligned: dict[str, int] = {}
+    for case_id, steps, tokens, dtype, ep in CASES:
+        shape = moe_setup.MoeShape(case_id, EXPERTS, steps * hidden, steps * intermediate, top_k=2)
+        got = []
+        for per_expert in (NEVER, 1):
+            rule["PREDECODE_MIN_PAIRS_PER_EXPERT"] = per_expert
+            launched.clear()
+            before = calls.aligned
+            got.append(run(fused, shape, tokens, ep, dtype))
+            runs.setdefault(case_id, []).append(list(launched))
+        aligned[case_id] = calls.aligned - before
+        outputs[case_id] = tuple(got)
+    InterpretedFunction.run = original  # type: ignore[method-assign]
+    torch.save({"outputs": outputs, "launched": runs, "aligned": aligned}, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
