@@ -5,9 +5,9 @@ token's output must be the bits the fused kernel gives it at any other count (ba
 invariance: the same decoded values, products and order of sums).
 
 Each case runs the experts' own ``apply`` twice on the same inputs, on weights as their
-process_weights_after_loading lays them out: with the module's predecode threshold out of
-reach (the fused kernel) and at one pair per expert (the predecoded GEMMs), and compares the
-bits. As tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the
+process_weights_after_loading lays them out: as the module takes them (at these few pairs per
+expert, the fused kernel) and with its predecode threshold at one pair per expert
+(``overlay_kernels.predecoding``: the predecoded GEMMs), and compares the bits. As tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the
 interpreter runs no inline PTX: the portable decode, FP16 operands) with CUDA's platform
 forced (VLLM_PATCHSET_NVFP4_PLATFORM=cuda), since the rule predecodes on CUDA only. Depths of
 one and two whole K steps of both GEMMs, FP16 and BF16 activations, with and without an
@@ -45,7 +45,6 @@ CASES = [
     for ep in (False, True)
 ]
 CASE_IDS = [c[0] for c in CASES]
-NEVER = 1 << 62
 
 results = kernels.interpreted_results_fixture()
 
@@ -170,7 +169,6 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     kernels.fix_interpreter()
     kernels.forbid_unfused(fused)
     os.environ[fused.module.PLATFORM_ENV] = "cuda"
-    rule = fused.module.predecodes.__globals__
     launched: list[str] = []
     original = InterpretedFunction.run
 
@@ -185,15 +183,15 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     aligned: dict[str, int] = {}
     for case_id, steps, tokens, dtype, ep in CASES:
         shape = moe_setup.MoeShape(case_id, EXPERTS, steps * hidden, steps * intermediate, top_k=2)
-        got = []
-        for per_expert in (NEVER, 1):
-            rule["PREDECODE_MIN_PAIRS_PER_EXPERT"] = per_expert
-            launched.clear()
-            before = calls.aligned
-            got.append(run(fused, shape, tokens, ep, dtype))
-            runs.setdefault(case_id, []).append(list(launched))
+        launched.clear()
+        fused_out = run(fused, shape, tokens, ep, dtype)
+        runs[case_id] = [list(launched)]
+        launched.clear()
+        before = calls.aligned
+        with kernels.predecoding(fused):
+            outputs[case_id] = (fused_out, run(fused, shape, tokens, ep, dtype))
+        runs[case_id].append(list(launched))
         aligned[case_id] = calls.aligned - before
-        outputs[case_id] = tuple(got)
     InterpretedFunction.run = original  # type: ignore[method-assign]
     torch.save({"outputs": outputs, "launched": runs, "aligned": aligned}, out)
 

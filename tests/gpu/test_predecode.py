@@ -4,9 +4,9 @@ every output is the bits the fused kernel gives the same inputs (the threshold m
 reach for the comparison), on released checkpoints' layers at the token counts where the rule
 takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
 expert-parallel rank at 16384 (32 of 256 experts, an expert map with -1 entries: w2's zeros for
-other ranks' pairs). Eager,
-the experts' own apply and the finalize's top-k sum (tests/gpu/test_batch_invariance.py has a
-token alone against it in batches of 4096 and 8192, eager and from CUDA graphs).
+other ranks' pairs). Eager, the experts' own apply and the finalize's top-k sum
+(tests/gpu/test_batch_invariance.py has a token alone against it in a batch of 8192, eager and
+from CUDA graphs).
 
 On the pristine pin there is no fused path (patch 0002's): skipped there (needs_fused).
 """
@@ -37,9 +37,8 @@ def test_predecoded_gemms_give_the_fused_bits(
     name: str, tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shape = moe_setup.shape_named(name)
-    rule = nvfp4_emulation_moe.predecodes.__globals__
-    assert rule["predecodes"](tokens * shape.top_k, shape.experts, shape.held_experts,
-                              shape.hidden, shape.intermediate, 2, "cuda"), "not predecoded"  # fmt: skip
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, "cuda")
+    assert nvfp4_emulation_moe.predecodes(tokens * shape.top_k, *sizes), "not predecoded"
     moe = moe_setup.make_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts, seed=tokens)
@@ -53,6 +52,8 @@ def test_predecoded_gemms_give_the_fused_bits(
     monkeypatch.setattr(nvfp4_emulation_moe, "predecode_nvfp4_weights", counted)
     predecoded = layer.apply().clone()
     assert launched == [1, 1], "the predecoded path did not run"
+    # The threshold, read by the rule in the kernels module.
+    rule = nvfp4_emulation_moe.predecodes.__globals__
     monkeypatch.setitem(rule, "PREDECODE_MIN_PAIRS_PER_EXPERT", NEVER)
     fused = layer.apply().clone()
     assert launched == [1, 1]
