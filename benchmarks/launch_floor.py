@@ -16,6 +16,10 @@ Rows (each a graph of its own, replayed ``--reps`` times):
   b = 0 ... 4 grid-wide barriers (an atomic count of arrivals per barrier, each program spinning
   until every one has arrived): what ordering the phases of a layer (quantize, w13, w2, top-k
   sum) inside one kernel would cost instead of launches.
+- ``mma chain``: one kernel of one program (one warp) whose n tensor-core MMAs (m16n8k16, FP16
+  operands, FP32 accumulator) each add to the one before: what one output's sum over K costs
+  at 1 token in a GEMM that sums K in one order (a fused GEMM's K loop issues K / 16 of them,
+  one after the other, whatever its tiles), so that the slope is one MMA's latency.
 
 The fit per series: µs = intercept + slope * n, least squares; the slope is what one more
 launch (or barrier) costs, the intercept what a graph of that series costs without it.
@@ -36,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CHAIN_LENGTHS = (1, 2, 3, 4, 5, 6)
 BARRIER_COUNTS = (0, 1, 2, 3, 4)
+MMA_CHAIN = (0, 128, 512, 1024, 2048, 4096)  # dependent MMAs (multiples of MMA_STEP // 16)
+MMA_STEP = 128  # the depth of one dot of the chain: MMA_STEP // 16 dependent MMAs
 
 try:
     import triton
@@ -46,8 +52,9 @@ except ImportError:  # the fit and the report need neither (tests/test_launch_fl
 
 @dataclass(frozen=True)
 class Row:
-    series: str  # "chain", "chain, pdl", "wide chain", "wide chain, pdl", "barriers"
-    n: int  # launches, or barriers
+    series: str  # "chain", "chain, pdl", "wide chain", "wide chain, pdl", "barriers",
+    # "mma chain"
+    n: int  # launches, barriers, or MMAs
     grid: int
     us: float
 
@@ -92,8 +99,8 @@ def markdown(rows: list[Row], fits: list[Fit], meta: dict[str, object]) -> str:
     for s in series:
         cells = [f"{us[s, n]:.2f}" if (s, n) in us else "—" for n in ns]
         lines.append(f"| {s} | {grid[s]} | " + " | ".join(cells) + " |")
-    lines += ["", "| series | intercept µs | µs per launch or barrier |", "|---|---:|---:|"]
-    lines += [f"| {f.series} | {f.intercept_us:.2f} | {f.slope_us:.2f} |" for f in fits]
+    lines += ["", "| series | intercept µs | µs per launch, barrier or MMA |", "|---|---:|---:|"]
+    lines += [f"| {f.series} | {f.intercept_us:.2f} | {f.slope_us:.4f} |" for f in fits]
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +135,17 @@ if triton is not None:
                 while arrived < target:
                     arrived = tl.load(count_ptr, volatile=True)
         tl.store(x_ptr + tl.program_id(0), 1)
+
+    @triton.jit
+    def _mma_chain(w_ptr, a_ptr, out_ptr, steps, BLOCK_K: tl.constexpr):
+        """steps dots of [16, BLOCK_K] by [BLOCK_K, 8] (FP16) into one FP32 accumulator, each
+        adding to the last (steps is a runtime count: no unrolling); the sum is stored."""
+        w = tl.load(w_ptr + tl.arange(0, 16)[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :])
+        a = tl.load(a_ptr + tl.arange(0, BLOCK_K)[:, None] * 8 + tl.arange(0, 8)[None, :])
+        acc = tl.zeros((16, 8), dtype=tl.float32)
+        for _ in range(steps):
+            acc = tl.dot(w, a, acc)
+        tl.store(out_ptr + tl.arange(0, 16)[:, None] * 8 + tl.arange(0, 8)[None, :], acc)
 
 
 def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
@@ -171,6 +189,15 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
             _barriers[(sms,)](x, count, epoch, BARRIERS=b, num_warps=1)
 
         rows.append(Row("barriers", b, sms, time_us(one, reps, flush=flush)))
+    w = torch.full((16, MMA_STEP), 2.0**-7, dtype=torch.float16, device="cuda")
+    a = torch.full((MMA_STEP, 8), 2.0**-7, dtype=torch.float16, device="cuda")
+    out = torch.empty(16, 8, dtype=torch.float32, device="cuda")
+    for n in MMA_CHAIN:
+
+        def dots(steps: int = n // (MMA_STEP // 16)) -> None:
+            _mma_chain[(1,)](w, a, out, steps, BLOCK_K=MMA_STEP, num_warps=1)
+
+        rows.append(Row("mma chain", n, 1, time_us(dots, reps, flush=flush)))
     meta = {
         "gpu": props.name,
         "sms": sms,

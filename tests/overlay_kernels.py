@@ -788,7 +788,8 @@ def predecoding(fused: FusedModule) -> Iterator[None]:
     names = {} if rule is None else rule.__globals__
     old = names.get(PREDECODE_NAME)
     if old is not None:
-        names[PREDECODE_NAME] = 1
+        # One threshold, or one a platform (a dict: since ROCm's differs from CUDA's).
+        names[PREDECODE_NAME] = dict.fromkeys(old, 1) if isinstance(old, dict) else 1
     try:
         yield
     finally:

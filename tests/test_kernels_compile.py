@@ -282,20 +282,33 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
     assert without == [], f"{target}: fused GEMMs without matrix instructions: {without}"
 
 
-def test_predecoded_gemms_run_hopper_matrix_instructions(
-    fused: dict[str, tuple[list[Any], Any]],
+# The shared memory (LDS) one program may take: MI300's 64 KiB, MI355's 160 KiB, Hopper's 227 KiB.
+SHARED_LIMIT = {"gfx942": 64 << 10, "gfx950": 160 << 10, "sm90": 227 << 10}
+
+
+@pytest.mark.parametrize("target", kernels.TARGETS)
+def test_predecoded_gemms_compile_to_matrix_instructions(
+    target: str, fused: dict[str, tuple[list[Any], Any]]
 ) -> None:
-    """The GEMMs over predecoded weights (CUDA only: the rule's) compile for sm_90 to warpgroup
-    MMAs (HGMMA: both operands from shared memory), with no local memory (spills), both of them
-    (w13 gated, w2 not)."""
-    specs = kernels.unique([kernels.specialize(x, "sm90") for x in fused["cuda"][0]])
+    """The GEMMs over predecoded weights that the target's platform launches (w13 gated and w2
+    not; on CUDA with ROCm's tiles forced too) fit the target's shared memory and spill
+    nothing: on sm_90 warpgroup MMAs (HGMMA: both operands from shared memory) and no local
+    memory; on gfx942 and gfx950 MFMA instructions, no VGPR spill or scratch, and two waves
+    per SIMD or more (PREDECODE_CONFIGS' ROCm tiles: CUDA's three stages would take 96 KiB of
+    LDS for w13)."""
+    specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
     gemms = [s for s in specs if kernels.is_predecoded_gemm(s)]
-    assert sorted(s.constexpr("GATED") for s in gemms) == [False, True]
+    assert {s.constexpr("GATED") for s in gemms} == {False, True}
     for spec in gemms:
-        compiled = kernels.compile_for(spec)
-        facts = kernels.isa_facts(compiled, "sm90")
-        assert facts["local_bytes"] == 0, spec.label()
-        assert facts["sass_mix"].get("HGMMA", 0) > 0, spec.label()
+        facts = kernels.isa_facts(kernels.compile_for(spec), target)
+        assert facts["shared_bytes_triton"] <= SHARED_LIMIT[target], spec.label()
+        if kernels.TARGETS[target].backend == "hip":
+            assert facts["mfma"] > 0, spec.label()
+            assert facts["vgpr_spills"] == facts["scratch_bytes"] == 0, spec.label()
+            assert facts["occupancy_waves"] >= 2, spec.label()
+        else:
+            assert facts["local_bytes"] == 0, spec.label()
+            assert facts["sass_mix"].get("HGMMA", 0) > 0, spec.label()
 
 
 @pytest.mark.parametrize("target", [t for t, v in kernels.TARGETS.items() if v.backend == "hip"])

@@ -7,20 +7,20 @@ invariance: the same decoded values, products and order of sums).
 Each case runs the experts' own ``apply`` twice on the same inputs, on weights as their
 process_weights_after_loading lays them out: as the module takes them (at these few pairs per
 expert, the fused kernel) and with its predecode threshold at one pair per expert
-(``overlay_kernels.predecoding``: the predecoded GEMMs), and compares the bits. As tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the
-interpreter runs no inline PTX: the portable decode, FP16 operands) with CUDA's platform
-forced (VLLM_PATCHSET_NVFP4_PLATFORM=cuda), since the rule predecodes on CUDA only. Depths of
-one and two whole K steps of both GEMMs, FP16 and BF16 activations, with and without an
-expert map with -1 entries (expert parallelism: w2's zeros for other ranks' pairs).
+(``overlay_kernels.predecoding``: the predecoded GEMMs), and compares the bits. As in
+tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the interpreter
+runs no inline PTX: the portable decode, FP16 operands): ROCm's tiles, which walk K as CUDA's
+do. Depths of one and two whole K steps of both GEMMs, FP16 and BF16 activations, with and
+without an expert map with -1 entries (expert parallelism: w2's zeros for other ranks' pairs).
 
 The rule itself (``predecodes``) is pinned on released checkpoints' layers at 2048 and 8192
 tokens without the interpreter. On the GPU, tests/gpu/test_predecode.py compares the PTX
-decode's predecoded GEMMs with the fused kernel's bits at the counts where the rule takes them.
+decode's and the portable decode's predecoded GEMMs (CUDA's and ROCm's configurations) with the
+fused kernel's bits at the counts where the rule takes them.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,39 +75,53 @@ def test_each_path_launches_its_own_kernels(results: dict[str, Any], case: str) 
     assert results["aligned"][case] == 1
 
 
-# Released checkpoints' layers (tests/gpu/moe_setup.SHAPES) -> whether 2048 and 8192 tokens
-# predecode on CUDA: at least PREDECODE_MIN_PAIRS_PER_EXPERT (512) routed pairs per expert of
-# the layer, both depths whole K steps (multiples of 128), and the rank's w13 in BF16 within
-# PREDECODE_MAX_BYTES (4 GiB).
+# Released checkpoints' layers (tests/gpu/moe_setup.SHAPES) -> whether 2048, 4096 and 8192
+# tokens predecode on CUDA and on ROCm: at least PREDECODE_MIN_PAIRS_PER_EXPERT routed pairs
+# per expert of the layer (CUDA 512, ROCm 256), both depths whole K steps (multiples of 128),
+# and the rank's w13 in BF16 within PREDECODE_MAX_BYTES (4 GiB).
+TOKENS = (2048, 4096, 8192)
 RULE = {
-    # 16384 and 65536 pairs over 128 experts: 128 and 512 an expert.
-    "qwen3-30b-a3b": (False, True),
+    # 16384, 32768 and 65536 pairs over 128 experts: 128, 256 and 512 an expert.
+    "qwen3-30b-a3b": {"cuda": (False, False, True), "rocm": (False, True, True)},
     # w13 in BF16: 128 * 3072 * 4096 * 2 bytes = 3 GiB.
-    "qwen3-235b-a22b": (False, True),
+    "qwen3-235b-a22b": {"cuda": (False, False, True), "rocm": (False, True, True)},
     # Intermediate 192 and 1856: the last K step of w2 is not whole.
-    "qwen3-30b-a3b-tp4": (False, False),
-    "nemotron-3-nano-30b-a3b": (False, False),
-    # 256 experts: 64 and 256 pairs an expert.
-    "deepseek-r1-tp4": (False, False),
+    "qwen3-30b-a3b-tp4": {"cuda": (False, False, False), "rocm": (False, False, False)},
+    "nemotron-3-nano-30b-a3b": {"cuda": (False, False, False), "rocm": (False, False, False)},
+    # 256 experts: 64, 128 and 256 pairs an expert.
+    "deepseek-r1-tp4": {"cuda": (False, False, False), "rocm": (False, False, True)},
     # One EP8 rank's 32 experts: the pairs spread over all 256 (about an eighth are its own).
-    "deepseek-r1-ep8": (False, False),
-    # Top-1 over 16 experts: 128 and 512 pairs an expert; w13 of 320 MiB.
-    "llama-4-scout-tp8": (False, True),
+    "deepseek-r1-ep8": {"cuda": (False, False, False), "rocm": (False, False, True)},
+    # Top-1 over 16 experts: 128, 256 and 512 pairs an expert; w13 of 320 MiB.
+    "llama-4-scout-tp8": {"cuda": (False, False, True), "rocm": (False, True, True)},
 }
 
 
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
 @pytest.mark.parametrize("name", list(RULE))
-def test_predecode_rule_on_released_layers(kernels_module: Any, name: str) -> None:
+def test_predecode_rule_on_released_layers(kernels_module: Any, name: str, platform: str) -> None:
     shape = moe_setup.shape_named(name)
-    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, "cuda")
-    got = tuple(kernels_module.predecodes(t * shape.top_k, *sizes) for t in (2048, 8192))
-    assert got == RULE[name]
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, platform)
+    got = tuple(kernels_module.predecodes(t * shape.top_k, *sizes) for t in TOKENS)
+    assert got == RULE[name][platform]
 
 
-def test_predecode_is_cuda_only(kernels_module: Any) -> None:
-    """ROCm keeps the fused kernel (the predecoded tiles are measured on an H200 only)."""
-    assert kernels_module.predecodes(65536, 128, 128, 2048, 768, 2, "cuda")
-    assert not kernels_module.predecodes(65536, 128, 128, 2048, 768, 2, "rocm")
+def test_predecode_tiles_per_platform(kernels_module: Any) -> None:
+    """Each platform of the generic tables has its threshold and predecoded tiles: blocks of
+    128 pairs (the alignment's) and 128 rows, half a K step a product; CUDA's at three stages
+    (H200), ROCm's at two (LDS within MI300's 64 KiB: tests/test_kernels_compile.py)."""
+    configs = kernels_module.PREDECODE_CONFIGS
+    assert set(configs) == set(kernels_module.GENERIC_CONFIGS) == {"cuda", "rocm"}
+    assert kernels_module.PREDECODE_MIN_PAIRS_PER_EXPERT == {"cuda": 512, "rocm": 256}
+    tiles = {
+        platform: [(c.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages)
+                   for g in (c.w13, c.w2)]
+        for platform, c in configs.items()
+    }  # fmt: skip
+    assert tiles == {
+        "cuda": [(128, 128, 64, 8, 3), (128, 128, 64, 4, 3)],
+        "rocm": [(128, 128, 64, 8, 2), (128, 128, 64, 4, 2)],
+    }
 
 
 def test_predecode_buffer_is_bounded(kernels_module: Any) -> None:
@@ -168,7 +182,6 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     fused, calls = kernels.counting_fused(overlay_vllm, pristine_vllm)
     kernels.fix_interpreter()
     kernels.forbid_unfused(fused)
-    os.environ[fused.module.PLATFORM_ENV] = "cuda"
     launched: list[str] = []
     original = InterpretedFunction.run
 

@@ -37,7 +37,7 @@ def test_markdown_has_every_cell_and_fit() -> None:
     assert "| series | programs | n=0 | n=1 | n=2 |" in text
     assert "| chain | 1 | — | 7.50 | 10.00 |" in text
     assert "| barriers | 132 | 8.00 | — | — |" in text
-    assert "| chain | 5.00 | 2.50 |" in text
+    assert "| chain | 5.00 | 2.5000 |" in text
 
 
 @pytest.mark.usefixtures("triton_cache")
@@ -68,3 +68,23 @@ def test_pdl_chain_kernel_waits_and_triggers() -> None:
     source = ASTSource(lf._store_one, {"x_ptr": "*i32", "PDL": "constexpr"}, {"PDL": True})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+@pytest.mark.usefixtures("triton_cache")
+def test_mma_chain_loop_is_one_dot_of_dependent_mmas() -> None:
+    """Compiled for sm_90, the MMA chain's loop issues whole dots of MMA_STEP / 16 tensor-core
+    MMAs (m16n8k16: one warp's [16, 8] output over 16 of K; triton unrolls the loop by a few
+    dots) and touches no global or local memory (its operands are reread from shared memory,
+    as a fused GEMM's are), so a turn is its MMAs, each adding to the one before."""
+    triton = pytest.importorskip("triton")
+    import overlay_kernels as kernels
+    from triton.compiler import ASTSource
+
+    signature = {"w_ptr": "*fp16", "a_ptr": "*fp16", "out_ptr": "*fp32", "steps": "i32",
+                 "BLOCK_K": "constexpr"}  # fmt: skip
+    source = ASTSource(lf._mma_chain, signature, {"BLOCK_K": lf.MMA_STEP})
+    compiled = triton.compile(source, target=kernels.TARGETS["sm90"], options={"num_warps": 1})
+    loop = kernels.isa_facts(compiled, "sm90")["k_loop_mix"]
+    assert loop["HMMA"] > 0 and loop["HMMA"] % (lf.MMA_STEP // 16) == 0
+    assert not {"LDG", "STG", "LDL", "STL"} & set(loop)
+    assert all(n % (lf.MMA_STEP // 16) == 0 for n in lf.MMA_CHAIN)

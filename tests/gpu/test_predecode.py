@@ -1,10 +1,12 @@
 """Patch 0002's predecoded GEMMs on the GPU: where the fused experts decode each GEMM's weights
-once for the call (nvfp4_emulation_kernels.predecodes: many routed pairs per expert, on CUDA),
+once for the call (nvfp4_emulation_kernels.predecodes: many routed pairs per expert),
 every output is the bits the fused kernel gives the same inputs (the threshold moved out of
 reach for the comparison), on released checkpoints' layers at the token counts where the rule
 takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
 expert-parallel rank at 16384 (32 of 256 experts, an expert map with -1 entries: w2's zeros for
-other ranks' pairs). Eager, the experts' own apply and the finalize's top-k sum
+other ranks' pairs). Each in CUDA's configuration (the PTX decode, CUDA's tiles) and in ROCm's
+forced on this GPU (the portable decode, ROCm's tile table, token block and predecoded tiles:
+what an AMD GPU runs). Eager, the experts' own apply and the finalize's top-k sum
 (tests/gpu/test_batch_invariance.py has a token alone against it in a batch of 8192, eager and
 from CUDA graphs).
 
@@ -32,15 +34,24 @@ CASES = [("qwen3-30b-a3b", 8192), ("qwen3-235b-a22b", 8192), ("deepseek-r1-ep8",
 NEVER = 1 << 62
 
 
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
 @pytest.mark.parametrize(("name", "tokens"), CASES)
 def test_predecoded_gemms_give_the_fused_bits(
-    name: str, tokens: int, monkeypatch: pytest.MonkeyPatch
+    name: str, tokens: int, platform: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shape = moe_setup.shape_named(name)
-    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, "cuda")
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, platform)
     assert nvfp4_emulation_moe.predecodes(tokens * shape.top_k, *sizes), "not predecoded"
+    if platform == "rocm":
+        monkeypatch.setenv(moe_setup.PLATFORM_ENV, "rocm")
+        monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(moe_setup.PLATFORM_ENV, raising=False)
+        monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
     moe = moe_setup.make_moe(shape)
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
+    built = experts.experts
+    assert (built.platform, built.ptx_decode) == (platform, platform == "cuda")
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts, seed=tokens)
     launched = []
     predecode = nvfp4_emulation_moe.predecode_nvfp4_weights
@@ -54,7 +65,8 @@ def test_predecoded_gemms_give_the_fused_bits(
     assert launched == [1, 1], "the predecoded path did not run"
     # The threshold, read by the rule in the kernels module.
     rule = nvfp4_emulation_moe.predecodes.__globals__
-    monkeypatch.setitem(rule, "PREDECODE_MIN_PAIRS_PER_EXPERT", NEVER)
+    thresholds = rule["PREDECODE_MIN_PAIRS_PER_EXPERT"]
+    monkeypatch.setitem(rule, "PREDECODE_MIN_PAIRS_PER_EXPERT", dict.fromkeys(thresholds, NEVER))
     fused = layer.apply().clone()
     assert launched == [1, 1]
     assert not predecoded.isnan().any()
