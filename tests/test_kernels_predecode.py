@@ -12,6 +12,8 @@ tests/test_kernels_interpret.py, the module is loaded as on a ROCm machine (the 
 runs no inline PTX: the portable decode, FP16 operands): ROCm's tiles, which walk K as CUDA's
 do. Depths of one and two whole K steps of both GEMMs, FP16 and BF16 activations, with and
 without an expert map with -1 entries (expert parallelism: w2's zeros for other ranks' pairs).
+The first case runs once more with VLLM_PATCHSET_NVFP4_NO_PREDECODE=1, which must keep the
+fused kernels at that threshold.
 
 The rule itself (``predecodes``) is pinned on released checkpoints' layers at 2048 and 8192
 tokens without the interpreter. On the GPU, tests/gpu/test_predecode.py compares the PTX
@@ -21,6 +23,7 @@ fused kernel's bits at the counts where the rule takes them.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,8 @@ CASES = [
     for ep in (False, True)
 ]
 CASE_IDS = [c[0] for c in CASES]
+NO_PREDECODE_ENV = "VLLM_PATCHSET_NVFP4_NO_PREDECODE"
+SWITCHED_OFF = "switched-off"  # CASES[0] with NO_PREDECODE_ENV=1
 
 results = kernels.interpreted_results_fixture()
 
@@ -122,6 +127,27 @@ def test_predecode_tiles_per_platform(kernels_module: Any) -> None:
         "cuda": [(128, 128, 64, 8, 3), (128, 128, 64, 4, 3)],
         "rocm": [(128, 128, 64, 8, 2), (128, 128, 64, 4, 2)],
     }
+
+
+def test_no_predecode_switch_keeps_the_fused_kernel(results: dict[str, Any]) -> None:
+    """VLLM_PATCHSET_NVFP4_NO_PREDECODE=1: at a count the rule predecodes (its threshold at one
+    pair per expert), the experts launch the fused kernels, and give their bits."""
+    (launched,) = results["launched"][SWITCHED_OFF]
+    assert launched == ["_nvfp4_qdq_kernel", "_nvfp4_moe_gemm_kernel", "_nvfp4_moe_gemm_kernel",
+                        "_topk_sum_kernel"]  # fmt: skip
+    fused, switched_off = results["outputs"][SWITCHED_OFF]
+    assert torch.equal(fused.view(torch.int16), switched_off.view(torch.int16))
+
+
+def test_no_predecode_switch_is_read_from_the_environment(
+    kernels_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert kernels_module.NO_PREDECODE_ENV == NO_PREDECODE_ENV
+    for value, predecode in (("1", False), ("0", True), ("", True)):
+        monkeypatch.setenv(NO_PREDECODE_ENV, value)
+        assert kernels_module.use_predecode() is predecode
+    monkeypatch.delenv(NO_PREDECODE_ENV)
+    assert kernels_module.use_predecode() is True
 
 
 def test_predecode_buffer_is_bounded(kernels_module: Any) -> None:
@@ -205,6 +231,16 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
             outputs[case_id] = (fused_out, run(fused, shape, tokens, ep, dtype))
         runs[case_id].append(list(launched))
         aligned[case_id] = calls.aligned - before
+    # The switch: the threshold at one pair per expert, predecode turned off by the environment
+    # (read when the experts are built): the fused kernels, and their bits.
+    case_id, steps, tokens, dtype, ep = CASES[0]
+    shape = moe_setup.MoeShape(case_id, EXPERTS, steps * hidden, steps * intermediate, top_k=2)
+    os.environ[NO_PREDECODE_ENV] = "1"
+    launched.clear()
+    with kernels.predecoding(fused):
+        outputs[SWITCHED_OFF] = (outputs[case_id][0], run(fused, shape, tokens, ep, dtype))
+    runs[SWITCHED_OFF] = [list(launched)]
+    del os.environ[NO_PREDECODE_ENV]
     InterpretedFunction.run = original  # type: ignore[method-assign]
     torch.save({"outputs": outputs, "launched": runs, "aligned": aligned}, out)
 
