@@ -778,27 +778,25 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
                     fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
 
 
+# The kernels module's name of the predecode threshold (routed pairs per expert, per platform).
+PREDECODE_NAME = "PREDECODE_MIN_PAIRS_PER_EXPERT"
+
+
 @contextlib.contextmanager
 def predecoding(fused: FusedModule) -> Iterator[None]:
-    """The module's predecode threshold (routed pairs per expert, where it has one: none
-    before) at one pair for the block: its predecoded GEMMs run at any count, so that their
-    launches are recorded without the thousands of tokens (and gigabytes of CPU tensors) the
-    threshold asks for."""
+    """The module's predecode thresholds (where it has them: none before) at one pair for the
+    block: its predecoded GEMMs run at any count, so that their launches are recorded without
+    the thousands of tokens (and gigabytes of CPU tensors) the thresholds ask for."""
     rule = getattr(fused.module, "predecodes", None)
     names = {} if rule is None else rule.__globals__
     old = names.get(PREDECODE_NAME)
     if old is not None:
-        # One threshold, or one a platform (a dict: since ROCm's differs from CUDA's).
-        names[PREDECODE_NAME] = dict.fromkeys(old, 1) if isinstance(old, dict) else 1
+        names[PREDECODE_NAME] = dict.fromkeys(old, 1)
     try:
         yield
     finally:
         if old is not None:
             names[PREDECODE_NAME] = old
-
-
-# The kernels module's name of the predecode threshold (routed pairs per expert).
-PREDECODE_NAME = "PREDECODE_MIN_PAIRS_PER_EXPERT"
 
 
 # -- ISA facts ---------------------------------------------------------------------------------
