@@ -2,7 +2,7 @@
 
     python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--tokens N ...]
                                         [--write-table [DIR]] [--out DIR] [--wide]
-                                        [--split-gate-up]
+                                        [--split-gate-up] [--predecode]
 
 DIR holds a vLLM tree with patch 0002 applied (the kernels live in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
@@ -38,11 +38,24 @@ Pick per token bucket: for each GEMM the tile with the least sum over the shapes
 (time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
 states inside the GEMM or in a pass of its own) with the least such sum. Output:
 ``tune.json`` (every timing) under --out.
+
+--predecode sweeps the predecoded GEMMs instead (patch 0002 decodes each GEMM's weights once
+for the call from a threshold of routed pairs per expert): for each shape whose depths are
+whole K steps, the whole layer at PREDECODE_PAIRS pairs an expert, fused (the tiles the shape's
+table gives that count) beside predecoded with each of PREDECODE_TILES, every predecoded
+output first checked bit for bit against the fused one (the same bits is the predecode's
+contract: a candidate that differs stops the sweep, no table written). The pick
+(predecode_pick): the tiles with the least time summed over the counts, and the threshold the
+least count from which they are faster than the fused layer at every count swept (none: a
+threshold no call reaches, PREDECODE_NEVER). --write-table writes each shape's table as the
+kernel module takes it today (its buckets) with that "predecode" entry. Without --predecode a
+table written keeps the predecode entry of the shape's shipped table.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -328,6 +341,86 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
     return summed
 
 
+# --predecode: the routed pairs per expert of the layer swept, and the candidate tiles of the
+# predecoded GEMMs (block_m, w13 tile, w2 tile; each tile's K step divides 64, half of the fused
+# kernel's K step, and w13's rows are whole steps of 128: the kernel module refuses others).
+# The first two are the generic CUDA and ROCm ones.
+PREDECODE_PAIRS = (64, 128, 256, 512, 1024)
+PREDECODE_TILES = [
+    (128, (128, 64, 8, 3), (128, 64, 4, 3)),
+    (128, (128, 64, 8, 2), (128, 64, 4, 2)),
+    (128, (128, 64, 8, 4), (128, 64, 4, 4)),
+    (128, (128, 32, 8, 3), (128, 32, 4, 3)),
+    (128, (256, 64, 8, 3), (128, 64, 8, 3)),
+    (128, (128, 64, 4, 3), (64, 64, 4, 3)),
+    (128, (128, 64, 8, 3), (256, 64, 8, 3)),
+    (64, (128, 64, 4, 3), (128, 64, 4, 3)),
+]
+# The threshold written where no count swept was faster predecoded: no call reaches it.
+PREDECODE_NEVER = 1 << 40
+
+
+def predecode_config(pairs: int, tiles: tuple):
+    """PREDECODE_TILES' entry with a threshold of `pairs` pairs an expert, as the kernel
+    module's PredecodeConfig."""
+    block_m, w13, w2 = tiles
+    return K.PredecodeConfig(pairs, block_m, K.GemmConfig(*w13), K.GemmConfig(*w2))
+
+
+def predecoded_forward(moe, hidden, topk_weights, topk_ids, config, experts, emap):
+    """The MoE as Nvfp4QuantizationEmulationTritonExperts._apply_predecoded runs it with the
+    kernel module's PredecodeConfig `config`: each GEMM's weights (tiled, fast scales: laid_out)
+    decoded once into one buffer, plain GEMMs over blocks of config.block_m pairs."""
+    tokens, top_k = topk_ids.shape
+    pairs = tokens * top_k
+    ptx = K.use_ptx_decode() and hidden.dtype == torch.bfloat16
+    sorted_ids, expert_ids, post_pad = align(topk_ids, config.block_m, experts, emap)
+    a1 = K.invoke_nvfp4_qdq(hidden, moe.a13_gscale)
+    a1 = a1.index_select(1, K.gemm_order(hidden.size(1), hidden.device))
+    dtype = torch.bfloat16 if ptx else torch.float16
+    buffer = torch.empty(moe.w13.numel() * 2, dtype=dtype, device=hidden.device)
+    act = torch.empty(pairs, moe.w2.size(2) * 2, dtype=hidden.dtype, device=hidden.device)
+    d = K.predecode_nvfp4_weights(moe.w13, moe.w13_scale, buffer, ptx, True)
+    K.invoke_predecoded_moe_gemm(
+        a1, moe.a13_gscale, d, moe.w13_gscale, act, moe.a2_gscale, None, sorted_ids, expert_ids,
+        post_pad, pairs, top_k, True, config.block_m, config.w13, ptx, True,
+    )  # fmt: skip
+    out = torch.empty(tokens, top_k, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
+    d = K.predecode_nvfp4_weights(moe.w2, moe.w2_scale, buffer, ptx, True)
+    K.invoke_predecoded_moe_gemm(
+        act, moe.a2_gscale, d, moe.w2_gscale, out.view(pairs, -1), None, topk_weights,
+        sorted_ids, expert_ids, post_pad, pairs, 1, False, config.block_m, config.w2, ptx,
+        False,
+    )  # fmt: skip
+    summed = torch.empty(tokens, hidden.size(1), dtype=hidden.dtype, device=hidden.device)
+    K.invoke_topk_sum(out, summed)
+    return summed
+
+
+def predecode_tokens(shape: moe_setup.MoeShape, pairs_per_expert: int) -> int:
+    """The token count that routes at least pairs_per_expert pairs to each of the layer's
+    experts on average (the count the kernel module's rule compares: over all its experts)."""
+    return -(-pairs_per_expert * shape.experts // shape.top_k)
+
+
+def predecode_pick(
+    fused_us: dict[int, float], predecoded_us: dict[tuple, dict[int, float]]
+) -> tuple[tuple, int]:
+    """(tiles, threshold) from the whole layer's µs at each pairs-an-expert count swept:
+    fused_us[count], predecoded_us[tiles][count] (inf: failed). The tiles: the least sum over
+    the counts (the first of equals). The threshold: the least count from which those tiles
+    are faster than the fused layer at every count above it swept too; PREDECODE_NEVER where
+    they are not faster at the largest."""
+    counts = sorted(fused_us)
+    tiles = min(predecoded_us, key=lambda t: sum(predecoded_us[t][c] for c in counts))
+    threshold = PREDECODE_NEVER
+    for count in reversed(counts):
+        if not predecoded_us[tiles][count] < fused_us[count]:
+            break
+        threshold = count
+    return tiles, threshold
+
+
 class Case:
     """One shape and token count: weights, routing, aligned ids, static buffers."""
 
@@ -563,6 +656,15 @@ def shipped_table(shape: moe_setup.MoeShape) -> tuple[dict[int, tuple], str]:
     return {bound: config_tuple(config) for bound, config in table.items()}, origin
 
 
+def shipped_predecode(shape: moe_setup.MoeShape):
+    """The predecode entry of the table the tree's kernel module takes for shape on this GPU
+    (shipped_table's file), or None (that file has none, or there is no file)."""
+    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
+    files = [Path(K.TABLES_DIR) / name for name in names]
+    shipped = next((f for f in files if f.is_file()), None)
+    return None if shipped is None else K.parse_predecode(shipped.read_text(), str(shipped))
+
+
 def sweep_note(sweep: str, origin: str | None) -> str:
     """A written table's "_tuned" note: the sweep, after where the table it changes came from
     (a sweep of some token counts keeps that table's other buckets)."""
@@ -577,11 +679,14 @@ def moe_configs(table: dict[int, tuple]) -> dict:
 
 
 def write_tables(
-    folder: Path, tables: dict[str, dict[int, tuple]], notes: dict[str, dict]
+    folder: Path,
+    tables: dict[str, dict[int, tuple]],
+    notes: dict[str, dict],
+    predecode: dict[str, object] | None = None,
 ) -> list[Path]:
     """Each table as the JSON file the kernel module reads (its table_json, with the notes of
-    its name), named as the module's table_file_names: the shape's, and (key "") the one for
-    any shape of this GPU."""
+    its name and its predecode entry where `predecode` has one), named as the module's
+    table_file_names: the shape's, and (key "") the one for any shape of this GPU."""
     device = device_name()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -593,11 +698,120 @@ def write_tables(
             )[0]
         else:
             file = K.table_file_names(0, 0, 0, device)[1]  # any shape of this GPU
-        text = K.table_json(moe_configs(table), {**notes[name], "shapes": name or "all tuned"})
+        entry = (predecode or {}).get(name)
+        text = K.table_json(
+            moe_configs(table), {**notes[name], "shapes": name or "all tuned"}, entry
+        )
         K.parse_table(text, file)  # what the kernel will read: refused here first
+        K.parse_predecode(text, file)
         (folder / file).write_text(text)
         written.append(folder / file)
     return written
+
+
+def predecode_line(
+    name: str, tiles: tuple, threshold: int, fused_us: dict, predecoded_us: dict
+) -> str:
+    """A shape's predecode pick, as --predecode prints it."""
+    start = "never" if threshold == PREDECODE_NEVER else f"from {threshold} pairs an expert"
+    times = ", ".join(
+        f"{c}: {fused_us[c]:.1f}/{predecoded_us[tiles][c]:.1f}" for c in sorted(fused_us)
+    )
+    return f"predecode {name}: {start}, tiles {tiles}; us fused/predecoded at {times}"
+
+
+def refuse_other_bits(wrong: list[str]) -> None:
+    """Stop, in one line and before any table is written, where predecoded tiles gave other
+    bits than the fused kernel: the predecode must not change a token's output."""
+    if wrong:
+        raise SystemExit(
+            "tune_nvfp4_moe: predecoded tiles off the fused kernel's bits: "
+            + ", ".join(wrong)
+            + "; no table written (the sweep's timings are in tune_predecode.json)"
+        )
+
+
+def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) -> None:
+    """--predecode (the module's docstring): each eligible shape's whole layer, fused and
+    predecoded with each of PREDECODE_TILES at PREDECODE_PAIRS pairs an expert; the picks
+    printed, every timing in tune_predecode.json, and with --write-table the tables."""
+    rows: list[dict] = []
+    wrong: list[str] = []
+    entries, tables, origins = {}, {}, {}
+    for shape in shapes:
+        held = held_experts(shape)
+        sizes = (shape.experts, held, shape.hidden, shape.intermediate, 2)
+        if not K.predecodes(1 << 62, *sizes, predecode_config(1, PREDECODE_TILES[0])):
+            print(
+                f"predecode {shape.name}: not at any count (a depth not whole steps of"
+                f" {K.GEMM_BLOCK_K}, or the rank's w13 above {K.PREDECODE_MAX_BYTES >> 30} GiB)",
+                flush=True,
+            )
+            continue
+        table, origins[shape.name] = shipped_table(shape)
+        configs = moe_configs(table)
+        rows_moe = moe_setup.make_moe(shape)
+        moe = laid_out(rows_moe)
+        fused_us: dict[int, float] = {}
+        predecoded_us: dict[tuple, dict[int, float]] = {tiles: {} for tiles in PREDECODE_TILES}
+        for count in PREDECODE_PAIRS:
+            t = predecode_tokens(shape, count)
+            c = Case(moe, shape, t, rows_moe)
+            config = K.get_nvfp4_moe_config(
+                t, shape.top_k, shape.experts, K.platform_min_block_m(), configs
+            )
+            layer = (c.moe, c.hidden, c.tw, c.tids)
+            fused = functools.partial(fused_forward, *layer, config, shape.experts, c.emap)
+            want = fused().view(torch.int16)
+            fused_us[count] = time_graph(fused)
+            for tiles in PREDECODE_TILES:
+                predecoded = functools.partial(
+                    predecoded_forward, *layer, predecode_config(count, tiles), shape.experts,
+                    c.emap,
+                )  # fmt: skip
+                failure: dict[str, str] = {}
+                try:
+                    if not torch.equal(predecoded().view(torch.int16), want):
+                        wrong.append(f"{shape.name} at {count} pairs an expert, tiles {tiles}")
+                    us = time_graph(predecoded)
+                except Exception as e:  # a tile that does not compile or run here
+                    print("FAIL", shape.name, count, tiles, repr(e)[:300], flush=True)
+                    us, failure = math.inf, {"error": repr(e)[:1000]}
+                predecoded_us[tiles][count] = us
+                rows.append(
+                    dict(
+                        shape=shape.name,
+                        pairs_per_expert=count,
+                        tokens=t,
+                        tiles=tiles,
+                        us=us,
+                        fused_us=fused_us[count],
+                        **failure,
+                    )
+                )
+            del c, layer, fused, predecoded
+            torch.cuda.empty_cache()
+        tiles, threshold = predecode_pick(fused_us, predecoded_us)
+        entries[shape.name] = predecode_config(threshold, tiles)
+        tables[shape.name] = table
+        print(predecode_line(shape.name, tiles, threshold, fused_us, predecoded_us), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tune_predecode.json").write_text(
+        json.dumps(dict(device=torch.cuda.get_device_name(), results=rows), indent=1) + "\n"
+    )
+    refuse_other_bits(wrong)
+    if args.write_table is not None:
+        sweep = f"benchmarks/tune_nvfp4_moe.py --predecode on {torch.cuda.get_device_name()}"
+        notes = {
+            name: {
+                "tuned": f"{origins[name]}; then {sweep}: its predecode entry",
+                "torch": torch.__version__,
+                "triton": triton.__version__,
+            }
+            for name in tables
+        }
+        for path in write_tables(args.write_table, tables, notes, entries):
+            print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,6 +852,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="sweep the w13 tiles with split_gate_up too (a warp for each 16 rows of gate or up)",
     )
+    parser.add_argument(
+        "--predecode",
+        action="store_true",
+        help="sweep the predecoded GEMMs' tiles and threshold instead (each shape's table keeps"
+        " its buckets and gets a predecode entry)",
+    )
     args = parser.parse_args(argv)
     if args.wide:
         widen()
@@ -652,8 +872,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{tree}: patch 0002's module reads no JSON tile tables")
     if args.split_gate_up and "split_gate_up" not in K.GemmConfig.__dataclass_fields__:
         raise SystemExit(f"{tree}: patch 0002's module has no split_gate_up tile option")
+    if args.predecode and not hasattr(K, "parse_predecode"):
+        raise SystemExit(f"{tree}: patch 0002's module reads no predecode entry in its tables")
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    if args.predecode:
+        sweep_predecode(shapes, args)
+        print(f"done in {time.time() - t0:.0f}s")
+        return 0
 
     tokens = sorted(set(args.tokens))
     every_bucket = tokens == sorted(SWEPT)
@@ -784,7 +1010,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             for name in tables
         }
-        for path in write_tables(args.write_table, tables, notes):
+        # A shape's table keeps the predecode entry of the table it replaces.
+        kept = {s.name: shipped_predecode(s) for s in shapes}
+        for path in write_tables(args.write_table, tables, notes, kept):
             print(f"wrote {path}")
     if every_bucket:
         print(K.table_json(moe_configs(tables[""])))

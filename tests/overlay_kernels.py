@@ -778,25 +778,34 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
                     fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
 
 
-# The kernels module's name of the predecode threshold (routed pairs per expert, per platform).
-PREDECODE_NAME = "PREDECODE_MIN_PAIRS_PER_EXPERT"
+# The kernels module's name of its generic predecode per platform (threshold and tiles).
+PREDECODE_NAME = "GENERIC_PREDECODE"
 
 
 @contextlib.contextmanager
 def predecoding(fused: FusedModule) -> Iterator[None]:
-    """The module's predecode thresholds (where it has them: none before) at one pair for the
-    block: its predecoded GEMMs run at any count, so that their launches are recorded without
-    the thousands of tokens (and gigabytes of CPU tensors) the thresholds ask for."""
+    """The module's generic predecode (where it has one: none before) from one pair an expert
+    for the block, its tables read again: its predecoded GEMMs run at any count, so that
+    their launches are recorded without the thousands of tokens (and gigabytes of CPU
+    tensors) the thresholds ask for."""
     rule = getattr(fused.module, "predecodes", None)
     names = {} if rule is None else rule.__globals__
     old = names.get(PREDECODE_NAME)
-    if old is not None:
-        names[PREDECODE_NAME] = dict.fromkeys(old, 1)
+    if old is None:
+        yield
+        return
+    read = names["_TABLES"]
+    kept = dict(read)
+    names[PREDECODE_NAME] = {
+        p: dataclasses.replace(c, min_pairs_per_expert=1) for p, c in old.items()
+    }
+    read.clear()
     try:
         yield
     finally:
-        if old is not None:
-            names[PREDECODE_NAME] = old
+        names[PREDECODE_NAME] = old
+        read.clear()
+        read.update(kept)
 
 
 # -- ISA facts ---------------------------------------------------------------------------------

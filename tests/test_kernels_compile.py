@@ -294,7 +294,7 @@ def test_predecoded_gemms_compile_to_matrix_instructions(
     not; on CUDA with ROCm's tiles forced too) fit the target's shared memory and spill
     nothing: on sm_90 warpgroup MMAs (HGMMA: both operands from shared memory) and no local
     memory; on gfx942 and gfx950 MFMA instructions, no VGPR spill or scratch, and two waves
-    per SIMD or more (PREDECODE_CONFIGS' ROCm tiles: CUDA's three stages would take 96 KiB of
+    per SIMD or more (GENERIC_PREDECODE's ROCm tiles: CUDA's three stages would take 96 KiB of
     LDS for w13)."""
     specs = kernels.unique([kernels.specialize(x, target) for x in fused[backend(target)][0]])
     gemms = [s for s in specs if kernels.is_predecoded_gemm(s)]

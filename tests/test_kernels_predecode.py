@@ -15,6 +15,11 @@ without an expert map with -1 entries (expert parallelism: w2's zeros for other 
 The first case runs once more with VLLM_PATCHSET_NVFP4_NO_PREDECODE=1, which must keep the
 fused kernels at that threshold.
 
+The tuner's own forwards (benchmarks/tune_nvfp4_moe.py --predecode, which times and checks
+candidate predecoded tiles against the fused layer on the GPU) run here too: its fused layer and
+its predecoded layer with several of its candidate tiles (blocks of 64 and 128 pairs, products
+of 32 and 64 columns) give the experts' own bits.
+
 The rule itself (``predecodes``) is pinned on released checkpoints' layers at 2048 and 8192
 tokens without the interpreter. On the GPU, tests/gpu/test_predecode.py compares the PTX
 decode's and the portable decode's predecoded GEMMs (CUDA's and ROCm's configurations) with the
@@ -23,6 +28,7 @@ fused kernel's bits at the counts where the rule takes them.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,6 +56,11 @@ CASES = [
 CASE_IDS = [c[0] for c in CASES]
 NO_PREDECODE_ENV = "VLLM_PATCHSET_NVFP4_NO_PREDECODE"
 SWITCHED_OFF = "switched-off"  # CASES[0] with NO_PREDECODE_ENV=1
+# The case the tuner's forwards run on, and which of its PREDECODE_TILES (all but the
+# generic CUDA one, which differs from ROCm's in its stages only).
+TUNER_CASE = "2step-40tok-fp16"
+TUNER_TILES = (1, 3, 4, 5, 6, 7)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 results = kernels.interpreted_results_fixture()
 
@@ -59,6 +70,52 @@ def test_predecoded_gemms_give_the_fused_kernels_bits(results: dict[str, Any], c
     fused, predecoded = results["outputs"][case]
     assert not fused.isnan().any()
     assert torch.equal(fused.view(torch.int16), predecoded.view(torch.int16))
+
+
+def test_tuner_forwards_give_the_experts_bits(results: dict[str, Any]) -> None:
+    """benchmarks/tune_nvfp4_moe.py's fused_forward and predecoded_forward (with TUNER_TILES of
+    its candidates) on TUNER_CASE's weights and inputs: the experts' own output, bit for bit."""
+    experts = results["outputs"][TUNER_CASE][0].view(torch.int16)
+    fused, predecoded = results["tuner"]
+    assert torch.equal(fused.view(torch.int16), experts)
+    assert len(predecoded) == len(TUNER_TILES)
+    for out in predecoded:
+        assert torch.equal(out.view(torch.int16), experts)
+
+
+def test_tuner_pick_of_predecode() -> None:
+    """benchmarks/tune_nvfp4_moe.py --predecode's pick: the tiles with the least time summed
+    over the counts, and the least count from which they beat the fused layer at every count
+    above; never (PREDECODE_NEVER) where they lose at the largest. Token counts: the layer's
+    pairs an expert, rounded up."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import tune_nvfp4_moe as tune
+
+    fused = {64: 10.0, 128: 20.0, 256: 40.0, 512: 80.0}
+    a, b = (128, "a"), (64, "b")  # tiles, as PREDECODE_TILES names them (any tuple)
+    cases = [
+        ({a: {64: 11.0, 128: 19.0, 256: 30.0, 512: 60.0}}, (a, 128)),
+        # Faster at 64, slower at 128: the threshold is where it wins from there up.
+        ({a: {64: 9.0, 128: 21.0, 256: 30.0, 512: 60.0}}, (a, 256)),
+        ({a: {64: 9.0, 128: 19.0, 256: 39.0, 512: 81.0}}, (a, tune.PREDECODE_NEVER)),
+        ({a: {64: 9.0, 128: 19.0, 256: 39.0, 512: 79.0}}, (a, 64)),
+        # Equal is not faster.
+        ({a: {64: 9.0, 128: 19.0, 256: 40.0, 512: 60.0}}, (a, 512)),
+        # The least sum picks the tiles (b), whose own counts give the threshold.
+        ({a: {64: 9.0, 128: 19.0, 256: 39.0, 512: 79.0},
+          b: {64: 12.0, 128: 21.0, 256: 30.0, 512: 60.0}}, (b, 256)),
+        # A failed timing (inf) never wins; all failed: never.
+        ({a: {64: 9.0, 128: math.inf, 256: 30.0, 512: 60.0},
+          b: {64: 12.0, 128: 21.0, 256: 30.0, 512: 60.0}}, (b, 256)),
+        ({a: dict.fromkeys(fused, math.inf)}, (a, tune.PREDECODE_NEVER)),
+    ]  # fmt: skip
+    for predecoded, want in cases:
+        assert tune.predecode_pick(fused, predecoded) == want
+    assert tune.PREDECODE_PAIRS == (64, 128, 256, 512, 1024)
+    qwen, scout = (moe_setup.shape_named(n) for n in ("qwen3-30b-a3b", "llama-4-scout-tp8"))
+    assert [tune.predecode_tokens(qwen, p) for p in (64, 512)] == [1024, 8192]
+    assert [tune.predecode_tokens(scout, p) for p in (64, 512)] == [1024, 8192]
+    assert tune.predecode_tokens(moe_setup.shape_named("qwen3.5-397b-a17b"), 64) == 3277
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
@@ -81,9 +138,10 @@ def test_each_path_launches_its_own_kernels(results: dict[str, Any], case: str) 
 
 
 # Released checkpoints' layers (tests/gpu/moe_setup.SHAPES) -> whether 2048, 4096 and 8192
-# tokens predecode on CUDA and on ROCm: at least PREDECODE_MIN_PAIRS_PER_EXPERT routed pairs
-# per expert of the layer (CUDA 512, ROCm 256), both depths whole K steps (multiples of 128),
-# and the rank's w13 in BF16 within PREDECODE_MAX_BYTES (4 GiB).
+# tokens predecode on CUDA and on ROCm with the platform's generic predecode (GENERIC_PREDECODE):
+# at least its min_pairs_per_expert routed pairs per expert of the layer (CUDA 512, ROCm 256),
+# both depths whole K steps (multiples of 128), and the rank's w13 in BF16 within
+# PREDECODE_MAX_BYTES (4 GiB).
 TOKENS = (2048, 4096, 8192)
 RULE = {
     # 16384, 32768 and 65536 pairs over 128 experts: 128, 256 and 512 an expert.
@@ -106,18 +164,21 @@ RULE = {
 @pytest.mark.parametrize("name", list(RULE))
 def test_predecode_rule_on_released_layers(kernels_module: Any, name: str, platform: str) -> None:
     shape = moe_setup.shape_named(name)
-    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, platform)
+    config = kernels_module.GENERIC_PREDECODE[platform]
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, config)
     got = tuple(kernels_module.predecodes(t * shape.top_k, *sizes) for t in TOKENS)
     assert got == RULE[name][platform]
 
 
 def test_predecode_tiles_per_platform(kernels_module: Any) -> None:
-    """Each platform of the generic tables has its threshold and predecoded tiles: blocks of
-    128 pairs (the alignment's) and 128 rows, half a K step a product; CUDA's at three stages
-    (H200), ROCm's at two (LDS within MI300's 64 KiB: tests/test_kernels_compile.py)."""
-    configs = kernels_module.PREDECODE_CONFIGS
+    """Each platform of the generic tables has its generic predecode: its threshold, and
+    predecoded tiles of blocks of 128 pairs (the alignment's) and 128 rows, half a K step a
+    product; CUDA's at three stages (H200), ROCm's at two (LDS within MI300's 64 KiB:
+    tests/test_kernels_compile.py)."""
+    configs = kernels_module.GENERIC_PREDECODE
     assert set(configs) == set(kernels_module.GENERIC_CONFIGS) == {"cuda", "rocm"}
-    assert kernels_module.PREDECODE_MIN_PAIRS_PER_EXPERT == {"cuda": 512, "rocm": 256}
+    thresholds = {platform: c.min_pairs_per_expert for platform, c in configs.items()}
+    assert thresholds == {"cuda": 512, "rocm": 256}
     tiles = {
         platform: [(c.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages)
                    for g in (c.w13, c.w2)]
@@ -154,9 +215,10 @@ def test_predecode_buffer_is_bounded(kernels_module: Any) -> None:
     """DeepSeek-R1's whole layer (256 experts, hidden 7168, intermediate 2048): w13 of 14 GiB in
     BF16, refused at any count; its EP8 rank's 32 experts (1.75 GiB) predecode at 512 pairs an
     expert of the layer (16384 tokens)."""
-    assert not kernels_module.predecodes(1 << 20, 256, 256, 7168, 2048, 2, "cuda")
-    assert kernels_module.predecodes(16384 * 8, 256, 32, 7168, 2048, 2, "cuda")
-    assert not kernels_module.predecodes(16384 * 8 - 1, 256, 32, 7168, 2048, 2, "cuda")
+    cuda = kernels_module.GENERIC_PREDECODE["cuda"]
+    assert not kernels_module.predecodes(1 << 20, 256, 256, 7168, 2048, 2, cuda)
+    assert kernels_module.predecodes(16384 * 8, 256, 32, 7168, 2048, 2, cuda)
+    assert not kernels_module.predecodes(16384 * 8 - 1, 256, 32, 7168, 2048, 2, cuda)
 
 
 def test_gemm_order_is_the_step_order_by_halves(kernels_module: Any) -> None:
@@ -242,7 +304,23 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     runs[SWITCHED_OFF] = [list(launched)]
     del os.environ[NO_PREDECODE_ENV]
     InterpretedFunction.run = original  # type: ignore[method-assign]
-    torch.save({"outputs": outputs, "launched": runs, "aligned": aligned}, out)
+    # The tuner's forwards on TUNER_CASE's weights and inputs (run's: same seeds).
+    sys.path.insert(0, str(BENCHMARKS))
+    import tune_nvfp4_moe as tune
+
+    tune.K = fused.module
+    _, steps, tokens, dtype, _ = next(c for c in CASES if c[0] == TUNER_CASE)
+    shape = moe_setup.MoeShape(TUNER_CASE, EXPERTS, steps * hidden, steps * intermediate, top_k=2)
+    moe = tune.laid_out(moe_setup.make_moe(shape, seed=0, device="cpu"))
+    x, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
+    layer = (moe, x.to(dtype), weights, ids)
+    config = fused.module.get_nvfp4_moe_config(tokens, 2, EXPERTS, 16, fused.module.ROCM_CONFIGS)
+    tuner = [tune.fused_forward(*layer, config, EXPERTS, None)]
+    for i in TUNER_TILES:
+        predecode = tune.predecode_config(1, tune.PREDECODE_TILES[i])
+        tuner.append(tune.predecoded_forward(*layer, predecode, EXPERTS, None))
+    results = {"outputs": outputs, "launched": runs, "aligned": aligned}
+    torch.save({**results, "tuner": (tuner[0], tuner[1:])}, out)
 
 
 if __name__ == "__main__":

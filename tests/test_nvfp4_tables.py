@@ -251,6 +251,171 @@ def test_platform_switch_refuses_other_names(load: Any, monkeypatch: pytest.Monk
         fused.module.nvfp4_platform()
 
 
+# A shape whose depths are whole K steps (128): the predecoded GEMMs may run on it.
+PREDECODE_SHAPE = (8, 256, 256)  # experts, hidden, intermediate
+PREDECODE_FILE = "nvfp4_emulation_moe_tiles.E8_H256_I256.NVIDIA_H200.json"
+
+
+def predecode_entry(pairs: int = 4) -> dict[str, Any]:
+    """A predecode entry whose tiles are none of the generic ones."""
+    return {
+        "min_pairs_per_expert": pairs,
+        "block_m": 32,
+        "w13": {"block_n": 256, "block_k": 32, "num_warps": 4, "num_stages": 2},
+        "w2": {"block_n": 48, "block_k": 16, "num_warps": 2, "num_stages": 4},
+    }
+
+
+def loaded_experts(fused: kernels.FusedModule, shape: tuple[int, int, int]) -> tuple[Any, ...]:
+    """Experts of shape over zero weights and unit scales, their weights laid out by their own
+    process_weights_after_loading (which reads the shape's tile table): (experts, w13, w2)."""
+    e, h, i = shape
+    config = kernels.quant_config(
+        torch.ones(e, 2 * i, h // 16).to(torch.float8_e4m3fn),
+        torch.ones(e, h, i // 16).to(torch.float8_e4m3fn),
+        torch.ones(e),
+        torch.ones(e),
+        torch.tensor(1.0),
+        torch.tensor(1.0),
+    )
+    experts = fused.experts(None, config)
+    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
+    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
+    return (experts, *kernels.laid_out(experts, w13, w2))
+
+
+@pytest.mark.parametrize("forced", ["", "rocm"])
+def test_generic_predecode_without_an_entry(
+    load: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forced: str
+) -> None:
+    """A shape without a table file, and one whose table file has no predecode entry (every
+    table written before it): the platform's generic predecode."""
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", forced)
+    module = load()[0].module
+    generic = module.GENERIC_PREDECODE[forced or "cuda"]
+    assert module.nvfp4_predecode_config(*SHAPE) is generic
+    device = "rocm_generic" if forced else "NVIDIA_H200"
+    name = f"nvfp4_emulation_moe_tiles.E8_H256_I256.{device}.json"
+    (tmp_path / "tables" / name).write_text(json.dumps({"64": entry()}))
+    assert module.nvfp4_predecode_config(*PREDECODE_SHAPE) is generic
+    assert list(module.nvfp4_moe_configs(*PREDECODE_SHAPE)) == [64]
+
+
+def test_predecode_entry_round_trip(load: Any) -> None:
+    """table_json writes a predecode entry as parse_predecode reads it, and parse_table reads
+    the same file's buckets past it; the generic predecodes as entries."""
+    module = load()[0].module
+    data = {"64": entry(), "predecode": predecode_entry()}
+    predecode = module.parse_predecode(json.dumps(data), "x")
+    table = module.parse_table(json.dumps(data), "x")
+    assert (predecode.min_pairs_per_expert, predecode.block_m) == (4, 32)
+    assert (predecode.w13.block_n, predecode.w2.block_k) == (256, 16)
+    assert json.loads(module.table_json(table, None, predecode)) == data
+    assert module.parse_predecode(json.dumps({"64": entry()}), "x") is None
+    for generic in module.GENERIC_PREDECODE.values():
+        text = module.table_json(table, None, generic)
+        assert module.parse_predecode(text, "x") == generic
+
+
+@pytest.mark.parametrize(("pairs", "predecoded"), [(1, True), (4, True), (5, False)])
+def test_predecode_entry_decides_and_tiles(
+    load: Any, tmp_path: Path, pairs: int, predecoded: bool
+) -> None:
+    """A table's predecode entry replaces the platform's generic one for its shape: 8 tokens
+    at top-4 over 8 experts are 4 routed pairs an expert, predecoded from a threshold of 1 or 4
+    and not from 5; the predecoded GEMMs launch with the entry's block of pairs and tiles
+    (recorded, not run), and the log names the entry with the table, once."""
+    fused, log = load()
+    module = fused.module
+    path = tmp_path / "tables" / PREDECODE_FILE
+    path.write_text(json.dumps({"64": entry(), "predecode": predecode_entry(pairs)}))
+    experts, w13, w2 = loaded_experts(fused, PREDECODE_SHAPE)
+    assert experts.predecode_config == module.parse_predecode(path.read_text(), "x")
+    e, h, _ = PREDECODE_SHAPE
+    ids = torch.stack([torch.randperm(e)[:4] for _ in range(8)]).int()
+    with kernels.recording_launches() as launches:
+        kernels.fused_apply(fused, experts, torch.zeros(8, h, dtype=torch.bfloat16), w13, w2,
+                            torch.rand(8, 4), ids)  # fmt: skip
+    names = [launch.kernel.fn.__name__ for launch in launches]
+    if not predecoded:
+        assert names.count("_nvfp4_moe_gemm_kernel") == 2 and "_nvfp4_predecode_kernel" not in names
+        return
+    assert names.count("_nvfp4_predecode_kernel") == 2 and "_nvfp4_moe_gemm_kernel" not in names
+    gemms = [x for x in launches if x.kernel.fn.__name__ == "_predecoded_moe_gemm_kernel"]
+    tiles = [
+        (x.kwargs["GATED"], x.kwargs["BLOCK_M"], x.kwargs["BLOCK_N"], x.kwargs["BLOCK_K"],
+         x.kwargs["num_warps"], x.kwargs["num_stages"])
+        for x in gemms
+    ]  # fmt: skip
+    assert tiles == [(True, 32, 256, 32, 4, 2), (False, 32, 48, 16, 2, 4)]
+    assert log.lines == [
+        (
+            "info",
+            f"NVFP4 emulation MoE (E=8 H=256 I=256, NVIDIA_H200): tile table {path}, with its"
+            " predecode entry",
+        )
+    ]
+
+
+PREDECODE_FIELDS = "min_pairs_per_expert, block_m, w13, w2"
+TILE_FIELDS = "block_n, block_k, num_warps, num_stages"
+SAME_ORDER = (
+    "; a predecoded product spans 16 to 64 columns and divides 64 (half a GEMM_BLOCK_K step):"
+    " the fused kernel's order of sums, the same bits"
+)
+
+
+def bad_predecode_entries() -> list[tuple[Any, str]]:
+    """Every way a predecode entry can be wrong, field by field: (the entry, the error after
+    "<file>: entry 'predecode'")."""
+    good = predecode_entry()
+    cases: list[tuple[Any, str]] = [
+        ([], f": expected an object with {PREDECODE_FIELDS}"),
+        ({k: v for k, v in good.items() if k != "w2"}, f": expected an object with {PREDECODE_FIELDS}"),
+        ({**good, "split": True}, f": expected an object with {PREDECODE_FIELDS}"),
+    ]  # fmt: skip
+    for bad in (0, -512, "512", 512.0, True, None):
+        cases.append(({**good, "min_pairs_per_expert": bad},
+                      ": min_pairs_per_expert must be a positive integer"))  # fmt: skip
+    for bad in (8, 24, 0, -128, "128", 128.0, False):
+        cases.append(({**good, "block_m": bad}, ": block_m must be a power of two, 16 or more"))
+    for gemm in ("w13", "w2"):
+        tile = good[gemm]
+        cases.append(({**good, gemm: [1, 2]}, f" {gemm}: expected an object with {TILE_FIELDS}"))
+        cases.append(({**good, gemm: {**tile, "split_gate_up": False}},
+                      f" {gemm}: expected an object with {TILE_FIELDS}"))  # fmt: skip
+        for field in ("block_n", "block_k", "num_warps", "num_stages"):
+            for bad in (0, -16, "16", 16.0, True):
+                cases.append(({**good, gemm: {**tile, field: bad}},
+                              f" {gemm}: every field must be a positive integer"))  # fmt: skip
+        for step in (128, 256, 48, 8, 96):
+            cases.append(({**good, gemm: {**tile, "block_k": step}},
+                          f" {gemm}: K step {step}" + SAME_ORDER))  # fmt: skip
+    cases.append(({**good, "w13": {**good["w13"], "block_n": 64}},
+                  " w13: block_n 64 is not a multiple of 128"))  # fmt: skip
+    cases.append(({**good, "w2": {**good["w2"], "block_n": 24}},
+                  " w2: block_n 24 is not a multiple of 16"))  # fmt: skip
+    return cases
+
+
+BAD_PREDECODE = bad_predecode_entries()
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_PREDECODE, ids=range(len(BAD_PREDECODE)))
+def test_bad_predecode_entry_refused_at_load(
+    load: Any, tmp_path: Path, bad: Any, error: str
+) -> None:
+    """A predecode entry the predecoded GEMMs cannot take (a K step that would change the
+    order of sums among them): one error naming the file and the entry when the weights are
+    loaded, before any forward; the experts keep nothing of it."""
+    fused, _ = load()
+    path = tmp_path / "tables" / PREDECODE_FILE
+    path.write_text(json.dumps({"64": entry(), "predecode": bad}))
+    with pytest.raises(fused.module.Nvfp4MoeTableError) as raised:
+        loaded_experts(fused, PREDECODE_SHAPE)
+    assert str(raised.value) == f"{path}: entry 'predecode'{error}"
+
+
 def test_every_depth_of_16_fuses(load: Any) -> None:
     """The shapes of released checkpoints and their shards take the fused path; depths that
     are not multiples of the NVFP4 block cannot exist in a checkpoint and do not."""
@@ -477,6 +642,43 @@ def test_tuner_keeps_where_a_table_came_from(
     )
     assert (text["_torch"], text["_shapes"]) == ("t", own.name)
     assert fused.module.parse_table(written.read_text(), "x") == parsed
+
+
+def test_tuner_writes_and_keeps_predecode_entries(
+    load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """benchmarks/tune_nvfp4_moe.py writes a shape's predecode entry beside its buckets (as
+    --predecode does), reads the entry of the table it replaces (shipped_predecode: what a
+    sweep of buckets keeps), and none where that table has none (every shipped H200 table)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    module = load()[0].module
+    monkeypatch.setattr(tune, "K", module, raising=False)
+    monkeypatch.setattr(tune, "device_name", lambda: "NVIDIA_H200")
+    own = tune.shape_named("qwen3-30b-a3b-tp8")
+    assert tune.shipped_predecode(own) is None
+    table, origin = tune.shipped_table(own)
+    entry = tune.predecode_config(tune.PREDECODE_NEVER, tune.PREDECODE_TILES[4])
+    notes = {own.name: {"tuned": f"{origin}; then a sweep: its predecode entry"}}
+    (written,) = tune.write_tables(tmp_path, {own.name: table}, notes, {own.name: entry})
+    text = written.read_text()
+    assert module.parse_predecode(text, "x") == entry
+    assert json.loads(text)["predecode"] == {
+        "min_pairs_per_expert": 1 << 40,
+        "block_m": 128,
+        "w13": {"block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+        "w2": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    }
+    assert module.parse_table(text, "x") == tune.moe_configs(table)
+    monkeypatch.setattr(module, "TABLES_DIR", str(tmp_path))
+    assert tune.shipped_predecode(own) == entry
+    assert tune.shipped_table(own) == (table, notes[own.name]["tuned"])
+    # Every candidate is an entry the kernel module takes.
+    for tiles in tune.PREDECODE_TILES:
+        config = tune.predecode_config(512, tiles)
+        text = module.table_json(tune.moe_configs(table), None, config)
+        assert module.parse_predecode(text, "x") == config
 
 
 def test_tuner_aligns_as_vllms_wrapper(full_pristine: Pristine) -> None:

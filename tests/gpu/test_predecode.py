@@ -1,7 +1,7 @@
 """Patch 0002's predecoded GEMMs on the GPU: where the fused experts decode each GEMM's weights
 once for the call (nvfp4_emulation_kernels.predecodes: many routed pairs per expert),
-every output is the bits the fused kernel gives the same inputs (the threshold moved out of
-reach for the comparison), on released checkpoints' layers at the token counts where the rule
+every output is the bits the fused kernel gives the same inputs (the same experts with
+predecode turned off for the comparison), on released checkpoints' layers at the token counts where the rule
 takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
 expert-parallel rank at 16384 (32 of 256 experts, an expert map with -1 entries: w2's zeros for
 other ranks' pairs). Each in CUDA's configuration (the PTX decode, CUDA's tiles) and in ROCm's
@@ -31,7 +31,7 @@ from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
 pytestmark = [pytest.mark.gpu, needs_fused]
 
 CASES = [("qwen3-30b-a3b", 8192), ("qwen3-235b-a22b", 8192), ("deepseek-r1-ep8", 16384)]
-NEVER = 1 << 62
+NO_PREDECODE_ENV = "VLLM_PATCHSET_NVFP4_NO_PREDECODE"
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
@@ -40,8 +40,7 @@ def test_predecoded_gemms_give_the_fused_bits(
     name: str, tokens: int, platform: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shape = moe_setup.shape_named(name)
-    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2, platform)
-    assert nvfp4_emulation_moe.predecodes(tokens * shape.top_k, *sizes), "not predecoded"
+    monkeypatch.delenv(NO_PREDECODE_ENV, raising=False)
     if platform == "rocm":
         monkeypatch.setenv(moe_setup.PLATFORM_ENV, "rocm")
         monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
@@ -52,6 +51,12 @@ def test_predecoded_gemms_give_the_fused_bits(
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     built = experts.experts
     assert (built.platform, built.ptx_decode) == (platform, platform == "cuda")
+    # The predecode the experts read at load: the platform's generic one (no H200 table has a
+    # predecode entry).
+    assert built.predecode_config == nvfp4_emulation_moe.GENERIC_PREDECODE[platform]
+    sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2)
+    config = built.predecode_config
+    assert nvfp4_emulation_moe.predecodes(tokens * shape.top_k, *sizes, config), "not predecoded"
     layer = moe_setup.MoeLayer(moe, shape, tokens, experts, seed=tokens)
     launched = []
     predecode = nvfp4_emulation_moe.predecode_nvfp4_weights
@@ -63,10 +68,7 @@ def test_predecoded_gemms_give_the_fused_bits(
     monkeypatch.setattr(nvfp4_emulation_moe, "predecode_nvfp4_weights", counted)
     predecoded = layer.apply().clone()
     assert launched == [1, 1], "the predecoded path did not run"
-    # The threshold, read by the rule in the kernels module.
-    rule = nvfp4_emulation_moe.predecodes.__globals__
-    thresholds = rule["PREDECODE_MIN_PAIRS_PER_EXPERT"]
-    monkeypatch.setitem(rule, "PREDECODE_MIN_PAIRS_PER_EXPERT", dict.fromkeys(thresholds, NEVER))
+    monkeypatch.setattr(built, "predecode", False)  # as NO_PREDECODE_ENV=1 sets it
     fused = layer.apply().clone()
     assert launched == [1, 1]
     assert not predecoded.isnan().any()
