@@ -559,6 +559,25 @@ def load_fused(
     return FusedModule(module, experts, module.MoEActivation.SILU)
 
 
+def shaped_quant_config(experts: int, hidden: int, intermediate: int, scale: float = 0.0) -> Any:
+    """quant_config for experts of that shape: every block scale `scale` (0.0: left as
+    torch.empty makes them, for launches nobody runs), unit global scales."""
+
+    def scales(*size: int) -> torch.Tensor:
+        if not scale:
+            return torch.empty(*size, dtype=torch.float8_e4m3fn)
+        return torch.full(size, scale).to(torch.float8_e4m3fn)
+
+    return quant_config(
+        scales(experts, 2 * intermediate, hidden // 16),
+        scales(experts, hidden, intermediate // 16),
+        torch.ones(experts),
+        torch.ones(experts),
+        torch.tensor(1.0),
+        torch.tensor(1.0),
+    )
+
+
 def quant_config(
     w13_scale: torch.Tensor,
     w2_scale: torch.Tensor,
@@ -752,15 +771,7 @@ def _drive(fused: FusedModule, tokens: list[int]) -> None:
     for e, h, i, top_k in SHAPES.values():
         for dtype in (torch.bfloat16, torch.float16):
             for m in tokens:
-                config = quant_config(
-                    torch.empty(e, 2 * i, h // 16, dtype=torch.float8_e4m3fn),
-                    torch.empty(e, h, i // 16, dtype=torch.float8_e4m3fn),
-                    torch.ones(e),
-                    torch.ones(e),
-                    torch.tensor(1.0),
-                    torch.tensor(1.0),
-                )
-                experts = fused.experts(None, config)
+                experts = fused.experts(None, shaped_quant_config(e, h, i))
                 w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
                 w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
                 if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows

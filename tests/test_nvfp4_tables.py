@@ -173,6 +173,16 @@ def test_split_gate_up_in_a_table(load: Any) -> None:
     assert json.loads(module.table_json(plain)) == {"16": entry()}
 
 
+def loaded_experts(fused: kernels.FusedModule, shape: tuple[int, int, int]) -> tuple[Any, ...]:
+    """Experts of shape over zero weights and unit scales, their weights laid out by their own
+    process_weights_after_loading (which reads the shape's tile table): (experts, w13, w2)."""
+    e, h, i = shape
+    experts = fused.experts(None, kernels.shaped_quant_config(e, h, i, scale=1.0))
+    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
+    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
+    return (experts, *kernels.laid_out(experts, w13, w2))
+
+
 K_STEP = (
     "; every tile walks K in steps of 128 (GEMM_BLOCK_K), whatever the token count: a token's"
     " output is then the same bits alone and in any batch"
@@ -208,20 +218,8 @@ def test_bad_table_refused_at_load(
     fused, _ = load()
     path = tmp_path / "tables" / FILE
     path.write_text(json.dumps(data))
-    e, h, i = SHAPE
-    config = kernels.quant_config(
-        torch.ones(e, 2 * i, h // 16).to(torch.float8_e4m3fn),
-        torch.ones(e, h, i // 16).to(torch.float8_e4m3fn),
-        torch.ones(e),
-        torch.ones(e),
-        torch.tensor(1.0),
-        torch.tensor(1.0),
-    )
-    experts = fused.experts(None, config)
-    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
-    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
     with pytest.raises(fused.module.Nvfp4MoeTableError) as raised:
-        kernels.laid_out(experts, w13, w2)
+        loaded_experts(fused, SHAPE)
     assert str(raised.value) == f"{path}: {error}"
 
 
@@ -264,24 +262,6 @@ def predecode_entry(pairs: int = 4) -> dict[str, Any]:
         "w13": {"block_n": 256, "block_k": 32, "num_warps": 4, "num_stages": 2},
         "w2": {"block_n": 48, "block_k": 16, "num_warps": 2, "num_stages": 4},
     }
-
-
-def loaded_experts(fused: kernels.FusedModule, shape: tuple[int, int, int]) -> tuple[Any, ...]:
-    """Experts of shape over zero weights and unit scales, their weights laid out by their own
-    process_weights_after_loading (which reads the shape's tile table): (experts, w13, w2)."""
-    e, h, i = shape
-    config = kernels.quant_config(
-        torch.ones(e, 2 * i, h // 16).to(torch.float8_e4m3fn),
-        torch.ones(e, h, i // 16).to(torch.float8_e4m3fn),
-        torch.ones(e),
-        torch.ones(e),
-        torch.tensor(1.0),
-        torch.tensor(1.0),
-    )
-    experts = fused.experts(None, config)
-    w13 = torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8)
-    w2 = torch.zeros(e, h, i // 2, dtype=torch.uint8)
-    return (experts, *kernels.laid_out(experts, w13, w2))
 
 
 @pytest.mark.parametrize("forced", ["", "rocm"])
@@ -371,6 +351,7 @@ def bad_predecode_entries() -> list[tuple[Any, str]]:
     good = predecode_entry()
     cases: list[tuple[Any, str]] = [
         ([], f": expected an object with {PREDECODE_FIELDS}"),
+        (None, f": expected an object with {PREDECODE_FIELDS}"),
         ({k: v for k, v in good.items() if k != "w2"}, f": expected an object with {PREDECODE_FIELDS}"),
         ({**good, "split": True}, f": expected an object with {PREDECODE_FIELDS}"),
     ]  # fmt: skip
