@@ -22,9 +22,12 @@ and one for any shape of this GPU, ``nvfp4_emulation_moe_tiles.<GPU>.json`` (the
 pick over all the shapes; only when every token count was swept). With --tokens, a shape's
 table takes the picks for the buckets of the token counts swept and, for the other buckets,
 the entries the tree's kernel module takes today for that shape (a table shipped beside it,
-else the generic CUDA one): the pick for a token count t becomes a bucket of its own, bound t
-(the counts above the bucket below, up to t), and the entry that covered the counts above t
-stays, so that retuning one token count of a shape changes only the counts it measured. The
+else the platform's generic one): the pick for a token count t becomes a bucket of its own,
+bound t (the counts above the bucket below, up to t), and the entry that covered the counts
+above t stays, so that retuning one token count of a shape changes only the counts it
+measured. The files are named as the kernel module names this GPU's (with
+VLLM_PATCHSET_NVFP4_PLATFORM=rocm on another GPU: rocm_generic, what that configuration
+reads). The
 kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
 folder, where patch 0002 ships them.
 Candidates compile in parallel processes first (one per variant: token counts and shapes do not
@@ -635,20 +638,27 @@ def moe_config(choice: tuple):
 
 
 def device_name() -> str:
-    """This GPU's name as the kernel module names its table files ("NVIDIA_H200")."""
+    """This GPU's name as the kernel module names its table files: its own device_table_name
+    where it has one ("NVIDIA_H200"; "rocm_generic" where VLLM_PATCHSET_NVFP4_PLATFORM=rocm
+    forces ROCm's configuration on another GPU, the tables that configuration reads)."""
+    named = getattr(sys.modules.get(K.nvfp4_moe_configs.__module__), "device_table_name", None)
+    if named is not None:
+        return str(named(K.nvfp4_platform()))
     return re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())
 
 
 def shipped_table(shape: moe_setup.MoeShape) -> tuple[dict[int, tuple], str]:
     """The table the tree's kernel module takes for shape on this GPU (the first of its
-    table_file_names shipped beside it, else the generic CUDA table), as picks, and where it
+    table_file_names shipped beside it, else the platform's generic table), as picks, and where it
     came from: its file's "_tuned" note (with the file's name where it is the GPU's table for
     any shape)."""
     names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
     files = [Path(K.TABLES_DIR) / name for name in names]
     shipped = next((f for f in files if f.is_file()), None)
     if shipped is None:
-        return {b: config_tuple(c) for b, c in K.CUDA_CONFIGS.items()}, "the generic CUDA table"
+        platform = K.nvfp4_platform() if hasattr(K, "GENERIC_CONFIGS") else "cuda"
+        generic = getattr(K, "GENERIC_CONFIGS", {"cuda": K.CUDA_CONFIGS})[platform]
+        return {b: config_tuple(c) for b, c in generic.items()}, f"the generic {platform} table"
     text = shipped.read_text()
     table = K.parse_table(text, str(shipped))
     note = str(json.loads(text).get("_tuned", "no note"))

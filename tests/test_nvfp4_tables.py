@@ -625,6 +625,33 @@ def test_tuner_keeps_where_a_table_came_from(
     assert fused.module.parse_table(written.read_text(), "x") == parsed
 
 
+@pytest.mark.parametrize("forced", ["", "rocm"])
+def test_tuner_names_tables_as_the_module_reads_them(
+    load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, forced: str
+) -> None:
+    """benchmarks/tune_nvfp4_moe.py names the files it writes as the kernel module names the
+    ones it reads (its device_table_name): on an H200 NVIDIA_H200, and with ROCm's
+    configuration forced there rocm_generic, where the tables shipped for the H200 do not
+    apply and a shape's table starts from ROCm's generic one. A table it writes is the one the
+    module then takes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", forced)
+    module = load()[0].module
+    monkeypatch.setattr(tune, "K", module, raising=False)
+    assert tune.device_name() == ("rocm_generic" if forced else "NVIDIA_H200")
+    shape = tune.shape_named("qwen3-30b-a3b-tp8")  # ships an H200 table of its own
+    table, origin = tune.shipped_table(shape)
+    if forced:
+        assert origin == "the generic rocm table"
+        assert table == {b: tune.config_tuple(c) for b, c in module.ROCM_CONFIGS.items()}
+    (written,) = tune.write_tables(tmp_path / "tables", {shape.name: table}, {shape.name: {}})
+    e, h, i = tune.held_experts(shape), shape.hidden, shape.intermediate
+    assert written.name == module.table_file_names(e, h, i, tune.device_name())[0]
+    assert module.nvfp4_moe_configs(e, h, i) == tune.moe_configs(table)
+
+
 def test_tuner_writes_and_keeps_predecode_entries(
     load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
