@@ -287,16 +287,27 @@ def align(topk_ids: torch.Tensor, block_m: int, num_experts: int, emap=None):
     return sorted_ids, expert_ids, post_pad
 
 
-def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap):
+def aligned_ids(topk_ids, block_m, experts, emap, aligned=None):
+    """align's blocks, or aligned[block_m] where given (aligned before: Case.aligned, so that
+    a timing leaves the alignment out, as the sweep of buckets does)."""
+    if aligned is not None:
+        return aligned[block_m]
+    return align(topk_ids, block_m, experts, emap)
+
+
+def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap, aligned=None):
     """The MoE as Nvfp4QuantizationEmulationTritonExperts.apply runs it (the QDQ pass for the
     hidden states where the config does not fuse it); experts: E (the router's), emap: the
-    expert map of an expert-parallel shape (naive blocks then aligned, as apply does)."""
+    expert map of an expert-parallel shape (naive blocks then aligned, as apply does);
+    aligned: aligned_ids'."""
     tokens, top_k = topk_ids.shape
     pairs = tokens * top_k
     if cfg.naive and emap is None:
         sorted_ids, expert_ids, post_pad = None, topk_ids.view(-1), None
     else:
-        sorted_ids, expert_ids, post_pad = align(topk_ids, cfg.block_m, experts, emap)
+        sorted_ids, expert_ids, post_pad = aligned_ids(
+            topk_ids, cfg.block_m, experts, emap, aligned
+        )
     a1 = hidden if cfg.fuse_a1_qdq else K.invoke_nvfp4_qdq(hidden, moe.a13_gscale)
     act = torch.empty(pairs, moe.w2.size(2) * 2, dtype=hidden.dtype, device=hidden.device)
     K.invoke_nvfp4_moe_gemm(
@@ -370,14 +381,15 @@ def predecode_config(pairs: int, tiles: tuple):
     return K.PredecodeConfig(pairs, block_m, K.GemmConfig(*w13), K.GemmConfig(*w2))
 
 
-def predecoded_forward(moe, hidden, topk_weights, topk_ids, config, experts, emap):
+def predecoded_forward(moe, hidden, topk_weights, topk_ids, config, experts, emap, aligned=None):
     """The MoE as Nvfp4QuantizationEmulationTritonExperts._apply_predecoded runs it with the
     kernel module's PredecodeConfig `config`: each GEMM's weights (tiled, fast scales: laid_out)
-    decoded once into one buffer, plain GEMMs over blocks of config.block_m pairs."""
+    decoded once into one buffer, plain GEMMs over blocks of config.block_m pairs; aligned:
+    aligned_ids'."""
     tokens, top_k = topk_ids.shape
     pairs = tokens * top_k
     ptx = K.use_ptx_decode() and hidden.dtype == torch.bfloat16
-    sorted_ids, expert_ids, post_pad = align(topk_ids, config.block_m, experts, emap)
+    sorted_ids, expert_ids, post_pad = aligned_ids(topk_ids, config.block_m, experts, emap, aligned)
     a1 = K.invoke_nvfp4_qdq(hidden, moe.a13_gscale)
     a1 = a1.index_select(1, K.gemm_order(hidden.size(1), hidden.device))
     dtype = torch.bfloat16 if ptx else torch.float16
@@ -771,13 +783,16 @@ def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) 
                 t, shape.top_k, shape.experts, K.platform_min_block_m(), configs
             )
             layer = (c.moe, c.hidden, c.tw, c.tids)
-            fused = functools.partial(fused_forward, *layer, config, shape.experts, c.emap)
+            # The alignment done before (Case.aligned): not timed, as in the sweep of buckets.
+            fused = functools.partial(
+                fused_forward, *layer, config, shape.experts, c.emap, c.aligned
+            )
             want = fused().view(torch.int16)
             fused_us[count] = time_graph(fused)
             for tiles in PREDECODE_TILES:
                 predecoded = functools.partial(
                     predecoded_forward, *layer, predecode_config(count, tiles), shape.experts,
-                    c.emap,
+                    c.emap, c.aligned,
                 )  # fmt: skip
                 failure: dict[str, str] = {}
                 try:

@@ -74,12 +74,12 @@ def test_predecoded_gemms_give_the_fused_kernels_bits(results: dict[str, Any], c
 
 def test_tuner_forwards_give_the_experts_bits(results: dict[str, Any]) -> None:
     """benchmarks/tune_nvfp4_moe.py's fused_forward and predecoded_forward (with TUNER_TILES of
-    its candidates) on TUNER_CASE's weights and inputs: the experts' own output, bit for bit."""
+    its candidates) on TUNER_CASE's weights and inputs, each aligning its blocks and (fused, and
+    the last tiles predecoded) with blocks aligned before, as its sweep times them: the
+    experts' own output, bit for bit."""
     experts = results["outputs"][TUNER_CASE][0].view(torch.int16)
-    fused, predecoded = results["tuner"]
-    assert torch.equal(fused.view(torch.int16), experts)
-    assert len(predecoded) == len(TUNER_TILES)
-    for out in predecoded:
+    assert len(results["tuner"]) == 2 + len(TUNER_TILES) + 1
+    for out in results["tuner"]:
         assert torch.equal(out.view(torch.int16), experts)
 
 
@@ -315,12 +315,17 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
     x, weights, ids = moe_setup.random_inputs(tokens, shape, seed=1, device="cpu")
     layer = (moe, x.to(dtype), weights, ids)
     config = fused.module.get_nvfp4_moe_config(tokens, 2, EXPERTS, 16, fused.module.ROCM_CONFIGS)
-    tuner = [tune.fused_forward(*layer, config, EXPERTS, None)]
+    # Aligned on each call, and with the blocks aligned before (what the sweep times).
+    prealigned = {bm: tune.align(ids, bm, EXPERTS) for bm in (config.block_m, 64, 128)}
+    tuner = [tune.fused_forward(*layer, config, EXPERTS, None, blocks)
+             for blocks in (None, prealigned)]  # fmt: skip
     for i in TUNER_TILES:
         predecode = tune.predecode_config(1, tune.PREDECODE_TILES[i])
         tuner.append(tune.predecoded_forward(*layer, predecode, EXPERTS, None))
+    predecode = tune.predecode_config(1, tune.PREDECODE_TILES[TUNER_TILES[-1]])
+    tuner.append(tune.predecoded_forward(*layer, predecode, EXPERTS, None, prealigned))
     results = {"outputs": outputs, "launched": runs, "aligned": aligned}
-    torch.save({**results, "tuner": (tuner[0], tuner[1:])}, out)
+    torch.save({**results, "tuner": tuner}, out)
 
 
 if __name__ == "__main__":
