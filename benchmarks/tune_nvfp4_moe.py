@@ -255,6 +255,16 @@ def split_gate_up() -> None:
         W13[bm] = list(dict.fromkeys(tiles + more))
 
 
+def keep_blocks_from(least: int) -> None:
+    """Only the groups whose token block the platform runs (the kernel module's
+    platform_min_block_m: ROCm's 16): it raises a smaller block to that at run time, so a
+    timing at the smaller one would be of a tile that never runs."""
+    for t, groups in GROUPS.items():
+        GROUPS[t] = [g for g in groups if g[0] >= least]
+    for bound, (t, groups) in BUCKETS.items():
+        BUCKETS[bound] = (t, [g for g in groups if g[0] >= least])
+
+
 KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
 
 
@@ -899,6 +909,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{tree}: patch 0002's module has no split_gate_up tile option")
     if args.predecode and not hasattr(K, "parse_predecode"):
         raise SystemExit(f"{tree}: patch 0002's module reads no predecode entry in its tables")
+    if hasattr(K, "platform_min_block_m"):
+        keep_blocks_from(K.platform_min_block_m())
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     if args.predecode:

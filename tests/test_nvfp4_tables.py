@@ -652,6 +652,30 @@ def test_tuner_names_tables_as_the_module_reads_them(
     assert module.nvfp4_moe_configs(e, h, i) == tune.moe_configs(table)
 
 
+def test_tuner_times_only_the_blocks_the_platform_runs(
+    load: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/tune_nvfp4_moe.py with ROCm's configuration forced times no block of 8 tokens
+    (the module raises it to 16 there: such a timing would be of a tile that never runs), and
+    every bucket keeps groups to pick from; on CUDA every group stays."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    shape = tune.shape_named("qwen3-30b-a3b")
+    for forced, least in (("", 8), ("rocm", 16)):
+        monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", forced)
+        module = load()[0].module
+        monkeypatch.setattr(tune, "GROUPS", {t: list(g) for t, g in tune.GROUPS.items()})
+        monkeypatch.setattr(tune, "BUCKETS", dict(tune.BUCKETS))
+        everything = tune.all_tasks([shape], tune.SWEPT)
+        tune.keep_blocks_from(module.platform_min_block_m())
+        tasks = tune.all_tasks([shape], tune.SWEPT)
+        assert min(task[3] for task in tasks) == least
+        assert all(groups for _, groups in tune.BUCKETS.values())
+        assert tasks == [task for task in everything if task[3] >= least]
+        assert (len(tasks) == len(everything)) is (least == 8)
+
+
 def test_tuner_writes_and_keeps_predecode_entries(
     load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
