@@ -6,6 +6,11 @@ on the CPU (the overlaid module loaded without vLLM, tests/overlay_kernels.py, i
   ``nvfp4_emulation_moe_tiles.<device>.json``) in the folder named by
   VLLM_PATCHSET_NVFP4_CONFIG_DIR or beside the module (patch 0002 ships the H200's there); a file with a tile whose K step is not 128 is refused at load, one error naming
   the file and the entry; no file: the platform's generic table, said once in the log;
+- a table file's optional "predecode" entry (threshold, block of pairs, tiles of the
+  predecoded GEMMs) replaces the platform's generic predecode for its shape: taken, deciding
+  and launched as written, refused at load where the predecoded GEMMs cannot take it; the
+  tuner (benchmarks/tune_nvfp4_moe.py) writes and keeps it, and names its files as the module
+  reads them;
 - VLLM_PATCHSET_NVFP4_PLATFORM=rocm gives ROCm's generic table and blocks of 16 tokens on an
   NVIDIA GPU (the configuration an MI300 runs, measurable on an H200);
 - a layer that takes the unfused path says so once, with why.
