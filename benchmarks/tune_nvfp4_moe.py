@@ -669,14 +669,19 @@ def device_name() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", torch.cuda.get_device_name())
 
 
+def shipped_file(shape: moe_setup.MoeShape) -> Path | None:
+    """The first of the kernel module's table_file_names for shape on this GPU shipped beside
+    it (the shape's, then the GPU's), or None."""
+    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
+    return next((f for f in (Path(K.TABLES_DIR) / n for n in names) if f.is_file()), None)
+
+
 def shipped_table(shape: moe_setup.MoeShape) -> tuple[dict[int, tuple], str]:
     """The table the tree's kernel module takes for shape on this GPU (the first of its
     table_file_names shipped beside it, else the platform's generic table), as picks, and where it
     came from: its file's "_tuned" note (with the file's name where it is the GPU's table for
     any shape)."""
-    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
-    files = [Path(K.TABLES_DIR) / name for name in names]
-    shipped = next((f for f in files if f.is_file()), None)
+    shipped = shipped_file(shape)
     if shipped is None:
         platform = K.nvfp4_platform() if hasattr(K, "GENERIC_CONFIGS") else "cuda"
         generic = getattr(K, "GENERIC_CONFIGS", {"cuda": K.CUDA_CONFIGS})[platform]
@@ -684,16 +689,15 @@ def shipped_table(shape: moe_setup.MoeShape) -> tuple[dict[int, tuple], str]:
     text = shipped.read_text()
     table = K.parse_table(text, str(shipped))
     note = str(json.loads(text).get("_tuned", "no note"))
-    origin = note if shipped.name == names[0] else f"{shipped.name} ({note})"
+    own = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
+    origin = note if shipped.name == own[0] else f"{shipped.name} ({note})"
     return {bound: config_tuple(config) for bound, config in table.items()}, origin
 
 
 def shipped_predecode(shape: moe_setup.MoeShape):
     """The predecode entry of the table the tree's kernel module takes for shape on this GPU
     (shipped_table's file), or None (that file has none, or there is no file)."""
-    names = K.table_file_names(held_experts(shape), shape.hidden, shape.intermediate, device_name())
-    files = [Path(K.TABLES_DIR) / name for name in names]
-    shipped = next((f for f in files if f.is_file()), None)
+    shipped = shipped_file(shape)
     return None if shipped is None else K.parse_predecode(shipped.read_text(), str(shipped))
 
 

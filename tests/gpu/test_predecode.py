@@ -1,8 +1,8 @@
 """Patch 0002's predecoded GEMMs on the GPU: where the fused experts decode each GEMM's weights
-once for the call (nvfp4_emulation_kernels.predecodes: many routed pairs per expert),
-every output is the bits the fused kernel gives the same inputs (the same experts with
-predecode turned off for the comparison), on released checkpoints' layers at the token counts where the rule
-takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
+once for the call (nvfp4_emulation_kernels.predecodes: many routed pairs per expert), every
+output is the bits the fused kernel gives the same inputs (the same experts with predecode
+turned off for the comparison), on released checkpoints' layers at the token counts where the
+rule takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
 expert-parallel rank at 16384 (32 of 256 experts, an expert map with -1 entries: w2's zeros for
 other ranks' pairs). Each in CUDA's configuration (the PTX decode, CUDA's tiles) and in ROCm's
 forced on this GPU (the portable decode, ROCm's tile table, token block and predecoded tiles:
