@@ -15,12 +15,28 @@ configuration breaks a rule, 0 where none does, 2 (one line, nothing written) fo
 cannot read. Candidate tables measured on an H200 with
 ``VLLM_PATCHSET_NVFP4_CONFIG_DIR`` (as nvfp4_emulation_moe_tiles.rocm_generic.json) are in
 benchmarks/rocm_tables/.
+
+    python benchmarks/rocm_table_isa.py --candidates [--wide] [--out DIR]
+
+--candidates judges, by the same rules, every tile benchmarks/tune_nvfp4_moe.py may time with
+ROCm's configuration (its groups of blocks from 16 tokens, its W13/W2 tiles, with --wide its
+WIDE_ ones too, each also with two stages, ROCm's generic table's tiles, and its
+PREDECODE_TILES): each GEMM tile as ROCm's only table entry (the predecoded ones as ROCm's
+generic predecode, from one pair an expert), the experts driven at 1 and 2 tokens over the
+shapes, dtypes and expert maps above, both dtypes on the weights as the experts lay them out at
+load (what every layer whose weights tile runs; TABLE judges the checkpoint's rows too), every
+launch compiled for both targets. A launch counts for the candidate its own constants name
+(GATED, BLOCK_M, NAIVE, QDQ_A, the tile); a candidate broken on either target is one the tuner
+leaves out when it sweeps ROCm's configuration. Writes rocm_tile_candidates.json (with the
+sha256 of the kernels file it compiled: the tuner refuses a file of other kernels) and .md under
+DIR, and exits 1 where a candidate launched nothing (its facts would be missing), else 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -33,6 +49,7 @@ from isa_facts import DEFAULT_OUT, PIN, REPO, default_pristine
 
 TARGETS = ("gfx942", "gfx950")
 GEMM = "_nvfp4_moe_gemm_kernel"
+PREDECODED_GEMM = "_predecoded_moe_gemm_kernel"
 MIN_WAVES = 2  # ROCM_CONFIGS: "keeps at least two waves per SIMD"
 SHIPPED = "shipped"
 
@@ -134,6 +151,164 @@ def facts(name: str, fused: Any, table: dict[int, Any] | None) -> list[Row]:
     return rows
 
 
+# --candidates: the tuner's candidate tiles with ROCm's configuration.
+CANDIDATES_NAME = "rocm_tile_candidates"
+KERNELS_FILE = "model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
+TOP = 1 << 62  # a table's one bucket: every token count
+DRIVEN = [1, 2]  # naive blocks at both (tune_nvfp4_moe's groups at 1 and 8 tokens have them)
+
+
+def tuner(module: Any, wide: bool) -> Any:
+    """benchmarks/tune_nvfp4_moe.py with its WIDE_ tiles (wide) and as it sweeps ROCm's
+    configuration: ROCm's token blocks, the tiles' two-stage twins and the kernel module's ROCm
+    table's tiles."""
+    import tune_nvfp4_moe as tune
+
+    if wide:
+        tune.widen()
+    tune.keep_blocks_from(module.platform_min_block_m("rocm"))
+    tune.rocm_tiles(module.GENERIC_CONFIGS["rocm"])
+    return tune
+
+
+def candidate_of(spec: Any) -> tuple[Any, ...]:
+    """A compiled GEMM's candidate, as tune_nvfp4_moe keys it, from its own constants."""
+    import overlay_kernels as kernels
+
+    gemm = "w13" if spec.constexpr("GATED") else "w2"
+    tile: tuple[Any, ...] = (spec.constexpr("BLOCK_N"), spec.constexpr("BLOCK_K"),
+                             spec.options["num_warps"], spec.options["num_stages"])  # fmt: skip
+    if kernels.is_predecoded_gemm(spec):
+        return (f"predecoded {gemm}", spec.constexpr("BLOCK_M"), False, False, tile)
+    if spec.constexpr("SPLIT_GU"):
+        tile += (True,)
+    naive, qdq = bool(spec.constexpr("NAIVE")), bool(spec.constexpr("QDQ_A"))
+    return (gemm, spec.constexpr("BLOCK_M"), naive, qdq, tile)
+
+
+def candidate_launches(fused: Any, tune: Any) -> list[Any]:
+    """Every GEMM launch (fused and predecoded) of the experts' drive at DRIVEN tokens with each
+    tuner candidate as ROCm's table's one entry, and each PREDECODE_TILES entry as ROCm's generic
+    predecode from one pair an expert (at a count that routes one pair to every expert); both
+    dtypes on the weights as process_weights_after_loading lays them out, what a layer runs
+    (the checkpoint's rows are a fallback for weights that do not tile, judged with the tables
+    above: ``rocm_table_isa.py shipped``)."""
+    import overlay_kernels as kernels
+
+    module = kernels_module(fused)
+    groups = dict.fromkeys(g for gs in tune.GROUPS.values() for g in gs)
+    launches: list[Any] = []
+    for bm, naive, qdq in groups:
+        w13, w2 = tune.W13[bm], tune.W2[bm]
+        for i in range(max(len(w13), len(w2))):
+            tiles = (module.GemmConfig(*w13[i % len(w13)]), module.GemmConfig(*w2[i % len(w2)]))
+            table = {TOP: module.MoeConfig(naive, bm, qdq, *tiles)}
+            with rocm_table(module, table), kernels.recording_launches() as found:
+                kernels._drive(fused, DRIVEN, fp16_rows=False)
+            launches += [f for f in found if f.kernel.__name__ == GEMM]
+    tokens = max(-(-e // top_k) for e, _, _, top_k in kernels.SHAPES.values())
+    kept = module.GENERIC_PREDECODE["rocm"]
+    for bm, w13_tile, w2_tile in tune.PREDECODE_TILES:
+        tiles = (module.GemmConfig(*w13_tile), module.GemmConfig(*w2_tile))
+        module.GENERIC_PREDECODE["rocm"] = module.PredecodeConfig(1, bm, *tiles)
+        try:
+            with rocm_table(module, None), kernels.recording_launches() as found:
+                kernels._drive(fused, [tokens], fp16_rows=False)
+        finally:
+            module.GENERIC_PREDECODE["rocm"] = kept
+        launches += [f for f in found if f.kernel.__name__ == PREDECODED_GEMM]
+    return launches
+
+
+def tuner_candidates(tune: Any) -> list[tuple[Any, ...]]:
+    """Every candidate the tuner may time (its fused GEMMs', then its predecoded ones')."""
+    fused = tune.every_candidate(list(tune.GROUPS))
+    return fused + tune.predecode_candidates(tune.PREDECODE_TILES)
+
+
+def candidate_rows(
+    launches: list[Any], wanted: list[tuple[Any, ...]]
+) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """Each wanted candidate's facts on both targets (the worst over its configurations among
+    the launches) and the rules it breaks; and the wanted candidates that launched nothing."""
+    import overlay_kernels as kernels
+
+    facts: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {c: {} for c in wanted}
+    for target in TARGETS:
+        for spec in kernels.unique([kernels.specialize(x, target) for x in launches]):
+            key = candidate_of(spec)
+            if key in facts:
+                compiled = kernels.isa_facts(kernels.compile_for(spec), target)
+                facts[key].setdefault(target, []).append(compiled)
+    rows, silent = [], []
+    for key, by_target in facts.items():
+        if set(by_target) != set(TARGETS):
+            silent.append(key)
+            continue
+        gemm, bm, naive, qdq, tile = key
+        row: dict[str, Any] = {"gemm": gemm, "block_m": bm, "naive": naive, "qdq_a": qdq,
+                               "tile": list(tile), "broken": []}  # fmt: skip
+        for target, found in by_target.items():
+            worst = Row(
+                table=CANDIDATES_NAME,
+                target=target,
+                config=f"{len(found)} configurations",
+                vgprs=max(f["vgprs"] for f in found),
+                vgpr_spills=max(f["vgpr_spills"] for f in found),
+                sgpr_spills=max(f["sgpr_spills"] for f in found),
+                scratch_bytes=max(f["scratch_bytes"] for f in found),
+                occupancy_waves=min(f["occupancy_waves"] for f in found),
+                mfma=min(f["mfma"] for f in found),
+                lds_bytes=max(f["shared_bytes_triton"] for f in found),
+            )
+            row[target] = {k: v for k, v in vars(worst).items() if k not in ("table", "target")}
+            row["broken"] += [f"{target}: {rule}" for rule in worst.broken()]
+        rows.append(row)
+    return rows, silent
+
+
+def candidates_markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
+    lines = [
+        "# The tuner's ROCm candidates: ISA facts",
+        "",
+        f"Compiled on a CPU machine with triton {triton_version}"
+        " (`benchmarks/rocm_table_isa.py --candidates`): every tile",
+        "`benchmarks/tune_nvfp4_moe.py` may time with ROCm's configuration, for gfx942 and gfx950,",
+        "the worst of its configurations. Rules: MFMA, no VGPR spill or scratch, at least"
+        f" {MIN_WAVES} waves",
+        "per SIMD. The tuner leaves out the candidates that break one.",
+        "",
+        f"{sum(1 for r in rows if not r['broken'])} of {len(rows)} candidates keep the rules.",
+        "",
+        "| GEMM | block | naive | QDQ | tile (n, k, warps, stages) | gfx942 VGPRs, waves |"
+        " gfx950 VGPRs, waves | broken |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [f"{r[t]['vgprs']}, {r[t]['occupancy_waves']}" for t in TARGETS]
+        lines.append(
+            f"| {r['gemm']} | {r['block_m']} | {int(r['naive'])} | {int(r['qdq_a'])} |"
+            f" {tuple(r['tile'])} | {cells[0]} | {cells[1]} | {'; '.join(r['broken'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_candidates(fused: Any, overlay: Path, wide: bool, out: Path, triton_version: str) -> int:
+    tune = tuner(kernels_module(fused), wide)
+    rows, silent = candidate_rows(candidate_launches(fused, tune), tuner_candidates(tune))
+    sha256 = hashlib.sha256((overlay / KERNELS_FILE).read_bytes()).hexdigest()
+    document = {"triton": triton_version, "vllm": PIN, "kernels_sha256": sha256, "wide": wide,
+                "targets": list(TARGETS), "candidates": rows}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{CANDIDATES_NAME}.json").write_text(json.dumps(document, indent=1) + "\n")
+    text = candidates_markdown(rows, triton_version)
+    (out / f"{CANDIDATES_NAME}.md").write_text(text)
+    print(text)
+    for key in silent:
+        print(f"rocm_table_isa: no launch of candidate {key}", file=sys.stderr)
+    return 1 if silent else 0
+
+
 def markdown(rows: list[Row], triton_version: str) -> str:
     lines = [
         "# ROCm tile tables: ISA facts",
@@ -166,12 +341,18 @@ def markdown(rows: list[Row], triton_version: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tables", nargs="+", metavar="TABLE", help=f"a table's JSON, or {SHIPPED}")
+    parser.add_argument("tables", nargs="*", metavar="TABLE", help=f"a table's JSON, or {SHIPPED}")
     parser.add_argument("--overlay", type=Path, default=REPO / "overlay" / "vllm")
     parser.add_argument("--pristine", type=Path, default=default_pristine())
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--name", default="rocm_table_isa")
+    parser.add_argument(
+        "--candidates", action="store_true", help="judge the tuner's ROCm candidates instead"
+    )
+    parser.add_argument("--wide", action="store_true", help="with --candidates: the WIDE_ too")
     args = parser.parse_args(argv)
+    if bool(args.tables) == args.candidates:
+        parser.error("name TABLEs, or say --candidates (not both)")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as benchmarks/isa_facts.py
     import overlay_kernels as kernels
     import standins
@@ -179,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
 
     fused = kernels.load_fused(args.overlay, args.pristine, standins.moe_align_block_size, True)
     module = kernels_module(fused)
+    if args.candidates:
+        return write_candidates(fused, args.overlay, args.wide, args.out, triton.__version__)
     try:
         tables = {name: read_table(module, name) for name in args.tables}
     except BadTable as exc:

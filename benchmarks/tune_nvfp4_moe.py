@@ -53,12 +53,23 @@ least count from which they are faster than the fused layer at every count swept
 threshold no call reaches, PREDECODE_NEVER). --write-table writes each shape's table as the
 kernel module takes it today (its buckets) with that "predecode" entry. Without --predecode a
 table written keeps the predecode entry of the shape's shipped table.
+
+With ROCm's configuration (VLLM_PATCHSET_NVFP4_PLATFORM=rocm on an NVIDIA GPU, or an AMD GPU)
+the candidates are the tiles above, each also with two stages, and ROCm's generic table's tiles
+(rocm_tiles); a sweep times only those that keep ROCm's ISA rules on gfx942 and gfx950 (MFMA, no
+VGPR spill or scratch, two waves per SIMD): benchmarks/results/rocm_tile_candidates.json, which
+``benchmarks/rocm_table_isa.py --candidates`` writes on a CPU machine for the kernels file whose
+sha256 it names. An NVIDIA GPU would pick what runs fastest there, such as three stages, which
+leave an MI300 one wave per SIMD. The sweep stops, in one line and before any timing, where that
+file is missing, of other kernels, or silent on a candidate; a written table's note says how
+many candidates the rules left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import importlib
 import json
 import math
@@ -263,6 +274,22 @@ def keep_blocks_from(least: int) -> None:
         GROUPS[t] = [g for g in groups if g[0] >= least]
     for bound, (t, groups) in BUCKETS.items():
         BUCKETS[bound] = (t, [g for g in groups if g[0] >= least])
+
+
+def rocm_tiles(generic: dict) -> None:
+    """ROCm's configuration: beside each tile its twin with two stages (the AMD pipeliner
+    holds the stages in registers: three leave 8 of the 40 configurations of ROCm's table at
+    one wave per SIMD on gfx942 and 21 on gfx950, benchmarks/results/rocm_table_isa.md), and
+    the tiles of ROCm's generic table ``generic`` (the kernel module's MoeConfig by bucket),
+    so that a sweep can keep them or beat them."""
+    for tiles in (W13, W2):
+        for bm, some in tiles.items():
+            twins = [(n, k, w, 2, *more) for n, k, w, _, *more in some]
+            tiles[bm] = list(dict.fromkeys(some + twins))
+    for config in generic.values():
+        _, bm, _, w13, w2 = config_tuple(config)
+        for tiles, tile in ((W13, w13), (W2, w2)):
+            tiles[bm] = list(dict.fromkeys([*tiles.get(bm, []), tile]))
 
 
 KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
@@ -539,13 +566,121 @@ def layout_kwargs() -> dict[str, bool]:
     return kwargs
 
 
+def group_candidates(groups: list[tuple]) -> list[tuple]:
+    """(gemm, block_m, naive, qdq, tile) of each GEMM the groups time (w13's candidates and
+    w2's; the QDQ of the hidden states is w13's alone: False for w2)."""
+    found = []
+    for bm, naive, qdq in groups:
+        found += [("w13", bm, naive, qdq, g) for g in W13[bm]]
+        found += [("w2", bm, naive, False, g) for g in W2[bm]]
+    return list(dict.fromkeys(found))
+
+
+def every_candidate(tokens: list[int]) -> list[tuple]:
+    """group_candidates of the groups of every token count in tokens."""
+    return list(dict.fromkeys(c for t in tokens for c in group_candidates(GROUPS[t])))
+
+
+# Candidates a sweep leaves out (group_candidates' keys): with ROCm's configuration forced, those
+# that break ROCm's ISA rules on gfx942 or gfx950 (rocm_isa_rules).
+RULED_OUT: set[tuple] = set()
+
+
+def tiles_for(kind: str, bm: int, naive: bool, qdq: bool) -> list[tuple[int, ...]]:
+    """The tiles a group times for one GEMM, those RULED_OUT left out."""
+    tiles, qdq = (W13[bm], qdq) if kind == "w13" else (W2[bm], False)
+    return [g for g in tiles if (kind, bm, naive, qdq, g) not in RULED_OUT]
+
+
+def predecode_candidates(entries: list[tuple]) -> list[tuple]:
+    """group_candidates' keys of the predecoded GEMMs of PREDECODE_TILES-like entries
+    (gemm "predecoded w13" or "predecoded w2", not naive, no QDQ inside)."""
+    return list(
+        dict.fromkeys(
+            (f"predecoded {kind}", bm, False, False, tile)
+            for bm, w13, w2 in entries
+            for kind, tile in (("w13", w13), ("w2", w2))
+        )
+    )
+
+
+def predecode_tiles() -> list[tuple]:
+    """PREDECODE_TILES but those whose GEMMs are RULED_OUT."""
+    return [e for e in PREDECODE_TILES if not RULED_OUT.intersection(predecode_candidates([e]))]
+
+
+# ROCm's ISA rules (benchmarks/rocm_table_isa.py --candidates: every candidate compiled for
+# gfx942 and gfx950 on a CPU machine; broken: a VGPR spill, scratch, no MFMA, or fewer than two
+# waves per SIMD), for the kernels file whose sha256 it names.
+ROCM_CANDIDATES = REPO / "benchmarks" / "results" / "rocm_tile_candidates.json"
+KERNELS_FILE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
+WRITE_CANDIDATES = "python benchmarks/rocm_table_isa.py --candidates (--wide for a --wide sweep)"
+
+
+def candidate_key(row: dict) -> tuple:
+    """A row of the candidates file as group_candidates' key."""
+    return (row["gemm"], row["block_m"], row["naive"], row["qdq_a"], tuple(row["tile"]))
+
+
+def rocm_isa_rules(tree: Path, wanted: list[tuple], path: Path = ROCM_CANDIDATES) -> set[tuple]:
+    """The candidates of ``wanted`` that break ROCm's ISA rules on gfx942 or gfx950, as the
+    file at ``path`` has them compiled from this tree's kernels. Stops in one line where the
+    file is missing or unreadable, was compiled from other kernels (another sha256), or has no
+    facts of a candidate wanted: a sweep must not pick a tile nobody compiled for an AMD GPU."""
+    where = f"tune_nvfp4_moe: {path}"
+    try:
+        document = json.loads(path.read_text())
+        sha256 = document["kernels_sha256"]
+        rows = {candidate_key(row): bool(row["broken"]) for row in document["candidates"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"{where}: no ROCm ISA facts to read ({exc!r}); write them with {WRITE_CANDIDATES}"
+        ) from None
+    try:
+        own = hashlib.sha256((tree / KERNELS_FILE).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise SystemExit(f"tune_nvfp4_moe: {tree}: no kernels file to judge ({exc!r})") from None
+    if sha256 != own:
+        raise SystemExit(
+            f"{where}: compiled from other kernels (sha256 {str(sha256)[:12]}, this tree's"
+            f" {own[:12]}); write it again with {WRITE_CANDIDATES}"
+        )
+    missing = [c for c in wanted if c not in rows]
+    if missing:
+        raise SystemExit(
+            f"{where}: no ISA facts of {len(missing)} candidates (the first: {missing[0]});"
+            f" write it again with {WRITE_CANDIDATES}"
+        )
+    return {c for c in wanted if rows[c]}
+
+
+def refuse_empty_buckets(tokens: list[int], predecode: bool) -> None:
+    """Stop in one line where RULED_OUT leaves a token count swept (or the predecode sweep)
+    without a group whose two GEMMs both keep a tile: there would be nothing to pick."""
+    if predecode:
+        empty = [] if predecode_tiles() else ["the predecoded GEMMs"]
+    else:
+        empty = [
+            f"{t} tokens"
+            for t in tokens
+            if not any(
+                tiles_for("w13", bm, naive, qdq) and tiles_for("w2", bm, naive, qdq)
+                for bm, naive, qdq in GROUPS[t]
+            )
+        ]
+    if empty:
+        raise SystemExit(
+            f"tune_nvfp4_moe: ROCm's ISA rules leave no candidate for {', '.join(empty)}"
+        )
+
+
 def all_tasks(shapes: list[moe_setup.MoeShape], tokens: list[int]) -> list[tuple]:
     tasks = []
     for shape in shapes:
-        for t, groups in ((t, GROUPS[t]) for t in tokens):
-            for bm, naive, qdq in groups:
-                tasks += [(shape.name, t, "w13", bm, naive, qdq, g) for g in W13[bm]]
-                tasks += [(shape.name, t, "w2", bm, naive, False, g) for g in W2[bm]]
+        for t in tokens:
+            tasks += [
+                (shape.name, t, *c) for c in group_candidates(GROUPS[t]) if c not in RULED_OUT
+            ]
     return list(dict.fromkeys(tasks))
 
 
@@ -590,7 +725,10 @@ def pick(results: dict, shapes: list[str], t: int, groups: list[tuple]):
     options = []
     for bm, naive, qdq in groups:
         chosen = {}
-        for kind, tiles in (("w13", W13[bm]), ("w2", W2[bm])):
+        if not tiles_for("w13", bm, naive, qdq) or not tiles_for("w2", bm, naive, qdq):
+            continue  # every tile of a GEMM RULED_OUT: the group is not an option
+        for kind in ("w13", "w2"):
+            tiles = tiles_for(kind, bm, naive, qdq)
             floor = {sh: min(us(sh, kind, bm, naive, qdq, g) for g in tiles) for sh in shapes}
             cost = {
                 g: sum(us(sh, kind, bm, naive, qdq, g) / floor[sh] for sh in shapes) for g in tiles
@@ -767,10 +905,13 @@ def refuse_other_bits(wrong: list[str]) -> None:
         )
 
 
-def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) -> None:
+def sweep_predecode(
+    shapes: list[moe_setup.MoeShape], args: argparse.Namespace, rules: str = ""
+) -> None:
     """--predecode (the module's docstring): each eligible shape's whole layer, fused and
-    predecoded with each of PREDECODE_TILES at PREDECODE_PAIRS pairs an expert; the picks
-    printed, every timing in tune_predecode.json, and with --write-table the tables."""
+    predecoded with each of predecode_tiles() at PREDECODE_PAIRS pairs an expert; the picks
+    printed, every timing in tune_predecode.json, and with --write-table the tables (their
+    note ends with ``rules``: what ROCm's ISA rules left out, where they applied)."""
     rows: list[dict] = []
     wrong: list[str] = []
     entries, tables, origins = {}, {}, {}
@@ -789,7 +930,8 @@ def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) 
         rows_moe = moe_setup.make_moe(shape)
         moe = laid_out(rows_moe)
         fused_us: dict[int, float] = {}
-        predecoded_us: dict[tuple, dict[int, float]] = {tiles: {} for tiles in PREDECODE_TILES}
+        candidates = predecode_tiles()
+        predecoded_us: dict[tuple, dict[int, float]] = {tiles: {} for tiles in candidates}
         for count in PREDECODE_PAIRS:
             t = predecode_tokens(shape, count)
             c = Case(moe, shape, t, rows_moe)
@@ -803,7 +945,7 @@ def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) 
             )
             want = fused().view(torch.int16)
             fused_us[count] = time_graph(fused)
-            for tiles in PREDECODE_TILES:
+            for tiles in candidates:
                 predecoded = functools.partial(
                     predecoded_forward, *layer, predecode_config(count, tiles), shape.experts,
                     c.emap, c.aligned,
@@ -840,7 +982,7 @@ def sweep_predecode(shapes: list[moe_setup.MoeShape], args: argparse.Namespace) 
     )
     refuse_other_bits(wrong)
     if args.write_table is not None:
-        sweep = f"benchmarks/tune_nvfp4_moe.py --predecode on {torch.cuda.get_device_name()}"
+        sweep = f"benchmarks/tune_nvfp4_moe.py --predecode on {torch.cuda.get_device_name()}{rules}"
         notes = {
             name: {
                 "tuned": f"{origins[name]}; then {sweep}: its predecode entry",
@@ -915,14 +1057,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{tree}: patch 0002's module reads no predecode entry in its tables")
     if hasattr(K, "platform_min_block_m"):
         keep_blocks_from(K.platform_min_block_m())
+    tokens = sorted(set(args.tokens))
+    rules = ""
+    if hasattr(K, "nvfp4_platform") and K.nvfp4_platform() == "rocm":
+        rocm_tiles(K.GENERIC_CONFIGS["rocm"])
+        wanted = (
+            predecode_candidates(PREDECODE_TILES) if args.predecode else every_candidate(tokens)
+        )
+        RULED_OUT.update(rocm_isa_rules(tree, wanted))
+        refuse_empty_buckets(tokens, args.predecode)
+        rules = f" (ROCm's ISA rules left out {len(RULED_OUT)} of {len(wanted)} candidates)"
+        print(rules.strip(" ()"), flush=True)
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     if args.predecode:
-        sweep_predecode(shapes, args)
+        sweep_predecode(shapes, args, rules)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
 
-    tokens = sorted(set(args.tokens))
     every_bucket = tokens == sorted(SWEPT)
     tasks = all_tasks(shapes, tokens)
 
@@ -1042,7 +1194,9 @@ def main(argv: list[str] | None = None) -> int:
         options = (("wide", args.wide), ("split-gate-up", args.split_gate_up))
         flags = "".join(f" --{flag}" for flag, on in options if on)
         counts = "" if every_bucket else f" --tokens {' '.join(map(str, tokens))}"
-        sweep = f"benchmarks/tune_nvfp4_moe.py{flags}{counts} on {torch.cuda.get_device_name()}"
+        sweep = (
+            f"benchmarks/tune_nvfp4_moe.py{flags}{counts} on {torch.cuda.get_device_name()}{rules}"
+        )
         notes = {
             name: {
                 "tuned": sweep_note(sweep, origins[name]),

@@ -765,16 +765,18 @@ def _environ(name: str, value: str | None) -> Iterator[None]:
                 os.environ[name] = old
 
 
-def _drive(fused: FusedModule, tokens: list[int]) -> None:
+def _drive(fused: FusedModule, tokens: list[int], fp16_rows: bool = True) -> None:
     """The experts' apply over the shapes, dtypes, token counts, with and without an expert
-    map (fused_launches)."""
+    map (fused_launches); FP16 on the checkpoint's rows (fp16_rows) or, as BF16 always, on the
+    weights as the experts' process_weights_after_loading lays them out (what every layer
+    whose weights tile runs)."""
     for e, h, i, top_k in SHAPES.values():
         for dtype in (torch.bfloat16, torch.float16):
             for m in tokens:
                 experts = fused.experts(None, shaped_quant_config(e, h, i))
                 w13 = torch.empty(e, 2 * i, h // 2, dtype=torch.uint8)
                 w2 = torch.empty(e, h, i // 2, dtype=torch.uint8)
-                if dtype == torch.bfloat16:  # as vLLM's loading leaves them; FP16: rows
+                if dtype == torch.bfloat16 or not fp16_rows:  # as vLLM's loading leaves them
                     experts.tiled_weights = (w13, w2)  # what the hook records (no bytes
                     # are read here: moving 1.2 GB of them would only cost time)
                 ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
