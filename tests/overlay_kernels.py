@@ -559,6 +559,19 @@ def load_fused(
     return FusedModule(module, experts, module.MoEActivation.SILU)
 
 
+def overlay_fused(overlay: Any, pristine: Any, rocm: bool = False) -> FusedModule:
+    """load_fused on the tests' overlay (vllm_install.Overlay) over the pin's pristine tree
+    (vllm_install.Pristine), with the alignment op of tests/gpu/standins.py."""
+    import standins
+
+    return load_fused(
+        overlay.project.overlay_dir / "vllm",
+        pristine.root / "vllm",
+        standins.moe_align_block_size,
+        rocm=rocm,
+    )
+
+
 def shaped_quant_config(experts: int, hidden: int, intermediate: int, scale: float = 0.0) -> Any:
     """quant_config for experts of that shape: every block scale `scale` (0.0: left as
     torch.empty makes them, for launches nobody runs), unit global scales."""

@@ -30,7 +30,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 import overlay_kernels as kernels
 import rocm_table_isa
-import standins
 import tune_nvfp4_moe
 from vllm_install import Overlay, Pristine
 
@@ -41,12 +40,7 @@ CANDIDATES = 180  # 165 fused GEMM tiles (blocks of 16 to 128 tokens), 15 predec
 
 @pytest.fixture(scope="module")
 def fused(overlay: Overlay, full_pristine: Pristine) -> Any:
-    return kernels.load_fused(
-        overlay.project.overlay_dir / "vllm",
-        full_pristine.root / "vllm",
-        standins.moe_align_block_size,
-        rocm=True,
-    )
+    return kernels.overlay_fused(overlay, full_pristine, rocm=True)
 
 
 @pytest.fixture

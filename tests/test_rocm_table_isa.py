@@ -19,7 +19,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 import overlay_kernels as kernels
 import rocm_table_isa
-import standins
 from vllm_install import Overlay, Pristine
 
 CANDIDATES = REPO / "benchmarks" / "rocm_tables"
@@ -46,12 +45,7 @@ def test_rules(change: dict[str, int], broken: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def fused(overlay: Overlay, full_pristine: Pristine) -> Any:
-    return kernels.load_fused(
-        overlay.project.overlay_dir / "vllm",
-        full_pristine.root / "vllm",
-        standins.moe_align_block_size,
-        rocm=True,
-    )
+    return kernels.overlay_fused(overlay, full_pristine, rocm=True)
 
 
 def tiles(launches: list[Any]) -> set[tuple[int, int, int, int]]:
