@@ -82,8 +82,11 @@ def test_rocm_candidates_have_two_stages_and_rocms_own_tiles(fused: Any, tune: A
 
 
 def test_committed_file_is_of_the_overlay_and_every_candidate(
-    overlay: Overlay, tune: Any, committed: dict[str, Any]
+    overlay: Overlay, fused: Any, tune: Any, committed: dict[str, Any]
 ) -> None:
+    """The file pins the overlay's kernels and has every candidate, each verdict the rules'
+    reading of its facts; ROCm's generic tiles keep every rule (patch 0002's comment on its
+    ROCm table says so, for the tiled weights)."""
     kernels_file = overlay.project.overlay_dir / "vllm" / rocm_table_isa.KERNELS_FILE
     assert committed["kernels_sha256"] == hashlib.sha256(kernels_file.read_bytes()).hexdigest()
     assert (committed["wide"], committed["targets"]) == (False, ["gfx942", "gfx950"])
@@ -96,6 +99,10 @@ def test_committed_file_is_of_the_overlay_and_every_candidate(
             for rule in rocm_table_isa.Row(table="t", target=target, **row[target]).broken()
         ]
         assert row["broken"] == rules
+    verdicts = {tune.candidate_key(r): r["broken"] for r in rows}
+    for config in rocm_table_isa.kernels_module(fused).GENERIC_CONFIGS["rocm"].values():
+        naive, bm, qdq, w13, w2 = tune.config_tuple(config)
+        assert verdicts["w13", bm, naive, qdq, w13] == verdicts["w2", bm, naive, False, w2] == []
 
 
 def test_committed_verdicts_compile_again(fused: Any, tune: Any, committed: dict[str, Any]) -> None:
