@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -153,7 +152,6 @@ def facts(name: str, fused: Any, table: dict[int, Any] | None) -> list[Row]:
 
 # --candidates: the tuner's candidate tiles with ROCm's configuration.
 CANDIDATES_NAME = "rocm_tile_candidates"
-KERNELS_FILE = "model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 TOP = 1 << 62  # a table's one bucket: every token count
 DRIVEN = [1, 2]  # naive blocks at both (tune_nvfp4_moe's groups at 1 and 8 tokens have them)
 
@@ -166,8 +164,7 @@ def tuner(module: Any, wide: bool) -> Any:
 
     if wide:
         tune.widen()
-    tune.keep_blocks_from(module.platform_min_block_m("rocm"))
-    tune.rocm_tiles(module.GENERIC_CONFIGS["rocm"])
+    tune.platform_candidates(module, "rocm")
     return tune
 
 
@@ -296,7 +293,7 @@ def candidates_markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
 def write_candidates(fused: Any, overlay: Path, wide: bool, out: Path, triton_version: str) -> int:
     tune = tuner(kernels_module(fused), wide)
     rows, silent = candidate_rows(candidate_launches(fused, tune), tuner_candidates(tune))
-    sha256 = hashlib.sha256((overlay / KERNELS_FILE).read_bytes()).hexdigest()
+    sha256 = tune.kernels_sha256(overlay.parent)  # overlay: the tree's vllm folder
     document = {"triton": triton_version, "vllm": PIN, "kernels_sha256": sha256, "wide": wide,
                 "targets": list(TARGETS), "candidates": rows}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)

@@ -292,6 +292,15 @@ def rocm_tiles(generic: dict) -> None:
             tiles[bm] = list(dict.fromkeys([*tiles.get(bm, []), tile]))
 
 
+def platform_candidates(module, platform: str) -> None:
+    """The candidates as the kernel module ``module`` runs them on ``platform``: its token
+    blocks (keep_blocks_from), and on ROCm the tiles' two-stage twins and ROCm's generic
+    table's tiles (rocm_tiles)."""
+    keep_blocks_from(module.platform_min_block_m(platform))
+    if platform == "rocm":
+        rocm_tiles(module.GENERIC_CONFIGS["rocm"])
+
+
 KERNEL_MODULE = "vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe"
 
 
@@ -617,6 +626,11 @@ KERNELS_FILE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_ker
 WRITE_CANDIDATES = "python benchmarks/rocm_table_isa.py --candidates (--wide for a --wide sweep)"
 
 
+def kernels_sha256(tree: Path) -> str:
+    """The sha256 of the kernels file of a vLLM tree (or of an overlay: the same paths)."""
+    return hashlib.sha256((tree / KERNELS_FILE).read_bytes()).hexdigest()
+
+
 def candidate_key(row: dict) -> tuple:
     """A row of the candidates file as group_candidates' key."""
     return (row["gemm"], row["block_m"], row["naive"], row["qdq_a"], tuple(row["tile"]))
@@ -637,7 +651,7 @@ def rocm_isa_rules(tree: Path, wanted: list[tuple], path: Path = ROCM_CANDIDATES
             f"{where}: no ROCm ISA facts to read ({exc!r}); write them with {WRITE_CANDIDATES}"
         ) from None
     try:
-        own = hashlib.sha256((tree / KERNELS_FILE).read_bytes()).hexdigest()
+        own = kernels_sha256(tree)
     except OSError as exc:
         raise SystemExit(f"tune_nvfp4_moe: {tree}: no kernels file to judge ({exc!r})") from None
     if sha256 != own:
@@ -1055,19 +1069,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{tree}: patch 0002's module has no split_gate_up tile option")
     if args.predecode and not hasattr(K, "parse_predecode"):
         raise SystemExit(f"{tree}: patch 0002's module reads no predecode entry in its tables")
+    platform = K.nvfp4_platform() if hasattr(K, "nvfp4_platform") else "cuda"
     if hasattr(K, "platform_min_block_m"):
-        keep_blocks_from(K.platform_min_block_m())
+        platform_candidates(K, platform)
     tokens = sorted(set(args.tokens))
     rules = ""
-    if hasattr(K, "nvfp4_platform") and K.nvfp4_platform() == "rocm":
-        rocm_tiles(K.GENERIC_CONFIGS["rocm"])
+    if platform == "rocm":
         wanted = (
             predecode_candidates(PREDECODE_TILES) if args.predecode else every_candidate(tokens)
         )
         RULED_OUT.update(rocm_isa_rules(tree, wanted))
         refuse_empty_buckets(tokens, args.predecode)
-        rules = f" (ROCm's ISA rules left out {len(RULED_OUT)} of {len(wanted)} candidates)"
-        print(rules.strip(" ()"), flush=True)
+        said = f"ROCm's ISA rules left out {len(RULED_OUT)} of {len(wanted)} candidates"
+        print(said, flush=True)
+        rules = f" ({said})"
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     if args.predecode:

@@ -87,8 +87,9 @@ def test_committed_file_is_of_the_overlay_and_every_candidate(
     """The file pins the overlay's kernels and has every candidate, each verdict the rules'
     reading of its facts; ROCm's generic tiles keep every rule (patch 0002's comment on its
     ROCm table says so, for the tiled weights)."""
-    kernels_file = overlay.project.overlay_dir / "vllm" / rocm_table_isa.KERNELS_FILE
+    kernels_file = overlay.project.overlay_dir / kernels.FUSED_KERNELS
     assert committed["kernels_sha256"] == hashlib.sha256(kernels_file.read_bytes()).hexdigest()
+    assert committed["kernels_sha256"] == tune.kernels_sha256(overlay.project.overlay_dir)
     assert (committed["wide"], committed["targets"]) == (False, ["gfx942", "gfx950"])
     rows = committed["candidates"]
     assert [tune.candidate_key(r) for r in rows] == rocm_table_isa.tuner_candidates(tune)
