@@ -12,9 +12,9 @@ tests/overlay_kernels.py's drive of the fused experts (both benchmark shapes and
 BF16 and FP16, with and without an expert map, both ends of every bucket of TABLE). Writes NAME.json
 and NAME.md under DIR (default benchmarks/results, rocm_table_isa) and exits 1 where a
 configuration breaks a rule, 0 where none does, 2 (one line, nothing written) for a TABLE it
-cannot read. Candidate tables measured on an H200 with
-``VLLM_PATCHSET_NVFP4_CONFIG_DIR`` (as nvfp4_emulation_moe_tiles.rocm_generic.json) are in
-benchmarks/rocm_tables/.
+cannot read, or an --overlay or --pristine tree without the files it loads. Candidate tables
+measured on an H200 with ``VLLM_PATCHSET_NVFP4_CONFIG_DIR`` (as
+nvfp4_emulation_moe_tiles.rocm_generic.json) are in benchmarks/rocm_tables/.
 
     python benchmarks/rocm_table_isa.py --candidates [--wide] [--out DIR]
 
@@ -355,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     import standins
     import triton
 
+    needed = ((args.overlay.parent / kernels.FUSED_MOE, "--overlay: patch 0002's experts"),
+              (args.pristine / "__init__.py", "--pristine: vLLM 0.24.0's package"))  # fmt: skip
+    for path, what in needed:
+        if not path.is_file():
+            print(f"rocm_table_isa: no {path} ({what})", file=sys.stderr)
+            return 2
     fused = kernels.load_fused(args.overlay, args.pristine, standins.moe_align_block_size, True)
     module = kernels_module(fused)
     if args.candidates:

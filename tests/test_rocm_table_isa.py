@@ -96,3 +96,22 @@ def test_unreadable_tables(fused: Any, tmp_path: Path) -> None:
     with pytest.raises(rocm_table_isa.BadTable) as refused:
         rocm_table_isa.read_table(module, str(bad))
     assert str(refused.value).startswith(f"{bad}: entry '16' w13: K step 64;")
+
+
+def test_missing_trees_refused_in_one_line(
+    tmp_path: Path, full_pristine: Pristine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An --overlay or --pristine without the files the script loads: one line, exit 2, nothing
+    written (before: a traceback from the loader)."""
+    out = tmp_path / "out"
+    pristine = str(full_pristine.root / "vllm")
+    cases = [
+        (["--overlay", str(tmp_path / "vllm"), "--pristine", pristine],
+         f"no {tmp_path / kernels.FUSED_MOE} (--overlay: patch 0002's experts)"),
+        (["--pristine", str(tmp_path)], f"no {tmp_path / '__init__.py'} (--pristine: vLLM 0.24.0's"
+         " package)"),
+    ]  # fmt: skip
+    for options, line in cases:
+        assert rocm_table_isa.main(["shipped", "--out", str(out), *options]) == 2
+        assert capsys.readouterr().err == f"rocm_table_isa: {line}\n"
+    assert not out.exists()
