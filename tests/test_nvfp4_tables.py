@@ -33,6 +33,7 @@ pytest.importorskip("triton", reason="the module defines triton kernels (pip ins
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import moe_setup
 import overlay_kernels as kernels
 import standins
 from vllm_install import Overlay, Pristine
@@ -284,6 +285,34 @@ def test_generic_predecode_without_an_entry(
     (tmp_path / "tables" / name).write_text(json.dumps({"64": entry()}))
     assert module.nvfp4_predecode_config(*PREDECODE_SHAPE) is generic
     assert list(module.nvfp4_moe_configs(*PREDECODE_SHAPE)) == [64]
+
+
+def test_shipped_h200_predecode_entries(load: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch 0002's H200 tables carry a predecode entry for exactly the shapes of
+    moe_setup.H200_PREDECODE (what tests/gpu/test_predecode.py expects on an H200), as it gives
+    them; an H200 takes it for those shapes, another GPU and ROCm's configuration the generic."""
+    module = load()[0].module
+    h100 = load(device="NVIDIA H100 80GB HBM3")[0].module
+    with_entry = {
+        path.name
+        for path in Path(module.TABLES_DIR).glob("nvfp4_emulation_moe_tiles.*.json")
+        if "predecode" in json.loads(path.read_text())
+    }
+    gemm, named = module.GemmConfig, set()
+    for name, (pairs, block_m, w13, w2) in moe_setup.H200_PREDECODE.items():
+        shape = moe_setup.shape_named(name)
+        sizes = (shape.held_experts, shape.hidden, shape.intermediate)
+        named.add(module.table_file_names(*sizes, "NVIDIA_H200")[0])
+        want = module.PredecodeConfig(pairs, block_m, gemm(*w13), gemm(*w2))
+        assert module.nvfp4_predecode_config(*sizes) == want
+        assert h100.nvfp4_predecode_config(*sizes) is h100.GENERIC_PREDECODE["cuda"]
+    assert with_entry == named
+    monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", "rocm")
+    rocm = load()[0].module
+    for name in moe_setup.H200_PREDECODE:
+        shape = moe_setup.shape_named(name)
+        sizes = (shape.held_experts, shape.hidden, shape.intermediate)
+        assert rocm.nvfp4_predecode_config(*sizes) is rocm.GENERIC_PREDECODE["rocm"]
 
 
 def test_predecode_entry_round_trip(load: Any) -> None:
@@ -613,7 +642,7 @@ def test_tuner_keeps_where_a_table_came_from(
     parsed = fused.module.parse_table(shipped.read_text(), "x")
     assert table == {bound: tune.config_tuple(c) for bound, c in parsed.items()}
 
-    other = tune.shape_named("e128-h4096-i1536")  # no table of its own: the H200's
+    other = tune.shape_named("qwen3-235b-a22b-tp2")  # no table of its own: the H200's
     device_note = json.loads((folder / DEVICE_FILE).read_text())["_tuned"]
     assert tune.shipped_table(other)[1] == f"{DEVICE_FILE} ({device_note})"
 

@@ -70,6 +70,7 @@ H200_SHAPE_TABLES = tuple(
         (128, 2816, 352),  # Gemma-4-26B-A4B TP2
         (128, 2816, 704),  # Gemma-4-26B-A4B
         (128, 4096, 192),  # Qwen3-235B-A22B TP8
+        (128, 4096, 1536),  # Qwen3-235B-A22B (its predecode entry)
         (128, 4096, 384),  # Qwen3-235B-A22B TP4
         (128, 5120, 1024),  # Llama-4-Maverick TP8
         (128, 5120, 2048),  # Llama-4-Maverick TP4

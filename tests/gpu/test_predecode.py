@@ -4,9 +4,10 @@ output is the bits the fused kernel gives the same inputs (the same experts with
 turned off for the comparison), on released checkpoints' layers at the token counts where the
 rule takes them: Qwen3-30B-A3B and Qwen3-235B-A22B whole at 8192 tokens, and one DeepSeek-R1
 expert-parallel rank at 16384 (32 of 256 experts, an expert map with -1 entries: w2's zeros for
-other ranks' pairs). Each in CUDA's configuration (the PTX decode, CUDA's tiles) and in ROCm's
-forced on this GPU (the portable decode, ROCm's tile table, token block and predecoded tiles:
-what an AMD GPU runs). Eager, the experts' own apply and the finalize's top-k sum
+other ranks' pairs). Each in CUDA's configuration (the PTX decode, CUDA's tiles; on an H200
+the predecode entry of the shape's table where it has one) and in ROCm's forced on this GPU
+(the portable decode, ROCm's tile table, token block and predecoded tiles: what an AMD GPU
+runs). Eager, the experts' own apply and the finalize's top-k sum
 (tests/gpu/test_batch_invariance.py has a token alone against it in a batch of 8192, eager and
 from CUDA graphs).
 
@@ -34,6 +35,18 @@ CASES = [("qwen3-30b-a3b", 8192), ("qwen3-235b-a22b", 8192), ("deepseek-r1-ep8",
 NO_PREDECODE_ENV = "VLLM_PATCHSET_NVFP4_NO_PREDECODE"
 
 
+def expected_predecode(name: str, platform: str) -> object:
+    """The predecode the experts read at load: on an H200 in CUDA's configuration the shape's
+    shipped table's entry where it has one (moe_setup.H200_PREDECODE), else the platform's
+    generic one (ROCm's configuration forced here reads the rocm_generic tables: none ships)."""
+    on_h200 = platform == "cuda" and torch.cuda.get_device_name() == "NVIDIA H200"
+    if not on_h200 or name not in moe_setup.H200_PREDECODE:
+        return nvfp4_emulation_moe.GENERIC_PREDECODE[platform]
+    pairs, block_m, w13, w2 = moe_setup.H200_PREDECODE[name]
+    gemm = nvfp4_emulation_moe.GemmConfig
+    return nvfp4_emulation_moe.PredecodeConfig(pairs, block_m, gemm(*w13), gemm(*w2))
+
+
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 @pytest.mark.parametrize(("name", "tokens"), CASES)
 def test_predecoded_gemms_give_the_fused_bits(
@@ -51,9 +64,7 @@ def test_predecoded_gemms_give_the_fused_bits(
     experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
     built = experts.experts
     assert (built.platform, built.ptx_decode) == (platform, platform == "cuda")
-    # The predecode the experts read at load: the platform's generic one (no H200 table has a
-    # predecode entry).
-    assert built.predecode_config == nvfp4_emulation_moe.GENERIC_PREDECODE[platform]
+    assert built.predecode_config == expected_predecode(name, platform)
     sizes = (shape.experts, shape.held_experts, shape.hidden, shape.intermediate, 2)
     config = built.predecode_config
     assert nvfp4_emulation_moe.predecodes(tokens * shape.top_k, *sizes, config), "not predecoded"
