@@ -298,21 +298,19 @@ def test_shipped_h200_predecode_entries(load: Any, monkeypatch: pytest.MonkeyPat
         for path in Path(module.TABLES_DIR).glob("nvfp4_emulation_moe_tiles.*.json")
         if "predecode" in json.loads(path.read_text())
     }
-    gemm, named = module.GemmConfig, set()
-    for name, (pairs, block_m, w13, w2) in moe_setup.H200_PREDECODE.items():
-        shape = moe_setup.shape_named(name)
-        sizes = (shape.held_experts, shape.hidden, shape.intermediate)
-        named.add(module.table_file_names(*sizes, "NVIDIA_H200")[0])
-        want = module.PredecodeConfig(pairs, block_m, gemm(*w13), gemm(*w2))
-        assert module.nvfp4_predecode_config(*sizes) == want
-        assert h100.nvfp4_predecode_config(*sizes) is h100.GENERIC_PREDECODE["cuda"]
-    assert with_entry == named
+    sizes = {
+        name: (shape.held_experts, shape.hidden, shape.intermediate)
+        for name in moe_setup.H200_PREDECODE
+        for shape in [moe_setup.shape_named(name)]
+    }
+    assert with_entry == {module.table_file_names(*s, "NVIDIA_H200")[0] for s in sizes.values()}
+    for name, shape in sizes.items():
+        assert module.nvfp4_predecode_config(*shape) == moe_setup.h200_predecode(module, name)
+        assert h100.nvfp4_predecode_config(*shape) is h100.GENERIC_PREDECODE["cuda"]
     monkeypatch.setenv("VLLM_PATCHSET_NVFP4_PLATFORM", "rocm")
     rocm = load()[0].module
-    for name in moe_setup.H200_PREDECODE:
-        shape = moe_setup.shape_named(name)
-        sizes = (shape.held_experts, shape.hidden, shape.intermediate)
-        assert rocm.nvfp4_predecode_config(*sizes) is rocm.GENERIC_PREDECODE["rocm"]
+    for shape in sizes.values():
+        assert rocm.nvfp4_predecode_config(*shape) is rocm.GENERIC_PREDECODE["rocm"]
 
 
 def test_predecode_entry_round_trip(load: Any) -> None:

@@ -153,6 +153,7 @@ def shape_named(name: str) -> MoeShape:
 # The GPU tests' shapes (tests/gpu/test_fused_nvfp4_emulation.py): the two the kernel was first
 # tuned on, so that the suite's runtime stays what it was (the benchmark covers every shape).
 TEST_SHAPES = (shape_named("qwen3-30b-a3b"), shape_named("e128-h4096-i1536"))
+TOKENS = (1, 8, 32, 128, 512)
 
 # The predecode entries of patch 0002's shipped H200 tables (benchmarks/tune_nvfp4_moe.py
 # --predecode on an H200, kept where the layer with them was faster, 2026-12-05), by the shape
@@ -164,7 +165,15 @@ H200_PREDECODE = {
     "qwen3-235b-a22b": (256, 128, (128, 64, 8, 3), (256, 64, 8, 3)),
     "deepseek-r1-tp8": (256, 128, (128, 64, 8, 3), (128, 64, 4, 3)),
 }
-TOKENS = (1, 8, 32, 128, 512)
+
+
+def h200_predecode(module: Any, name: str) -> Any:
+    """H200_PREDECODE[name] as patch 0002's PredecodeConfig (``module``: its experts' module or
+    its kernels', which both hold PredecodeConfig and GemmConfig)."""
+    pairs, block_m, w13, w2 = H200_PREDECODE[name]
+    return module.PredecodeConfig(pairs, block_m, module.GemmConfig(*w13), module.GemmConfig(*w2))
+
+
 # Activation amax the static scales are calibrated for: randn hidden states stay under 6,
 # silu(gate) * up of unit-RMS rows under 8. Round on purpose, unlike a calibration's (and the
 # engine check's checkpoints, 5.83 and 7.61): the global scales 448 and 336 put some activations

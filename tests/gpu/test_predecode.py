@@ -42,9 +42,7 @@ def expected_predecode(name: str, platform: str) -> object:
     on_h200 = platform == "cuda" and torch.cuda.get_device_name() == "NVIDIA H200"
     if not on_h200 or name not in moe_setup.H200_PREDECODE:
         return nvfp4_emulation_moe.GENERIC_PREDECODE[platform]
-    pairs, block_m, w13, w2 = moe_setup.H200_PREDECODE[name]
-    gemm = nvfp4_emulation_moe.GemmConfig
-    return nvfp4_emulation_moe.PredecodeConfig(pairs, block_m, gemm(*w13), gemm(*w2))
+    return moe_setup.h200_predecode(nvfp4_emulation_moe, name)
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
