@@ -2,7 +2,8 @@
 experts launch with TABLE as ROCm's generic table, compiled on this machine (no GPU) for gfx942
 (MI300) and gfx950 (MI355), and judged by the rules patch 0002 chooses ROCm's table by (the
 comment above its ROCM_CONFIGS): matrix instructions (MFMA), no VGPR spill and no scratch, and
-at least two waves per SIMD.
+at least two waves per SIMD; and by what a launch needs: no more LDS than the target has (64
+KiB on gfx942, 160 KiB on gfx950).
 
     python benchmarks/rocm_table_isa.py TABLE [TABLE ...] [--out DIR] [--name NAME]
 
@@ -50,6 +51,9 @@ TARGETS = ("gfx942", "gfx950")
 GEMM = "_nvfp4_moe_gemm_kernel"
 PREDECODED_GEMM = "_predecoded_moe_gemm_kernel"
 MIN_WAVES = 2  # ROCM_CONFIGS: "keeps at least two waves per SIMD"
+# The LDS one workgroup may take: MI300's (gfx942) 64 KiB, MI355's (gfx950) 160 KiB. A kernel
+# that asks for more does not launch there (triton's OutOfResources).
+LDS_BYTES = {"gfx942": 64 << 10, "gfx950": 160 << 10}
 SHIPPED = "shipped"
 
 
@@ -77,6 +81,7 @@ class Row:
             "scratch": self.scratch_bytes > 0,
             "no MFMA": self.mfma == 0,
             f"fewer than {MIN_WAVES} waves": self.occupancy_waves < MIN_WAVES,
+            f"LDS over {LDS_BYTES[self.target] >> 10} KiB": self.lds_bytes > LDS_BYTES[self.target],
         }
         return [rule for rule, broken in rules.items() if broken]
 
@@ -273,16 +278,21 @@ def candidates_markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
         "`benchmarks/tune_nvfp4_moe.py` may time with ROCm's configuration, for gfx942 and gfx950,",
         "the worst of its configurations. Rules: MFMA, no VGPR spill or scratch, at least"
         f" {MIN_WAVES} waves",
-        "per SIMD. The tuner leaves out the candidates that break one.",
+        f"per SIMD, LDS within the target's ({LDS_BYTES['gfx942'] >> 10} KiB on gfx942,"
+        f" {LDS_BYTES['gfx950'] >> 10} KiB on gfx950).",
+        "The tuner leaves out the candidates that break one.",
         "",
         f"{sum(1 for r in rows if not r['broken'])} of {len(rows)} candidates keep the rules.",
         "",
-        "| GEMM | block | naive | QDQ | tile (n, k, warps, stages) | gfx942 VGPRs, waves |"
-        " gfx950 VGPRs, waves | broken |",
+        "| GEMM | block | naive | QDQ | tile (n, k, warps, stages) | gfx942 VGPRs, waves, LDS |"
+        " gfx950 VGPRs, waves, LDS | broken |",
         "|---|---:|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cells = [f"{r[t]['vgprs']}, {r[t]['occupancy_waves']}" for t in TARGETS]
+        cells = [
+            f"{r[t]['vgprs']}, {r[t]['occupancy_waves']}, {r[t]['lds_bytes'] >> 10} KiB"
+            for t in TARGETS
+        ]
         lines.append(
             f"| {r['gemm']} | {r['block_m']} | {int(r['naive'])} | {int(r['qdq_a'])} |"
             f" {tuple(r['tile'])} | {cells[0]} | {cells[1]} | {'; '.join(r['broken'])} |"
@@ -312,7 +322,9 @@ def markdown(rows: list[Row], triton_version: str) -> str:
         "",
         f"Compiled on a CPU machine with triton {triton_version} (`benchmarks/rocm_table_isa.py`):",
         "every fused GEMM configuration each table makes the experts launch, for gfx942 and",
-        f"gfx950. Rules: MFMA, no VGPR spill or scratch, at least {MIN_WAVES} waves per SIMD.",
+        f"gfx950. Rules: MFMA, no VGPR spill or scratch, at least {MIN_WAVES} waves per SIMD,",
+        f"LDS within the target's ({LDS_BYTES['gfx942'] >> 10} KiB on gfx942,"
+        f" {LDS_BYTES['gfx950'] >> 10} KiB on gfx950).",
         "",
         "| table | target | configurations | breaking a rule | most VGPRs | fewest waves |",
         "|---|---|---:|---:|---:|---:|",

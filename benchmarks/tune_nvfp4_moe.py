@@ -57,7 +57,8 @@ table written keeps the predecode entry of the shape's shipped table.
 With ROCm's configuration (VLLM_PATCHSET_NVFP4_PLATFORM=rocm on an NVIDIA GPU, or an AMD GPU)
 the candidates are the tiles above, each also with two stages, and ROCm's generic table's tiles
 (rocm_tiles); a sweep times only those that keep ROCm's ISA rules on gfx942 and gfx950 (MFMA, no
-VGPR spill or scratch, two waves per SIMD): benchmarks/results/rocm_tile_candidates.json, which
+VGPR spill or scratch, two waves per SIMD, no more LDS than the target has: 64 KiB on gfx942, 160
+KiB on gfx950): benchmarks/results/rocm_tile_candidates.json, which
 ``benchmarks/rocm_table_isa.py --candidates`` writes on a CPU machine for the kernels file whose
 sha256 it names. An NVIDIA GPU would pick what runs fastest there, such as three stages, which
 leave an MI300 one wave per SIMD. The sweep stops, in one line and before any timing, where that
@@ -619,8 +620,8 @@ def predecode_tiles() -> list[tuple]:
 
 
 # ROCm's ISA rules (benchmarks/rocm_table_isa.py --candidates: every candidate compiled for
-# gfx942 and gfx950 on a CPU machine; broken: a VGPR spill, scratch, no MFMA, or fewer than two
-# waves per SIMD), for the kernels file whose sha256 it names.
+# gfx942 and gfx950 on a CPU machine; broken: a VGPR spill, scratch, no MFMA, fewer than two
+# waves per SIMD, or more LDS than the target has), for the kernels file whose sha256 it names.
 ROCM_CANDIDATES = REPO / "benchmarks" / "results" / "rocm_tile_candidates.json"
 KERNELS_FILE = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 WRITE_CANDIDATES = "python benchmarks/rocm_table_isa.py --candidates (--wide for a --wide sweep)"

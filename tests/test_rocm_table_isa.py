@@ -34,12 +34,24 @@ RULE_CASES = [
     ({"mfma": 0}, ["no MFMA"]),
     ({"occupancy_waves": 1}, ["fewer than 2 waves"]),
     ({"occupancy_waves": 1, "vgpr_spills": 4}, ["VGPR spill", "fewer than 2 waves"]),
+    ({"lds_bytes": 64 << 10}, []),  # all of MI300's LDS: it launches
+    ({"lds_bytes": (64 << 10) + 1}, ["LDS over 64 KiB"]),
+    ({"lds_bytes": 147456, "occupancy_waves": 1}, ["fewer than 2 waves", "LDS over 64 KiB"]),
+]
+# The same rules on gfx950, whose LDS is 160 KiB (the worst facts of two predecoded tiles).
+RULE_CASES_GFX950 = [
+    ({"lds_bytes": 148208}, []),
+    ({"lds_bytes": 160 << 10}, []),
+    ({"lds_bytes": 197616}, ["LDS over 160 KiB"]),
 ]
 
 
-@pytest.mark.parametrize(("change", "broken"), RULE_CASES)
-def test_rules(change: dict[str, int], broken: list[str]) -> None:
-    row = rocm_table_isa.Row(table="t", target="gfx942", config="c", **(GOOD | change))
+@pytest.mark.parametrize(
+    ("target", "change", "broken"),
+    [("gfx942", *case) for case in RULE_CASES] + [("gfx950", *case) for case in RULE_CASES_GFX950],
+)
+def test_rules(target: str, change: dict[str, int], broken: list[str]) -> None:
+    row = rocm_table_isa.Row(table="t", target=target, config="c", **(GOOD | change))
     assert row.broken() == broken
 
 
