@@ -405,7 +405,7 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap, align
 # --predecode: the routed pairs per expert of the layer swept, and the candidate tiles of the
 # predecoded GEMMs (block_m, w13 tile, w2 tile; each tile's K step divides 64, half of the fused
 # kernel's K step, and w13's rows are whole steps of 128: the kernel module refuses others).
-# The first two are the generic CUDA and ROCm ones.
+# The first is CUDA's generic one, the fourth ROCm's (the second was ROCm's until 2026-12-05).
 PREDECODE_PAIRS = (64, 128, 256, 512, 1024)
 PREDECODE_TILES = [
     (128, (128, 64, 8, 3), (128, 64, 4, 3)),
