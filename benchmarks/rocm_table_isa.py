@@ -54,6 +54,12 @@ MIN_WAVES = 2  # ROCM_CONFIGS: "keeps at least two waves per SIMD"
 # The LDS one workgroup may take: MI300's (gfx942) 64 KiB, MI355's (gfx950) 160 KiB. A kernel
 # that asks for more does not launch there (triton's OutOfResources).
 LDS_BYTES = {"gfx942": 64 << 10, "gfx950": 160 << 10}
+# Row.broken's rules in a sentence, for both Markdown files.
+RULES = (
+    f"Rules: MFMA, no VGPR spill or scratch, at least {MIN_WAVES} waves per SIMD, LDS within"
+    f" the target's ({LDS_BYTES['gfx942'] >> 10} KiB on gfx942, {LDS_BYTES['gfx950'] >> 10} KiB"
+    " on gfx950)."
+)
 SHIPPED = "shipped"
 
 
@@ -276,10 +282,8 @@ def candidates_markdown(rows: list[dict[str, Any]], triton_version: str) -> str:
         f"Compiled on a CPU machine with triton {triton_version}"
         " (`benchmarks/rocm_table_isa.py --candidates`): every tile",
         "`benchmarks/tune_nvfp4_moe.py` may time with ROCm's configuration, for gfx942 and gfx950,",
-        "the worst of its configurations. Rules: MFMA, no VGPR spill or scratch, at least"
-        f" {MIN_WAVES} waves",
-        f"per SIMD, LDS within the target's ({LDS_BYTES['gfx942'] >> 10} KiB on gfx942,"
-        f" {LDS_BYTES['gfx950'] >> 10} KiB on gfx950).",
+        "the worst of its configurations.",
+        RULES,
         "The tuner leaves out the candidates that break one.",
         "",
         f"{sum(1 for r in rows if not r['broken'])} of {len(rows)} candidates keep the rules.",
@@ -322,9 +326,8 @@ def markdown(rows: list[Row], triton_version: str) -> str:
         "",
         f"Compiled on a CPU machine with triton {triton_version} (`benchmarks/rocm_table_isa.py`):",
         "every fused GEMM configuration each table makes the experts launch, for gfx942 and",
-        f"gfx950. Rules: MFMA, no VGPR spill or scratch, at least {MIN_WAVES} waves per SIMD,",
-        f"LDS within the target's ({LDS_BYTES['gfx942'] >> 10} KiB on gfx942,"
-        f" {LDS_BYTES['gfx950'] >> 10} KiB on gfx950).",
+        "gfx950.",
+        RULES,
         "",
         "| table | target | configurations | breaking a rule | most VGPRs | fewest waves |",
         "|---|---|---:|---:|---:|---:|",

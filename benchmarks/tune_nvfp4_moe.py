@@ -406,13 +406,15 @@ def fused_forward(moe, hidden, topk_weights, topk_ids, cfg, experts, emap, align
 # predecoded GEMMs (block_m, w13 tile, w2 tile; each tile's K step divides 64, half of the fused
 # kernel's K step, and w13's rows are whole steps of 128: the kernel module refuses others).
 # The first is CUDA's generic one, the fourth ROCm's (the second was ROCm's until 2026-12-05).
+# w13 over 256 rows at three stages is not one (it was until 2026-12-05): it asks for 240 KiB of
+# shared memory, where an H100's or H200's block has 227 KiB (every CUDA sweep's timing of it
+# failed), and spills VGPRs on gfx942 and gfx950, whose LDS (64, 160 KiB) it overflows too.
 PREDECODE_PAIRS = (64, 128, 256, 512, 1024)
 PREDECODE_TILES = [
     (128, (128, 64, 8, 3), (128, 64, 4, 3)),
     (128, (128, 64, 8, 2), (128, 64, 4, 2)),
     (128, (128, 64, 8, 4), (128, 64, 4, 4)),
     (128, (128, 32, 8, 3), (128, 32, 4, 3)),
-    (128, (256, 64, 8, 3), (128, 64, 8, 3)),
     (128, (128, 64, 4, 3), (64, 64, 4, 3)),
     (128, (128, 64, 8, 3), (256, 64, 8, 3)),
     (64, (128, 64, 4, 3), (128, 64, 4, 3)),

@@ -731,8 +731,8 @@ def test_tuner_writes_and_keeps_predecode_entries(
     assert json.loads(text)["predecode"] == {
         "min_pairs_per_expert": 1 << 40,
         "block_m": 128,
-        "w13": {"block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
-        "w2": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+        "w13": {"block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
+        "w2": {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
     }
     assert module.parse_table(text, "x") == tune.moe_configs(table)
     monkeypatch.setattr(module, "TABLES_DIR", str(tmp_path))
