@@ -214,6 +214,16 @@ def candidate_launches(fused: Any, tune: Any) -> list[Any]:
             with rocm_table(module, table), kernels.recording_launches() as found:
                 kernels._drive(fused, DRIVEN, fp16_rows=False)
             launches += [f for f in found if f.kernel.__name__ == GEMM]
+    return launches + predecode_launches(fused, tune)
+
+
+def predecode_launches(fused: Any, tune: Any) -> list[Any]:
+    """candidate_launches' predecoded GEMMs: each PREDECODE_TILES entry as ROCm's generic
+    predecode from one pair an expert."""
+    import overlay_kernels as kernels
+
+    module = kernels_module(fused)
+    launches: list[Any] = []
     tokens = max(-(-e // top_k) for e, _, _, top_k in kernels.SHAPES.values())
     kept = module.GENERIC_PREDECODE["rocm"]
     for bm, w13_tile, w2_tile in tune.PREDECODE_TILES:

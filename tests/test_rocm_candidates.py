@@ -7,6 +7,7 @@
   exactly the candidates, says what each breaks by the rules, and two of its verdicts (one
   broken, one kept) are what compiling them here again gives; with ROCm's configuration every
   tile has its two-stage twin and ROCm's generic table's tiles are candidates;
+- every predecoded candidate fits a Hopper block's shared memory (compiled for sm_90);
 - the tuner, sweeping ROCm's configuration, leaves out the candidates that break a rule (in its
   tasks, its picks, its predecode tiles) and stops in one line where the file is missing,
   unreadable, of other kernels or silent on a candidate (or the tree has no kernels file), or
@@ -119,6 +120,27 @@ def test_committed_verdicts_compile_again(fused: Any, tune: Any, committed: dict
     got, silent = rocm_table_isa.candidate_rows(launches, again)
     assert silent == []
     assert got == [fewest(True), fewest(False)]
+
+
+# A Hopper block's shared memory (an H100's or H200's: 227 KiB).
+HOPPER_SHARED = 227 << 10
+
+
+def test_predecoded_candidates_fit_hopper(fused: Any, tune: Any) -> None:
+    """Every predecoded tile the tuner may time (CUDA's sweep times the same ones) compiles for
+    sm_90 within a Hopper block's shared memory: a tile above it fails at launch in every
+    timing of a CUDA sweep (w13 over 256 rows at three stages, 240 KiB, did until 2026-12-05)."""
+    wanted = tune.predecode_candidates(tune.PREDECODE_TILES)
+    specs = [kernels.specialize(x, "sm90") for x in rocm_table_isa.predecode_launches(fused, tune)]
+    over, seen = [], set()
+    for spec in kernels.unique(specs):
+        key = rocm_table_isa.candidate_of(spec)
+        seen.add(key)
+        shared = kernels.isa_facts(kernels.compile_for(spec), "sm90")["shared_bytes_triton"]
+        if shared > HOPPER_SHARED:
+            over.append((key, shared))
+    assert seen == set(wanted)
+    assert over == []
 
 
 # -- the tuner's side ----------------------------------------------------------------------
