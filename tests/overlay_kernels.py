@@ -70,6 +70,9 @@ TARGETS = {
 # and is compiled for that platform's targets only; every other kernel is portable.
 PLATFORM_COMMENT = re.compile(r"#\s*triton-platform:\s*(?P<platform>cuda|hip)\s*$")
 PLATFORM_TARGETS = {"cuda": ("sm90",), "hip": ("gfx942", "gfx950"), None: tuple(TARGETS)}
+# The shared memory one block may take on Hopper (an H100's or H200's: 227 KiB); a kernel that
+# asks for more does not launch (triton's OutOfResources). AMD's: rocm_table_isa.LDS_BYTES.
+HOPPER_SHARED_BYTES = 227 << 10
 
 
 # -- the kernels of a file -------------------------------------------------------------------

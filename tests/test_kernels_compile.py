@@ -285,8 +285,8 @@ def test_isa_facts(target: str, fused: dict[str, tuple[list[Any], Any]]) -> None
 
 
 # The shared memory (LDS) one program may take: MI300's and MI355's (rocm_table_isa's rule),
-# Hopper's 227 KiB.
-SHARED_LIMIT = rocm_table_isa.LDS_BYTES | {"sm90": 227 << 10}
+# Hopper's.
+SHARED_LIMIT = rocm_table_isa.LDS_BYTES | {"sm90": kernels.HOPPER_SHARED_BYTES}
 
 
 @pytest.mark.parametrize("target", kernels.TARGETS)

@@ -122,10 +122,6 @@ def test_committed_verdicts_compile_again(fused: Any, tune: Any, committed: dict
     assert got == [fewest(True), fewest(False)]
 
 
-# A Hopper block's shared memory (an H100's or H200's: 227 KiB).
-HOPPER_SHARED = 227 << 10
-
-
 def test_predecoded_candidates_fit_hopper(fused: Any, tune: Any) -> None:
     """Every predecoded tile the tuner may time (CUDA's sweep times the same ones) compiles for
     sm_90 within a Hopper block's shared memory: a tile above it fails at launch in every
@@ -137,7 +133,7 @@ def test_predecoded_candidates_fit_hopper(fused: Any, tune: Any) -> None:
         key = rocm_table_isa.candidate_of(spec)
         seen.add(key)
         shared = kernels.isa_facts(kernels.compile_for(spec), "sm90")["shared_bytes_triton"]
-        if shared > HOPPER_SHARED:
+        if shared > kernels.HOPPER_SHARED_BYTES:
             over.append((key, shared))
     assert seen == set(wanted)
     assert over == []
