@@ -1,7 +1,8 @@
 """NVFP4 MoE, side by side: the pinned vLLM's emulation (pristine), the overlay's (patched pin),
 the overlay before a kernel change, the overlay's portable path forced, the configuration ROCm
 runs forced (rocm), Marlin (W4A16, the pin's default NVFP4 MoE backend on Hopper), BF16
-TritonExperts, an upstream release's emulation, and the NVFP4 weight-read bound.
+TritonExperts, an upstream release's emulation (its tree, or its emulation files grafted onto
+the pin's tree: benchmarks/upstream_graft.py), and the NVFP4 weight-read bound.
 
     python benchmarks/bench_nvfp4_moe.py --pristine DIR --overlay DIR [--before DIR]
         [--upstream DIR ...] [--shapes NAME|all|required|test ...] [--cells required]
@@ -77,6 +78,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from upstream_graft import grafted_release
+from upstream_graft import label as graft_label
+
 REPO = Path(__file__).resolve().parent.parent
 GPU_TESTS = REPO / "tests" / "gpu"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -118,9 +122,13 @@ class Tree:
 
     role: str
     path: Path
+    graft: str | None = None  # an upstream tree's: the release whose emulation it runs
 
     def by_column(self, version: str) -> dict[str, tuple[str, str]]:
         """Column -> (implementation label, kind of experts) of this tree."""
+        upstream = f"{version} emulation"
+        if self.graft is not None:
+            upstream = graft_label(self.graft, version)
         return {
             "pristine": {
                 "pristine": (f"{version} emulation (pristine)", "emulation"),
@@ -133,7 +141,7 @@ class Tree:
             },
             "rocm": {"rocm": (f"{version} + patches, ROCm configuration forced (rocm)", "rocm")},
             "before": {"before": (f"{version} emulation + patches (overlay before)", "emulation")},
-            "upstream": {"upstream": (f"{version} emulation (upstream)", "emulation")},
+            "upstream": {"upstream": (f"{upstream} (upstream)", "emulation")},
         }[self.role]
 
     def impls(self, version: str, columns: tuple[str, ...]) -> dict[str, str]:
@@ -1303,7 +1311,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         action="append",
         default=[],
-        help="a later vLLM release's tree (its own emulation), repeatable",
+        help="a later vLLM release's tree (its own emulation), or the pin's with a later"
+        " release's emulation grafted (benchmarks/upstream_graft.py); repeatable",
     )
     parser.add_argument(
         "--columns",
@@ -1429,7 +1438,7 @@ def trees_of(args: argparse.Namespace) -> list[Tree]:
         trees += [Tree(role, overlay) for role in ("overlay", "portable", "rocm")]
     if args.before is not None:
         trees.append(Tree("before", args.before.resolve()))
-    return trees + [Tree("upstream", p.resolve()) for p in args.upstream]
+    return trees + [Tree("upstream", p.resolve(), grafted_release(p)) for p in args.upstream]
 
 
 def main(argv: list[str] | None = None) -> int:
