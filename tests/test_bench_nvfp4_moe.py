@@ -420,21 +420,30 @@ def test_bytes_needed() -> None:
     assert bench.bytes_needed("bf16", shape, 512, True) == 2 * weights + act
 
 
-PRISTINE, ROCM, BEFORE = (
+PRISTINE, ROCM, BEFORE, UPSTREAM = (
     "0.24.0 emulation (pristine)",
     "0.24.0 + patches, ROCm configuration forced (rocm)",
     "0.24.0 emulation + patches (overlay before)",
+    "0.25.0's NVFP4 emulation on 0.24.0 (upstream)",
 )
 
 
 def summary_run() -> dict[str, Any]:
-    """A run with every column of the summary: at 1 token (bound 4.72 µs) every goal met; at
-    32 tokens (bound 151 µs) overlay above Marlin, under half the bound, rocm 1.3x."""
+    """A run with every column of the summary: at 1 token (bound 4.72 µs) every goal met, a
+    later release's emulation (grafted) 7.5x the overlay; at 32 tokens (bound 151 µs) overlay
+    above Marlin, under half the bound, rocm 1.3x."""
     meta = fake_run()["meta"]
     cols = {OVERLAY: "overlay", MARLIN: "marlin", PRISTINE: "pristine", ROCM: "rocm"}
-    cols[BEFORE] = "before"
+    cols |= {BEFORE: "before", UPSTREAM: "upstream"}
     times = {
-        1: {OVERLAY: 14.0, MARLIN: 40.0, PRISTINE: 700.0, ROCM: 17.0, BEFORE: 28.0},
+        1: {
+            OVERLAY: 14.0,
+            MARLIN: 40.0,
+            PRISTINE: 700.0,
+            ROCM: 17.0,
+            BEFORE: 28.0,
+            UPSTREAM: 105.0,
+        },
         32: {OVERLAY: 400.0, MARLIN: 300.0, PRISTINE: 900.0, ROCM: 520.0},
     }
     rows = [
@@ -459,13 +468,11 @@ def test_summary_verdicts() -> None:
         "overlay": 14.0,
         "rocm": 17.0,
         "before": 28.0,
+        "upstream": 105.0,
         bench.BOUND: pytest.approx(bound[1]),
     }
-    assert (one["overlay_vs_marlin"], one["rocm_vs_overlay"], one["before_vs_overlay"]) == (
-        pytest.approx(0.35),
-        pytest.approx(17 / 14),
-        2.0,
-    )
+    ratios = ("overlay_vs_marlin", "rocm_vs_overlay", "before_vs_overlay", "upstream_vs_overlay")
+    assert [one[r] for r in ratios] == [pytest.approx(0.35), pytest.approx(17 / 14), 2.0, 7.5]
     assert one["bound_fraction"] == pytest.approx(bound[1] / 14)
     assert one["goals"] == {
         "marlin": True,
@@ -482,7 +489,11 @@ def test_summary_verdicts() -> None:
         "bound": False,  # 151 / 400 = 38% < 50%
         "rocm": False,  # 1.3x > 1.25x
     }
-    assert (many["passed"], many["before_vs_overlay"]) == (False, None)
+    assert (many["passed"], many["before_vs_overlay"], many["upstream_vs_overlay"]) == (
+        False,
+        None,
+        None,
+    )
 
 
 DECODE_CASES = [(15.0, True), (15.1, False)]
@@ -510,12 +521,12 @@ def test_summary_markdown() -> None:
     lines = bench.summary_lines(bench.summary(summary_run()))
     assert lines == [
         "| shape | tokens | overlay µs | Marlin µs | overlay/Marlin | pristine µs |"
-        " overlay/pristine | bound µs | % of bound | rocm/overlay | before/overlay | missed |"
-        " verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-        "| qwen3-30b-a3b | 1 | 14.0 | 40.0 | 0.35 | 700.0 | 0.02 | 4.7 | 34 | 1.21 | 2.00 | — |"
-        " pass |",
-        "| qwen3-30b-a3b | 32 | 400.0 | 300.0 | 1.33 | 900.0 | 0.44 | 151.0 | 38 | 1.30 | — |"
+        " overlay/pristine | bound µs | % of bound | rocm/overlay | before/overlay |"
+        " upstream/overlay | missed | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| qwen3-30b-a3b | 1 | 14.0 | 40.0 | 0.35 | 700.0 | 0.02 | 4.7 | 34 | 1.21 | 2.00 | 7.50 |"
+        " — | pass |",
+        "| qwen3-30b-a3b | 32 | 400.0 | 300.0 | 1.33 | 900.0 | 0.44 | 151.0 | 38 | 1.30 | — | — |"
         " marlin, bound, rocm | FAIL |",
         "",
         "1 of 2 required cells judged pass every applicable goal (2 required cells measured).",
