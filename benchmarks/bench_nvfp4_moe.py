@@ -78,7 +78,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from upstream_graft import grafted_release
+from upstream_graft import grafted_release, tree_version
 from upstream_graft import label as graft_label
 
 REPO = Path(__file__).resolve().parent.parent
@@ -675,12 +675,6 @@ def _copy_bandwidth() -> float:
 # --------------------------------------------------------------------------- parent
 
 
-def _tree_version(tree: Path) -> str:
-    ns: dict[str, object] = {}
-    exec((tree / "vllm" / "_version.py").read_text(), ns)
-    return str(ns.get("__version__") or ns.get("version"))
-
-
 def _nvfp4_layer_bytes(hidden: int, intermediate: int) -> int:
     """One expert's packed E2M1 weights (1/2 byte each) and FP8 block scales (1/16 byte)."""
     return 3 * hidden * intermediate * 9 // 16
@@ -712,7 +706,7 @@ def run_trees(
         return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": parts}
 
     with tempfile.TemporaryDirectory() as tmp:
-        todo = [(tree, _tree_version(tree.path)) for tree in trees]
+        todo = [(tree, tree_version(tree.path)) for tree in trees]
         todo = [(tree, version) for tree, version in todo if tree.impls(version, opts.columns)]
         for i, (tree, version) in enumerate(todo):
             kinds = tree.impls(version, opts.columns)

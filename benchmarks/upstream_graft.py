@@ -105,10 +105,8 @@ def read_note(folder: Path) -> dict[str, Any]:
         note = json.loads((folder / NOTE).read_text())
     except (OSError, ValueError) as exc:
         raise GraftError(f"{folder}: no readable {NOTE} ({exc})") from None
-    if not isinstance(note, dict) or not isinstance(note.get("release"), str):
-        raise GraftError(f"{folder / NOTE}: not a graft's note (release, files)")
-    files = note.get("files")
-    if not isinstance(files, dict):
+    files = note.get("files") if isinstance(note, dict) else None
+    if not isinstance(files, dict) or not isinstance(note.get("release"), str):
         raise GraftError(f"{folder / NOTE}: not a graft's note (release, files)")
     if sorted(files) != sorted(GRAFTED):
         raise GraftError(f"{folder / NOTE}: files {sorted(files)}, not {sorted(GRAFTED)}")
@@ -116,7 +114,7 @@ def read_note(folder: Path) -> dict[str, Any]:
 
 
 def tree_version(tree: Path) -> str:
-    """The version a tree's ``vllm/_version.py`` declares (as bench_nvfp4_moe.py reads it)."""
+    """The version a tree's ``vllm/_version.py`` declares (bench_nvfp4_moe.py's label)."""
     scope: dict[str, object] = {}
     try:
         exec((tree / "vllm" / "_version.py").read_text(), scope)
