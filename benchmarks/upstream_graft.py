@@ -64,6 +64,9 @@ def staged(out: Path) -> Iterator[Path]:
     if not out.parent.is_dir():
         raise GraftError(f"{out.parent}: no such folder")
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    stage.chmod(0o777 & ~umask)  # a folder as mkdir makes it (mkdtemp's is the owner's alone)
     try:
         yield stage
         os.rename(stage, out)

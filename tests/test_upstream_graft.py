@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -54,6 +55,9 @@ def test_files_of_a_release(mirror: Mirror, tmp_path: Path, release: str) -> Non
     assert note == {"release": release, "files": SHA256[release]}
     digests = {p: hashlib.sha256((out / p).read_bytes()).hexdigest() for p in graft.GRAFTED}
     assert digests == SHA256[release]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder
     files = [p for p in listing(out) if (out / p).is_file()]
     assert files == sorted([graft.NOTE, *graft.GRAFTED])
     assert staging_left(tmp_path) == []
