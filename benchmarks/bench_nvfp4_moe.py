@@ -78,7 +78,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from upstream_graft import grafted_release, tree_version
+from upstream_graft import GraftError, grafted_release, tree_version
 from upstream_graft import label as graft_label
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1405,6 +1405,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             )
         if "before" in args.columns and args.before is None:
             parser.error("the before column needs --before DIR")
+        for tree in args.upstream:  # a vLLM tree, and where grafted a whole note
+            try:
+                tree_version(tree), grafted_release(tree)
+            except GraftError as exc:
+                parser.error(str(exc))
         if args.cells and "--shapes" not in (argv if argv is not None else sys.argv[1:]):
             args.shapes = ["required"]
         try:

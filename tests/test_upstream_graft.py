@@ -202,6 +202,25 @@ def test_the_upstream_column_names_the_graft(tmp_path: Path) -> None:
     assert bench.column_of_label(label) == "upstream"
 
 
+def test_the_upstream_column_refuses_a_bad_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A grafted tree whose note is damaged, or a folder with no vLLM: the benchmark's usage
+    error (one line, exit 2) before any worker starts."""
+    out = tmp_path / "grafted"
+    graft.graft_tree(graft_folder(tmp_path / "graft"), pristine_tree(tmp_path / "p"), out)
+    (out / graft.NOTE).write_text("{}")
+    for tree, message in (
+        (out, f"{out / graft.NOTE}: not a graft's note (release, files)"),
+        (tmp_path, f"{tmp_path}: no vLLM tree ([Errno 2] No such file or directory:"
+                   f" '{tmp_path / 'vllm' / '_version.py'}')"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as ended:
+            bench.parse_args(["--upstream", str(tree), "--columns", "upstream"])
+        assert ended.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+
+
 # -- bad input -------------------------------------------------------------------------------------
 def edited(tmp: Path) -> tuple[list[str], str]:
     folder = graft_folder(tmp / "graft")
