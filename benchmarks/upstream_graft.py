@@ -37,7 +37,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the maintain extra's; `tree` (the GPU host) needs the standard library only
+    from vllm_patchset.overlay.upstream import Mirror
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERTS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
@@ -75,7 +78,7 @@ def staged(out: Path) -> Iterator[Path]:
         raise
 
 
-def release_files(mirror: Any, release: str) -> dict[str, bytes]:
+def release_files(mirror: Mirror, release: str) -> dict[str, bytes]:
     """The grafted files of vLLM ``release`` (a PyPI release, from the project's mirror)."""
     commit = mirror.release(release).commit
     files = {}
@@ -143,8 +146,7 @@ def graft_tree(graft: Path, pristine: Path, out: Path) -> str:
         if not (pristine / path).is_file():
             raise GraftError(f"{pristine}: no {path} to replace")
     with staged(out) as stage:
-        stage.rmdir()
-        shutil.copytree(pristine, stage, symlinks=True)
+        shutil.copytree(pristine, stage, symlinks=True, dirs_exist_ok=True)
         for path, data in files.items():
             (stage / path).write_bytes(data)
             stem = Path(path).stem  # the pin's bytecode of the file replaced
