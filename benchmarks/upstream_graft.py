@@ -22,7 +22,8 @@ TREE (the folder holding the pin's ``vllm/``; links stay links, as the kit's com
 extensions are linked in), puts the files in place after checking their sha256 and writes the
 same note with the tree's own version; bench_nvfp4_moe.py names the column by it. Upstream code
 is read at run time and never committed. Bad input: one line, exit 2, nothing written (each
-output is staged beside it and moved in whole).
+output is staged beside it and moved in whole); Ctrl-C or kill (SIGTERM): one line, exit 130 or
+143, nothing written; the reader of the output gone: exit 141, the output whole.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -165,6 +167,36 @@ def grafted_release(tree: Path) -> str | None:
     return read_note(tree)["release"] if (tree / NOTE).is_file() else None
 
 
+# Ctrl-C and kill: each raised where the run is, so that staged() removes what it began.
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def run(args: argparse.Namespace) -> str:
+    """The command's work; its one line of output."""
+    if args.command == "tree":
+        return f"{args.out}: {graft_tree(args.graft, args.pristine, args.out)}"
+    from vllm_patchset.errors import PatchsetError
+    from vllm_patchset.infra.config import Project
+    from vllm_patchset.overlay.upstream import mirror_for
+
+    try:
+        found = release_files(mirror_for(Project.load(REPO)), args.release)
+    except PatchsetError as exc:
+        raise GraftError(str(exc)) from None
+    write_files(found, args.release, args.out)
+    return f"{args.out}: vLLM {args.release}'s {', '.join(GRAFTED)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,26 +208,23 @@ def main(argv: list[str] | None = None) -> int:
     tree.add_argument("--pristine", type=Path, required=True, help="the folder holding vllm/")
     tree.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    kept = {signum: signal.signal(signum, _interrupt) for signum in STOPS}
     try:
-        if args.command == "files":
-            from vllm_patchset.errors import PatchsetError
-            from vllm_patchset.infra.config import Project
-            from vllm_patchset.overlay.upstream import mirror_for
-
-            try:
-                found = release_files(mirror_for(Project.load(REPO)), args.release)
-            except PatchsetError as exc:
-                raise GraftError(str(exc)) from None
-            write_files(found, args.release, args.out)
-            print(f"{args.out}: vLLM {args.release}'s {', '.join(GRAFTED)}")
-        else:
-            print(f"{args.out}: {graft_tree(args.graft, args.pristine, args.out)}")
+        done = run(args)
     except (GraftError, OSError) as exc:
         print(f"upstream_graft: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("upstream_graft: interrupted: nothing written", file=sys.stderr)
-        return 130
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+    try:
+        print(done)
+    except BrokenPipeError:  # the reader went away (`| head -0`): the output is whole
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
 
 

@@ -10,9 +10,12 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import REPO
@@ -299,18 +302,52 @@ def test_bad_input(
     assert listing(tmp_path) == before
 
 
+STOPPED = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+
+
+@pytest.mark.parametrize(("signum", "code"), STOPPED)
 def test_interrupted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    signum: int,
+    code: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Ctrl-C while the tree is copied: one line, exit 130, nothing left of the copy."""
+    """Ctrl-C or kill while the tree is copied (the signal sent to this process): one line,
+    exit 130 or 143, nothing left of the copy, the handlers as they were."""
     pristine_tree(tmp_path / "pristine")
     graft_folder(tmp_path / "graft")
     before = listing(tmp_path)
+    handlers = [signal.getsignal(s) for s, _ in STOPPED]
+    real_copy = shutil.copytree
 
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        real_copy(*args, **kwargs)  # the copy begun, then the signal
+        os.kill(os.getpid(), signum)
 
-    monkeypatch.setattr(graft.shutil, "copytree", interrupted)
-    assert graft.main(graft_args(tmp_path)) == 130
+    monkeypatch.setattr(graft.shutil, "copytree", stopped)
+    assert graft.main(graft_args(tmp_path)) == code
     assert capsys.readouterr() == ("", "upstream_graft: interrupted: nothing written\n")
     assert listing(tmp_path) == before
+    assert [signal.getsignal(s) for s, _ in STOPPED] == handlers
+
+
+def test_reader_gone(tmp_path: Path) -> None:
+    """The output's reader gone before the line is printed (`| head -0`): exit 141, no
+    traceback, the tree written whole."""
+    pristine_tree(tmp_path / "pristine")
+    graft_folder(tmp_path / "graft")
+    read, write = os.pipe()
+    os.close(read)
+    script = REPO / "benchmarks" / "upstream_graft.py"
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), *graft_args(tmp_path)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, b"")
+    assert graft.grafted_release(tmp_path / "out") == "0.25.0"
+    assert (tmp_path / "out" / EXPERTS).read_bytes() == b"0.25.0 experts"
