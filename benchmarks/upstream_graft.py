@@ -147,6 +147,11 @@ def graft_tree(graft: Path, pristine: Path, out: Path) -> str:
     for path in GRAFTED:
         if not (pristine / path).is_file():
             raise GraftError(f"{pristine}: no {path} to replace")
+        # The copy keeps links: writing through one would change the file it points to.
+        within = [Path(path), *Path(path).parents[:-1]]  # the file, each folder above it
+        linked = [p for p in within if (pristine / p).is_symlink()]
+        if linked:
+            raise GraftError(f"{pristine}: {path} is reached through a link ({linked[0]})")
     with staged(out) as stage:
         shutil.copytree(pristine, stage, symlinks=True, dirs_exist_ok=True)
         for path, data in files.items():

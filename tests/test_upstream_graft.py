@@ -274,6 +274,26 @@ def not_a_tree(tmp: Path) -> tuple[list[str], str]:
     )
 
 
+def linked_file(tmp: Path) -> tuple[list[str], str]:
+    """The file a graft replaces is a link in the pristine tree (the copy keeps links): writing
+    through it would change the file it points to."""
+    graft_folder(tmp / "graft")
+    (tmp / "elsewhere.py").write_text("not to be written")
+    (tmp / "pristine" / EXPERTS).unlink()
+    (tmp / "pristine" / EXPERTS).symlink_to(tmp / "elsewhere.py")
+    return graft_args(tmp), f"{tmp / 'pristine'}: {EXPERTS} is reached through a link ({EXPERTS})"
+
+
+def linked_folder(tmp: Path) -> tuple[list[str], str]:
+    graft_folder(tmp / "graft")
+    layers = tmp / "pristine" / "vllm" / "model_executor" / "layers"
+    layers.rename(tmp / "layers")
+    layers.symlink_to(tmp / "layers")
+    return graft_args(tmp), (
+        f"{tmp / 'pristine'}: {EXPERTS} is reached through a link (vllm/model_executor/layers)"
+    )
+
+
 def graft_args(tmp: Path) -> list[str]:
     return [
         "tree",
@@ -285,7 +305,17 @@ def graft_args(tmp: Path) -> list[str]:
     ]
 
 
-BAD = [edited, no_note, note_a_list, note_of_other_files, out_exists, out_in_no_folder, not_a_tree]
+BAD = [
+    edited,
+    no_note,
+    note_a_list,
+    note_of_other_files,
+    out_exists,
+    out_in_no_folder,
+    not_a_tree,
+    linked_file,
+    linked_folder,
+]
 
 
 @pytest.mark.parametrize("make", BAD)
