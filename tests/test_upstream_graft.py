@@ -66,13 +66,28 @@ def test_files_of_a_release(mirror: Mirror, tmp_path: Path, release: str) -> Non
     assert staging_left(tmp_path) == []
 
 
-def test_a_release_without_the_fused_kernel(mirror: Mirror) -> None:
-    with pytest.raises(graft.GraftError) as caught:
-        graft.release_files(mirror, "0.24.0")
-    assert str(caught.value) == (
+def test_files_command(
+    mirror: Mirror,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`files` as a user runs it, on the project's mirror (here the tests'): the line naming
+    what it wrote; a release without the fused kernel: one line, exit 2, nothing written."""
+    monkeypatch.setenv("VLLM_PATCHSET_CACHE", str(cache_dir))
+    out = tmp_path / "graft"
+    assert graft.main(["files", "0.25.0", "--out", str(out)]) == 0
+    assert capsys.readouterr() == (f"{out}: vLLM 0.25.0's {EXPERTS}, {E2M1}\n", "")
+    assert json.loads((out / graft.NOTE).read_text())["files"] == SHA256["0.25.0"]
+    before = listing(tmp_path)
+    assert graft.main(["files", "0.24.0", "--out", str(tmp_path / "old")]) == 2
+    message = (
         "vLLM 0.24.0's NVFP4 emulation has no fused kernel (fused_moe_nvfp4_emulation_kernel,"
         " from 0.25.0 on): the pristine column measures that emulation"
     )
+    assert capsys.readouterr() == ("", f"upstream_graft: {message}\n")
+    assert listing(tmp_path) == before
 
 
 # -- the grafted files on the pin's modules --------------------------------------------------------
