@@ -58,7 +58,9 @@ graph with every launch disabled.
 Output: tables on stdout; under --out a JSON of every row, a Markdown of the tables and a PNG
 (``--name``: the headline name when every tree ran the real ops, with ``_standin`` appended
 otherwise). Without matplotlib the PNG is skipped with a line; ``--replot`` makes it (and the
-Markdown) from the JSON where matplotlib is.
+Markdown) from the JSON where matplotlib is. The JSON and Markdown are written after every
+tree's worker; Ctrl-C or kill (SIGTERM) stops the worker running and says in one line what was
+kept (exit 130 or 143); the reader of stdout gone (``| head``): exit 141, the reports whole.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import stops
 from upstream_graft import GraftError, grafted_release, tree_version
 from upstream_graft import label as graft_label
 
@@ -1456,7 +1459,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         plan = plan_from_json(args.plan)
-        worker(args.worker.resolve(), json.loads(args.kinds), plan, args.worker_out, args.bandwidth)
+        try:
+            worker(
+                args.worker.resolve(), json.loads(args.kinds), plan, args.worker_out, args.bandwidth
+            )
+        except KeyboardInterrupt:  # Ctrl-C reaches the worker too: its parent says what it kept
+            return stops.status(KeyboardInterrupt())
+        except BrokenPipeError:  # so does the reader's going: the parent says it
+            return stops.reader_gone()
         return 0
     opts = Options(plan_of(args), tuple(args.columns), args.budget_s)
     doc = __doc__ or ""
@@ -1473,15 +1483,32 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
 
+    saved: list[Path] = []
+
     def save(data: dict[str, Any]) -> None:  # after every tree: a run cut short keeps them
-        write_reports(data, args.out, output_name(args.name, data["meta"]), quiet=True)
+        saved[:] = write_reports(data, args.out, output_name(args.name, data["meta"]), quiet=True)
 
     started = time.monotonic()
-    data = run_trees(trees_of(args), opts, meta, save)
+    try:
+        with stops.raised():  # a worker running is killed (subprocess.run)
+            data = run_trees(trees_of(args), opts, meta, save)
+    except (KeyboardInterrupt, BrokenPipeError) as exc:
+        kept = f"what ran before is in {', '.join(map(str, saved))}" if saved else "nothing saved"
+        if isinstance(exc, BrokenPipeError):
+            code = stops.reader_gone()
+            print(f"bench_nvfp4_moe: the output's reader went away: {kept}", file=sys.stderr)
+            return code
+        print(f"bench_nvfp4_moe: interrupted: {kept}", file=sys.stderr)
+        return stops.status(exc)
     meta["wall_s"] = round(time.monotonic() - started, 1)
-    print_table(data)
-    for path in write_reports(data, args.out, output_name(args.name, data["meta"])):
-        print(f"wrote {path}")
+    written = write_reports(data, args.out, output_name(args.name, data["meta"]))
+    try:
+        print_table(data)
+        for path in written:
+            print(f"wrote {path}")
+        sys.stdout.flush()  # a pipe buffers: its error here, not at exit
+    except BrokenPipeError:  # the reader went away (`| head`): the reports are written
+        return stops.reader_gone()
     return 1 if data["meta"]["failed"] else 0
 
 

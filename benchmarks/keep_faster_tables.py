@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import stops
 
 TABLE_NAME = re.compile(r"^nvfp4_emulation_moe_tiles\.E(\d+)_H(\d+)_I(\d+)\.[^.]+\.json$")
 
@@ -107,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(verdict.line())
         print(f"{sum(v.kept for v in found)} of {len(found)} tables kept", flush=True)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, the tables copied
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return stops.reader_gone()
     return 0
 
 

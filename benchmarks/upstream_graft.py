@@ -33,13 +33,14 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import stops
 
 if TYPE_CHECKING:  # the maintain extra's; `tree` (the GPU host) needs the standard library only
     from vllm_patchset.overlay.upstream import Mirror
@@ -172,20 +173,6 @@ def grafted_release(tree: Path) -> str | None:
     return read_note(tree)["release"] if (tree / NOTE).is_file() else None
 
 
-# Ctrl-C and kill: each raised where the run is, so that staged() removes what it began.
-STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
-class Interrupted(KeyboardInterrupt):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
 def run(args: argparse.Namespace) -> str:
     """The command's work; its one line of output."""
     if args.command == "tree":
@@ -213,23 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     tree.add_argument("--pristine", type=Path, required=True, help="the folder holding vllm/")
     tree.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    kept = {signum: signal.signal(signum, _interrupt) for signum in STOPS}
     try:
-        done = run(args)
+        with stops.raised():  # each staged() removes what it began
+            done = run(args)
     except (GraftError, OSError) as exc:
         print(f"upstream_graft: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print("upstream_graft: interrupted: nothing written", file=sys.stderr)
-        return 128 + getattr(exc, "signum", signal.SIGINT)
-    finally:
-        for signum, handler in kept.items():
-            signal.signal(signum, handler)
+        return stops.status(exc)
     try:
-        print(done)
+        print(done, flush=True)  # a pipe buffers: the write, and its error, here
     except BrokenPipeError:  # the reader went away (`| head -0`): the output is whole
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return stops.reader_gone()
     return 0
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -662,3 +666,85 @@ def test_a_worker_that_runs_through_is_not_followed(
     data = bench.run_trees([bench.Tree("overlay", tmp_path)], opts, {})
     assert plans == [["kimi-k2"]]
     assert data["meta"]["failed"] == []
+
+
+def vllm_tree(path: Path) -> Path:
+    (path / "vllm").mkdir(parents=True)
+    (path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
+    return path
+
+
+STOPPED = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+
+
+@pytest.mark.parametrize(("signum", "code"), STOPPED)
+def test_stopped_while_a_worker_runs(
+    signum: int,
+    code: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C or kill (sent to this process) while the second tree's worker runs: the worker
+    process killed, one line naming the first tree's saved results, exit 130 or 143, the
+    handlers as they were."""
+    pristine, overlay, out = vllm_tree(tmp_path / "p"), vllm_tree(tmp_path / "o"), tmp_path / "r"
+    measured: dict[str, Any] = {"vllm": "0.24.0", "mode": "native", "skipped": {}, "failed": []}
+    measured |= {"rows": [_row(MARLIN, 1, 40.0, "marlin")], "breakdown": []}
+    measured["started"] = [SHAPE["shape"]]
+    pidfile = tmp_path / "worker.pid"
+    sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+
+    def signal_once_begun() -> None:
+        for _ in range(600):
+            if pidfile.is_file() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signum)
+
+    def run(tree: Any, kinds: dict[str, str], plan: Any, out: Path, bandwidth: Any) -> Any:
+        if tree.role == "pristine":
+            return 0, measured
+        threading.Thread(target=signal_once_begun).start()
+        done = subprocess.run([sys.executable, "-c", sleeper, str(pidfile)])  # as run_worker
+        raise AssertionError(f"the worker ran through: {done.returncode}")
+
+    monkeypatch.setattr(bench, "run_worker", run)
+    handlers = [signal.getsignal(s) for s, _ in STOPPED]
+    argv = ["--pristine", str(pristine), "--overlay", str(overlay), "--columns", "marlin"]
+    argv += ["overlay", "--shapes", "qwen3-30b-a3b", "--tokens", "1", "--out", str(out)]
+    assert bench.main([*argv, "--name", "run"]) == code
+    saved = f"{out / 'run.json'}, {out / 'run.md'}"
+    assert (
+        capsys.readouterr().err == f"bench_nvfp4_moe: interrupted: what ran before is in {saved}\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", "run.md"]
+    assert {r["column"] for r in json.loads((out / "run.json").read_text())["rows"]} == {"marlin"}
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(int(pidfile.read_text()), 0)
+    assert [signal.getsignal(s) for s, _ in STOPPED] == handlers
+
+
+def test_a_reader_gone_ends_the_printing_not_the_reports(tmp_path: Path) -> None:
+    """`| head -0` (a pipe buffers, as without PYTHONUNBUFFERED): no traceback, exit 141, and
+    the reports written whole."""
+    driver = (
+        f"import json, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r})\n"
+        "import bench_nvfp4_moe as bench\n"
+        f"data = json.loads({json.dumps(fake_run())!r})\n"
+        "bench.run_trees = lambda trees, opts, meta, save: data | {'meta': data['meta'] | meta}\n"
+        "raise SystemExit(bench.main(sys.argv[1:]))\n"
+    )
+    argv = ["--overlay", str(vllm_tree(tmp_path / "o")), "--columns", "overlay"]
+    argv += ["--shapes", "qwen3-30b-a3b", "--out", str(tmp_path / "r"), "--name", "run"]
+    read, write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", driver, *argv], stdout=write, stderr=subprocess.PIPE, env=env
+    )
+    os.close(write)
+    os.close(read)  # the reader is gone before the first line
+    _, err = child.communicate(timeout=120)
+    assert (child.returncode, err) == (128 + signal.SIGPIPE, b"")
+    png = ["run.png"] if importlib.util.find_spec("matplotlib") else []
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["run.json", "run.md", *png]

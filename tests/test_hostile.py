@@ -1029,7 +1029,9 @@ def test_output_the_terminal_cannot_encode(
 
 
 @pytest.mark.parametrize(
-    "argv", [["matrix", "--json", "1.0", "1.1"], ["overlay", "verify"]], ids=" ".join
+    "argv",
+    [["matrix", "--json", "1.0", "1.1"], ["overlay", "verify"], ["overlay", "--help"]],
+    ids=" ".join,
 )
 def test_a_closed_pipe_ends_quietly(
     overlay: Overlay, target: Path, tiny: Project, argv: list[str]
@@ -1045,6 +1047,7 @@ def test_a_closed_pipe_ends_quietly(
         stdout=write,
         stderr=subprocess.PIPE,
         text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # a pipe buffers
     )  # fmt: skip
     os.close(write)
     os.close(read)  # the reader is gone before the first line (`| head -0`)

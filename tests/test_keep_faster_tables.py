@@ -115,6 +115,7 @@ def test_a_reader_gone_ends_the_printing_not_the_copy(tmp_path: Path) -> None:
         stdout=write,
         stderr=subprocess.PIPE,
         text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # a pipe buffers
     )
     os.close(write)
     os.close(read)  # the reader is gone before the first line

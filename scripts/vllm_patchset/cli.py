@@ -296,7 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, verbose, as_json = "", "--verbose" in argv, "--json" in argv
     with fsio.signals_raise():
         try:
-            args, extra = build_parser().parse_known_args(argv)
+            try:
+                args, extra = build_parser().parse_known_args(argv)
+            except SystemExit:  # --help, printed: a closed pipe is seen here, not at exit
+                sys.stdout.flush()
+                raise
             command, verbose, as_json = args.command_name, args.verbose, args.json
             if extra:
                 raise usage_error(command, f"unrecognized arguments: {' '.join(extra)}")
