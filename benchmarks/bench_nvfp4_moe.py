@@ -1463,8 +1463,8 @@ def main(argv: list[str] | None = None) -> int:
             worker(
                 args.worker.resolve(), json.loads(args.kinds), plan, args.worker_out, args.bandwidth
             )
-        except KeyboardInterrupt:  # Ctrl-C reaches the worker too: its parent says what it kept
-            return stops.status(KeyboardInterrupt())
+        except KeyboardInterrupt as exc:  # Ctrl-C reaches the worker too: its parent says it
+            return stops.status(exc)
         except BrokenPipeError:  # so does the reader's going: the parent says it
             return stops.reader_gone()
         return 0

@@ -725,15 +725,29 @@ def test_stopped_while_a_worker_runs(
     assert [signal.getsignal(s) for s, _ in STOPPED] == handlers
 
 
-def test_a_reader_gone_ends_the_printing_not_the_reports(tmp_path: Path) -> None:
-    """`| head -0` (a pipe buffers, as without PYTHONUNBUFFERED): no traceback, exit 141, and
-    the reports written whole."""
+READER_GONE = [
+    ("at the end", b""),  # the run measured: its reports, then the table into the closed pipe
+    ("at the start", b"bench_nvfp4_moe: the output's reader went away: nothing saved\n"),
+]
+
+
+@pytest.mark.parametrize(("when", "line"), READER_GONE, ids=[w for w, _ in READER_GONE])
+def test_a_reader_gone_ends_the_printing_not_the_reports(
+    when: str, line: bytes, tmp_path: Path
+) -> None:
+    """`| head -0` (a pipe buffers, as without PYTHONUNBUFFERED): no traceback, exit 141; at
+    the end the reports written whole, at the start (the first tree's line) nothing, and no
+    worker started."""
+    fake = "bench.run_worker = None  # not reached\n"
+    if when == "at the end":
+        fake = (
+            f"data = json.loads({json.dumps(fake_run())!r})\n"
+            "bench.run_trees = lambda trees, opts, meta, save: data | {'meta': data['meta'] | meta}\n"
+        )
     driver = (
         f"import json, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r})\n"
         "import bench_nvfp4_moe as bench\n"
-        f"data = json.loads({json.dumps(fake_run())!r})\n"
-        "bench.run_trees = lambda trees, opts, meta, save: data | {'meta': data['meta'] | meta}\n"
-        "raise SystemExit(bench.main(sys.argv[1:]))\n"
+        f"{fake}raise SystemExit(bench.main(sys.argv[1:]))\n"
     )
     argv = ["--overlay", str(vllm_tree(tmp_path / "o")), "--columns", "overlay"]
     argv += ["--shapes", "qwen3-30b-a3b", "--out", str(tmp_path / "r"), "--name", "run"]
@@ -745,6 +759,7 @@ def test_a_reader_gone_ends_the_printing_not_the_reports(tmp_path: Path) -> None
     os.close(write)
     os.close(read)  # the reader is gone before the first line
     _, err = child.communicate(timeout=120)
-    assert (child.returncode, err) == (128 + signal.SIGPIPE, b"")
+    assert (child.returncode, err) == (128 + signal.SIGPIPE, line)
     png = ["run.png"] if importlib.util.find_spec("matplotlib") else []
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["run.json", "run.md", *png]
+    reports = ["run.json", "run.md", *png] if when == "at the end" else []
+    assert sorted(p.name for p in tmp_path.glob("r/*")) == reports
