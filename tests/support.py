@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import tarfile
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from vllm_patchset.infra.config import Project
 
 REPO = Path(__file__).resolve().parent.parent
+# Ctrl-C and kill, each with the exit status of a run they stop (128 + the signal).
+STOPPED = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 PROJECT_FILES = (
     "pyproject.toml",
     "patches",

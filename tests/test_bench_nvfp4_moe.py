@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO
+from support import REPO, STOPPED
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -630,8 +630,7 @@ def fake_worker(died_in: str | None) -> tuple[list[list[str]], Any]:
 def test_a_worker_that_ends_early_is_followed_by_one_on_the_shapes_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
+    vllm_tree(tmp_path)
     plans, run = fake_worker(died_in="deepseek-r1")
     monkeypatch.setattr(bench, "run_worker", run)
     cells = {"qwen3-30b-a3b": [1, 8192], "deepseek-r1": [1, 32, 512], "kimi-k2": [1], "glm-5": [1]}
@@ -658,8 +657,7 @@ def test_a_worker_that_ends_early_is_followed_by_one_on_the_shapes_after(
 def test_a_worker_that_runs_through_is_not_followed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
+    vllm_tree(tmp_path)
     plans, run = fake_worker(died_in=None)
     monkeypatch.setattr(bench, "run_worker", run)
     opts = bench.Options(bench.WorkerPlan(cells={"kimi-k2": [1]}, reps=5), ("overlay",))
@@ -672,9 +670,6 @@ def vllm_tree(path: Path) -> Path:
     (path / "vllm").mkdir(parents=True)
     (path / "vllm" / "_version.py").write_text('__version__ = "0.24.0"\n')
     return path
-
-
-STOPPED = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 
 
 @pytest.mark.parametrize(("signum", "code"), STOPPED)

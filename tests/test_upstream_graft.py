@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO
+from support import REPO, STOPPED
 from vllm_install import Pristine
 from vllm_patchset.overlay.upstream import Mirror
 
@@ -345,9 +345,6 @@ def test_bad_input(
     assert graft.main(argv) == 2
     assert capsys.readouterr() == ("", f"upstream_graft: {message}\n")
     assert listing(tmp_path) == before
-
-
-STOPPED = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 
 
 @pytest.mark.parametrize(("signum", "code"), STOPPED)
