@@ -1,6 +1,8 @@
 """How a benchmark script stops early: Ctrl-C (SIGINT), kill (SIGTERM), or the reader of its
 output gone (``| head``). Each is one line on stderr and an exit status (130, 143, 141), not a
-traceback. Standard library only: upstream_graft.py's ``tree`` runs on a bare GPU host.
+traceback. The signals raise the tool's own ``Interrupted`` (its ``signals_raise``, standard
+library only), read from the repository's source where the tool is not installed: a bare GPU
+host runs upstream_graft.py's ``tree`` and bench_nvfp4_moe.py from a checkout.
 """
 
 from __future__ import annotations
@@ -8,38 +10,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
+sys.path.append(str(Path(__file__).resolve().parent.parent / "scripts"))
+from vllm_patchset.infra.fsio.interrupts import Interrupted
+from vllm_patchset.infra.fsio.interrupts import signals_raise as raised
 
-
-class Interrupted(KeyboardInterrupt):
-    """A stop signal, raised where the run is (so that what it began is cleaned up there)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
-@contextmanager
-def raised() -> Iterator[None]:
-    """Ctrl-C and kill raise ``Interrupted`` inside the block; the handlers restored after."""
-    kept = {signum: signal.signal(signum, _interrupt) for signum in STOPS}
-    try:
-        yield
-    finally:
-        for signum, handler in kept.items():
-            signal.signal(signum, handler)
+__all__ = ["Interrupted", "raised", "reader_gone", "status"]
 
 
 def status(exc: KeyboardInterrupt) -> int:
     """The exit status of a run stopped by ``exc``: 128 and the signal's number."""
-    return 128 + getattr(exc, "signum", signal.SIGINT)
+    return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
 
 
 def reader_gone() -> int:
