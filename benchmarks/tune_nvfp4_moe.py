@@ -40,7 +40,9 @@ table written, with blocks of up to 128 tokens.
 Pick per token bucket: for each GEMM the tile with the least sum over the shapes of
 (time / that shape's best time), then the group (token block, naive blocks, QDQ of the hidden
 states inside the GEMM or in a pass of its own) with the least such sum. Output:
-``tune.json`` (every timing) under --out.
+``tune.json`` (every timing) under --out. Ctrl-C, kill (SIGTERM) or a closed pipe stop it in
+one line: the compile processes killed, the timings taken so far saved there (marked
+``stopped``), no table written.
 
 --predecode sweeps the predecoded GEMMs instead (patch 0002 decodes each GEMM's weights once
 for the call from a threshold of routed pairs per expert): for each shape whose depths are
@@ -76,11 +78,13 @@ import json
 import math
 import multiprocessing as mp
 import re
+import signal
 import sys
 import time
 import types
 from pathlib import Path
 
+import stops
 import torch
 import triton
 
@@ -714,6 +718,7 @@ def make_cases(names, tokens) -> dict:
 
 def compile_some(tree: Path, tasks: list[tuple]) -> None:
     global K
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent stops us
     K = load_kernel_module(tree)
     cases = make_cases(sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}))
     for name, t, kind, bm, naive, qdq, tile in tasks:
@@ -722,6 +727,23 @@ def compile_some(tree: Path, tasks: list[tuple]) -> None:
         except Exception as e:  # reported again by the timing pass
             print("compile failed", name, t, kind, bm, tile, repr(e)[:300], flush=True)
     torch.cuda.synchronize()
+
+
+def compile_all(tree: Path, variants: list[tuple], jobs: int) -> None:
+    """Compile each variant once, in ``jobs`` processes. Stopped (Ctrl-C, kill, an error), the
+    processes still compiling are killed: none is left on the GPU."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=compile_some, args=(tree, variants[i::jobs])) for i in range(jobs)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.pid is not None and p.exitcode is None:
+                p.kill()
+                p.join()
 
 
 _FLUSH: torch.Tensor | None = None
@@ -923,13 +945,12 @@ def refuse_other_bits(wrong: list[str]) -> None:
 
 
 def sweep_predecode(
-    shapes: list[moe_setup.MoeShape], args: argparse.Namespace, rules: str = ""
+    shapes: list[moe_setup.MoeShape], args: argparse.Namespace, rows: list[dict], rules: str = ""
 ) -> None:
     """--predecode (the module's docstring): each eligible shape's whole layer, fused and
     predecoded with each of predecode_tiles() at PREDECODE_PAIRS pairs an expert; the picks
     printed, every timing in tune_predecode.json, and with --write-table the tables (their
     note ends with ``rules``: what ROCm's ISA rules left out, where they applied)."""
-    rows: list[dict] = []
     wrong: list[str] = []
     entries, tables, origins = {}, {}, {}
     for shape in shapes:
@@ -993,10 +1014,7 @@ def sweep_predecode(
         entries[shape.name] = predecode_config(threshold, tiles)
         tables[shape.name] = table
         print(predecode_line(shape.name, tiles, threshold, fused_us, predecoded_us), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tune_predecode.json").write_text(
-        json.dumps(dict(device=torch.cuda.get_device_name(), results=rows), indent=1) + "\n"
-    )
+    write_timings(args.out / "tune_predecode.json", rows)
     refuse_other_bits(wrong)
     if args.write_table is not None:
         sweep = f"benchmarks/tune_nvfp4_moe.py --predecode on {torch.cuda.get_device_name()}{rules}"
@@ -1013,7 +1031,6 @@ def sweep_predecode(
 
 
 def main(argv: list[str] | None = None) -> int:
-    global K
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, required=True, help="vLLM tree with patch 0002")
     parser.add_argument(
@@ -1057,6 +1074,34 @@ def main(argv: list[str] | None = None) -> int:
         " its buckets and gets a predecode entry)",
     )
     args = parser.parse_args(argv)
+    rows: list[dict] = []  # every timing so far: a run stopped early saves them
+    try:
+        with stops.raised():
+            return sweep(args, rows)
+    except (KeyboardInterrupt, BrokenPipeError) as exc:
+        code = stops.reader_gone() if isinstance(exc, BrokenPipeError) else stops.status(exc)
+        kept = "nothing saved"
+        if rows:
+            out = args.out / ("tune_predecode.json" if args.predecode else "tune.json")
+            write_timings(out, rows, stopped=True)
+            kept = f"{len(rows)} timing{'s' * (len(rows) > 1)} saved in {out}"
+        how = "the output's reader went away" if code == 141 else "interrupted"
+        print(f"tune_nvfp4_moe: {how}: {kept} (no table written)", file=sys.stderr)
+        return code
+
+
+def write_timings(path: Path, rows: list[dict], stopped: bool = False, **more: object) -> None:
+    """Every timing (and ``more``) as JSON at ``path``; ``stopped``: the sweep did not end."""
+    doc = dict(device=torch.cuda.get_device_name(), results=rows, **more)
+    if stopped:
+        doc["stopped"] = "interrupted before the end: no pick, no table"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
+    """The sweep main() asked for; each timing appended to ``rows`` as it is taken."""
+    global K
     if args.wide:
         widen()
     if args.split_gate_up:
@@ -1089,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     if args.predecode:
-        sweep_predecode(shapes, args, rules)
+        sweep_predecode(shapes, args, rows, rules)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
 
@@ -1104,19 +1149,11 @@ def main(argv: list[str] | None = None) -> int:
         return shape.hidden % K.GEMM_BLOCK_K, shape.intermediate % K.GEMM_BLOCK_K
 
     variants = list({(tails(t[0]), t[2:]): t for t in tasks}.values())
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=compile_some, args=(tree, variants[i :: args.jobs]))
-        for i in range(args.jobs)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    compile_all(tree, variants, args.jobs)
     print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
 
     cases = make_cases([s.name for s in shapes], tokens)
-    results, rows = {}, []
+    results = {}
     for name, t, kind, bm, naive, qdq, tile in tasks:
         failure: dict[str, str] = {}  # a failed timing keeps its error in tune.json
         try:
@@ -1194,18 +1231,11 @@ def main(argv: list[str] | None = None) -> int:
                     rank=c.rank, active_experts=moe_setup.active_experts(shape, c.tids)
                 )
             print(pick_line(picks[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tune.json").write_text(
-        json.dumps(
-            dict(
-                device=torch.cuda.get_device_name(),
-                results=rows,
-                picks=picks,
-                tables={n or "all": {str(k): v for k, v in t.items()} for n, t in tables.items()},
-            ),
-            indent=1,
-        )
-        + "\n"
+    write_timings(
+        args.out / "tune.json",
+        rows,
+        picks=picks,
+        tables={n or "all": {str(k): v for k, v in t.items()} for n, t in tables.items()},
     )
     refuse_wrong_picks(picks)
     if args.write_table is not None:
