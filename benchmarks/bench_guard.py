@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import stops
 from vllm_patchset.deploy import guard
 
 PRELOADED = "import logging, json, hashlib, pathlib, typing, importlib.util\n"
@@ -96,4 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "bench_guard"))

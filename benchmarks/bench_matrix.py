@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import stops
 from packaging.version import Version
 from vllm_patchset.infra.config import Project
 from vllm_patchset.overlay.build import patches_for, walk
@@ -100,4 +101,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "bench_matrix"))

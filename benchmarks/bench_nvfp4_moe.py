@@ -1513,4 +1513,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "bench_nvfp4_moe"))

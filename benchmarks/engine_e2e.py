@@ -5,7 +5,12 @@ this script runs it, and the parent runs it again as each engine's worker proces
 
 from __future__ import annotations
 
+import sys
+
+import stops
 from engine_check.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    if sys.argv[1:2] == ["worker"]:  # an engine's own process: its signals as vLLM sets them
+        raise SystemExit(main())
+    raise SystemExit(stops.main(main, "engine_e2e"))

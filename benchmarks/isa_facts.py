@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import stops
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "gpu")]
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -131,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "isa_facts"))

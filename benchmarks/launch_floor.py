@@ -37,6 +37,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import stops
+
 REPO = Path(__file__).resolve().parent.parent
 CHAIN_LENGTHS = (1, 2, 3, 4, 5, 6)
 BARRIER_COUNTS = (0, 1, 2, 3, 4)
@@ -227,4 +229,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(stops.main(main, "launch_floor"))

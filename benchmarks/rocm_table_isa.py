@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import stops
 from isa_facts import DEFAULT_OUT, PIN, REPO, default_pristine
 
 TARGETS = ("gfx942", "gfx950")
@@ -406,4 +407,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "rocm_table_isa"))

@@ -1264,4 +1264,4 @@ def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "tune_nvfp4_moe"))

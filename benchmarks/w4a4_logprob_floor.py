@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import stops
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "w4a4_logprob_floor"))

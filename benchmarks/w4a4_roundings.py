@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import stops
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stops.main(main, "w4a4_roundings"))

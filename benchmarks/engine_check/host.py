@@ -109,13 +109,16 @@ def run_engine(host: Host, run: Run, state: str, gpus: Sequence[int]) -> dict[st
     name = f"{state}-{run.name}"
     procs = _start_ranks(host, run, name, gpus)
     begin = time.monotonic()
-    _wait_all([proc for proc, _, _ in procs], begin)
-    for proc, _, _ in procs:  # what the engine left running (compile workers, a stuck core)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        _wait_all([proc for proc, _, _ in procs], begin)
+    finally:  # what the engine left running (compile workers, a stuck core; all, if stopped)
+        for proc, log, _ in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.close()
     ranks = []
     for proc, log, out in procs:
-        log.close()
         ranks.append(rank_report(proc.returncode, Path(log.name).read_text(errors="replace"), out))
     result = {
         **ranks[0],
