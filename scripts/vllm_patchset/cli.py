@@ -9,7 +9,6 @@ import codecs
 import contextlib
 import difflib
 import io
-import os
 import re
 import signal
 import sys
@@ -318,10 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     code = handler(args)
             sys.stdout.flush()  # here, so that a closed pipe is seen inside the boundary
             return code
-        except BrokenPipeError:
-            # The reader went away (`| head`): stop quietly, as other command-line tools do.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 128 + signal.SIGPIPE
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+            return fsio.reader_gone()
         except (Exception, KeyboardInterrupt) as exc:
             if isinstance(exc, UsageError):
                 command = exc.command

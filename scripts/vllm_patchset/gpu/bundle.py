@@ -23,6 +23,7 @@ from vllm_patchset.gpu import BUNDLE_NAME, KIT_NAME, gpurun, kitparts
 from vllm_patchset.gpu.validate import build_trees
 from vllm_patchset.infra import archives, fsio, jsonfile
 from vllm_patchset.infra.config import Project
+from vllm_patchset.infra.fsio import interrupts
 
 LIMIT = 64 * 1024 * 1024
 
@@ -93,7 +94,9 @@ run.sh installs wheels/ (if any) into a new folder of its own (mktemp -d), then 
 runs tests/gpu against each tree in trees/ (VLLM_PATCHSET_VLLM_TREE=trees/NAME), with vLLM's
 compiled ops if the tree has them, else the stand-ins of tests/gpu/standins.py, and checks
 manifest.json's red/green expectations. It prints a table and exits 1 if one is unmet; logs
-and per-tree reports are in results/. One tree: sh run.sh --only pristine-0.24.0.
+and per-tree reports are in results/. One tree: sh run.sh --only pristine-0.24.0. Ctrl-C or
+kill stops it in one line: the pytest run going on is killed with what it started, the logs
+and reports of the trees run so far stay in results/.
 
 With a native-ops kit beside the archive (vllm-patchset-kit/: kit.json and its parts), run.sh
 first checks every part and reassembles the pin's vLLM with its compiled ops
@@ -192,7 +195,7 @@ def _stage(
     with progress("bundle: building the trees"):
         built = build_trees(project, root)
     fsio.copy_file(Path(gpurun.__file__), root / "gpurun.py", metadata=True)
-    for module in (kitparts, archives, jsonfile):  # kitparts imports the other two
+    for module in (kitparts, archives, jsonfile, interrupts):  # kitparts and gpurun import them
         source = Path(module.__file__ or "")
         fsio.copy_file(source, root / source.name, metadata=True)
     if wheels:

@@ -4,7 +4,10 @@ Standard library only: ``vllm-patchset validate`` imports it, and ``vllm-patchse
 ships it to GPU hosts that have torch but neither network nor vllm-patchset, where it runs as
 ``python3 gpurun.py BUNDLE_DIR``. Since it travels alone, it keeps its own standard-library
 writes and children (the manifest, the logs, pytest runs) instead of the file-system layer
-(``infra/fsio/``), which does not travel; tests/test_fs_layer.py lets it.
+(``infra/fsio/``), which does not travel (but for ``interrupts.py``, standard library only,
+which the bundle carries beside it); tests/test_fs_layer.py lets it. Ctrl-C or kill stop the
+pytest run going on (its whole session: what it started too) and end in one line saying where
+the logs and reports so far are.
 
 The manifest (``manifest.json``) lists trees; each names the pytest selection to run and the
 expected outcome of each regression test: ``red`` (fails: the bug is there) or ``green``
@@ -21,11 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    from vllm_patchset.infra.fsio import interrupts
+except ImportError:  # in a GPU bundle, without vllm-patchset: the file beside this one
+    import interrupts  # type: ignore[import-not-found,no-redef]
 
 MANIFEST = "manifest.json"
 REPORT_ENV = "VLLM_PATCHSET_GPU_REPORT"  # tests/gpu/conftest.py writes outcomes there
@@ -157,7 +166,18 @@ def run_tree(
     ]
     started = time.monotonic()
     with (out / f"{tree.name}.log").open("w", encoding="utf-8") as log:
-        subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own: stopped, this run kills pytest and what it started (compile
+        # workers), which a kill of this process alone left running on the GPU.
+        pytest = subprocess.Popen(
+            command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            pytest.wait()
+        finally:
+            if pytest.returncode is None:
+                os.killpg(pytest.pid, signal.SIGKILL)
+                pytest.wait()
     seconds = time.monotonic() - started
     if not report_path.is_file():
         return {"vllm": {"mode": "pytest did not finish"}, "outcomes": {}}, seconds
@@ -219,6 +239,7 @@ def run_all(
     native: Path | None = None,
 ) -> list[Row]:
     out.mkdir(parents=True, exist_ok=True)
+    interrupts.interrupt_leaves(f"the logs and reports of the trees run so far are in {out}")
     rows: list[Row] = []
     timings: dict[str, float] = {}
     for tree in load_manifest(root):
@@ -263,4 +284,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(interrupts.command(main, "gpurun"))

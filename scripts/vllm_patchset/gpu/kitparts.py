@@ -48,8 +48,10 @@ from typing import BinaryIO, cast
 
 try:
     from vllm_patchset.infra import archives, jsonfile
-except ImportError:  # in a GPU bundle, without vllm-patchset: the two files beside this one
+    from vllm_patchset.infra.fsio import interrupts
+except ImportError:  # in a GPU bundle, without vllm-patchset: the three files beside this one
     import archives  # type: ignore[import-not-found,no-redef]
+    import interrupts  # type: ignore[import-not-found,no-redef]
     import jsonfile  # type: ignore[import-not-found,no-redef]
 
 MANIFEST = "kit.json"
@@ -455,4 +457,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(interrupts.command(main, "kitparts"))

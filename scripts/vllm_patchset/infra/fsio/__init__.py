@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         deferred_signals,
         interrupt_leaves,
         interrupted_note,
+        reader_gone,
         signals_raise,
     )
     from vllm_patchset.infra.fsio.locks import LOCK_TIMEOUT_ENV, lock_timeout, locked, locked_dir
@@ -96,6 +97,7 @@ _HOMES = {
         "deferred_signals",
         "interrupt_leaves",
         "interrupted_note",
+        "reader_gone",
         "signals_raise",
     ),
     "locks": ("LOCK_TIMEOUT_ENV", "lock_timeout", "locked", "locked_dir"),
@@ -198,6 +200,7 @@ __all__ = [
     "process_alive",
     "read_chunks",
     "read_regular",
+    "reader_gone",
     "remove_dir",
     "remove_file",
     "remove_output",

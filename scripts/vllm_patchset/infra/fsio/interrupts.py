@@ -1,12 +1,14 @@
 """SIGINT and SIGTERM: they raise `Interrupted` while a command runs (`signals_raise`), so that
 cleanups and rollbacks run; swaps and rollbacks hold them until done (`deferred_signals`). What
 an interrupt at this point leaves behind is noted on the `Interrupts` of the running block
-(`interrupt_leaves`), for the one line `cli.main` prints. Standard library only.
+(`interrupt_leaves`), for the one line `cli.main` prints. A script run alone (a GPU host's
+`gpurun.py` and `kitparts.py`, the benchmarks) ends the same way through `command`. Standard
+library only: the GPU bundle carries this file beside those scripts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -102,3 +104,44 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def command(run: Callable[[], int | None], name: str) -> int:
+    """A script's ``main`` run as a command-line tool (the scripts that travel alone to GPU
+    hosts, the benchmarks): Ctrl-C or kill raise `Interrupted` while it runs, so that its
+    cleanups run, and end it with one line on stderr, "NAME: interrupted" and what
+    `interrupt_leaves` noted, exit 130 or 143; its reader gone (``| head``), quietly with 141,
+    argparse's --help and usage errors included. Otherwise its main's exit status (None: 0)."""
+    import sys
+
+    interrupts = Interrupts()
+    try:
+        with signals_raise() as interrupts:
+            try:
+                return run() or 0
+            finally:  # a pipe buffers: its error here, not at exit
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+    except KeyboardInterrupt as exc:
+        note = f": {interrupts.note}" if interrupts.note else ""
+        print(f"{name}: interrupted{note}", file=sys.stderr)
+        return exit_status(exc)
+
+
+def exit_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of a run stopped by ``exc``: 128 and the signal's number."""
+    import signal
+
+    return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+
+
+def reader_gone() -> int:
+    """The output's reader went away (``| head``): later writes go nowhere (no second error at
+    exit); the exit status, 141, as other command-line tools give."""
+    import os
+    import signal
+    import sys
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
