@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -240,3 +241,65 @@ def rebase_json(
     assert (got, err) == (code, ""), err
     doc: dict[str, object] = json.loads(out)
     return doc
+
+
+def child_starter(folder: Path) -> Path:
+    """An executable standing for an interpreter that runs a GPU job (pytest, an engine): it
+    starts a child, as such a job starts its own processes, writes both pids into
+    ``folder/pids`` (``started``) and waits."""
+    pids = folder / "pids"
+    pids.mkdir()
+    script = folder / "python"
+    script.write_text(
+        f"#!/bin/sh\nsleep 60 &\necho $! > {pids}/child\necho $$ > {pids}/job\nwait\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def started(folder: Path, wait_s: float = 30) -> list[int]:
+    """The pids ``child_starter``'s job wrote in ``folder/pids``, once both are there."""
+    pids = folder / "pids"
+    deadline = time.monotonic() + wait_s
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(p.read_text()) for p in sorted(pids.iterdir())]
+
+
+def still_running(pids: list[int], wait_s: float = 5) -> list[int]:
+    """Those of ``pids`` still running after up to ``wait_s`` (a SIGKILL takes a moment to
+    land); a zombie (killed, its parent gone, no init here that reaps it) is not running."""
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if running(pid)]
+
+
+def kill_all(pids: list[int]) -> None:
+    """A test's cleanup: SIGKILL whatever of ``pids`` is left."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def to_closed_pipe(argv: list[str], timeout: float = 120) -> tuple[int, str]:
+    """Run ``argv`` as ``ARGV | head -0`` runs it: its stdout a pipe whose reader is gone before
+    the first line, the environment without PYTHONUNBUFFERED, as a user's (a pipe buffers: the
+    write error may come at exit). Its exit status and stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        done = subprocess.run(
+            argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout
+        )
+    finally:
+        os.close(write)
+    return done.returncode, done.stderr

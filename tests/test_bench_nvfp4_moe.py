@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO, STOPPED
+from support import REPO, STOPPED, to_closed_pipe
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -721,14 +721,14 @@ def test_stopped_while_a_worker_runs(
 
 
 READER_GONE = [
-    ("at the end", b""),  # the run measured: its reports, then the table into the closed pipe
-    ("at the start", b"bench_nvfp4_moe: the output's reader went away: nothing saved\n"),
+    ("at the end", ""),  # the run measured: its reports, then the table into the closed pipe
+    ("at the start", "bench_nvfp4_moe: the output's reader went away: nothing saved\n"),
 ]
 
 
 @pytest.mark.parametrize(("when", "line"), READER_GONE, ids=[w for w, _ in READER_GONE])
 def test_a_reader_gone_ends_the_printing_not_the_reports(
-    when: str, line: bytes, tmp_path: Path
+    when: str, line: str, tmp_path: Path
 ) -> None:
     """`| head -0` (a pipe buffers, as without PYTHONUNBUFFERED): no traceback, exit 141; at
     the end the reports written whole, at the start (the first tree's line) nothing, and no
@@ -746,15 +746,7 @@ def test_a_reader_gone_ends_the_printing_not_the_reports(
     )
     argv = ["--overlay", str(vllm_tree(tmp_path / "o")), "--columns", "overlay"]
     argv += ["--shapes", "qwen3-30b-a3b", "--out", str(tmp_path / "r"), "--name", "run"]
-    read, write = os.pipe()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", driver, *argv], stdout=write, stderr=subprocess.PIPE, env=env
-    )
-    os.close(write)
-    os.close(read)  # the reader is gone before the first line
-    _, err = child.communicate(timeout=120)
-    assert (child.returncode, err) == (128 + signal.SIGPIPE, line)
+    assert to_closed_pipe([sys.executable, "-c", driver, *argv]) == (128 + signal.SIGPIPE, line)
     png = ["run.png"] if importlib.util.find_spec("matplotlib") else []
     reports = ["run.json", "run.md", *png] if when == "at the end" else []
     assert sorted(p.name for p in tmp_path.glob("r/*")) == reports

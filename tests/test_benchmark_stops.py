@@ -6,17 +6,15 @@ with them."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from support import REPO, STOPPED
+from support import REPO, STOPPED, child_starter, kill_all, started, still_running, to_closed_pipe
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -54,20 +52,8 @@ def test_help_to_a_closed_pipe(script: str) -> None:
     """``SCRIPT --help | head -0`` as a user runs it (a pipe buffers: no PYTHONUNBUFFERED):
     exit 141 and nothing on stderr (it was Python's "Exception ignored ... BrokenPipeError"
     and exit 120, the error coming at exit, after every handler)."""
-    read, write = os.pipe()
-    os.close(read)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    try:
-        done = subprocess.run(
-            [sys.executable, str(BENCHMARKS / script), "--help"],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            env=env,
-            timeout=120,
-        )
-    finally:
-        os.close(write)
-    assert (done.returncode, done.stderr.decode()) == (128 + signal.SIGPIPE, "")
+    argv = [sys.executable, str(BENCHMARKS / script), "--help"]
+    assert to_closed_pipe(argv) == (128 + signal.SIGPIPE, "")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -128,43 +114,19 @@ def test_engine_check_stopped_kills_its_engines(tmp_path: Path) -> None:
     """Ctrl-C or kill while an engine runs (the check's parent waiting for its worker, in a
     session of its own, as vLLM's engine processes are): the worker and what it started are
     killed (they ran on, on the GPU, until done: the kill after the wait never came)."""
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    fake = tmp_path / "python"  # the worker's interpreter: starts a child, says both pids
-    fake.write_text(
-        f"#!/bin/sh\nsleep 60 &\necho $! > {pids}/child\necho $$ > {pids}/worker\nwait\n"
-    )
-    fake.chmod(0o755)
+    fake = child_starter(tmp_path)  # the worker's interpreter
     (tmp_path / "results").mkdir()
     engine = host.Host(None, tmp_path / "models", tmp_path / "results", python=str(fake))
 
     def interrupt_once_begun() -> None:
-        for _ in range(600):
-            if len(list(pids.iterdir())) == 2:
-                break
-            time.sleep(0.05)
+        started(tmp_path)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_once_begun).start()
     with pytest.raises(KeyboardInterrupt):
         host.run_engine(engine, Run("run", "model"), "overlay", [0])
-    started = [int(p.read_text()) for p in sorted(pids.iterdir())]
+    pids = started(tmp_path)
     try:
-        for _ in range(100):  # a SIGKILL takes a moment to land
-            if not any(running(pid) for pid in started):
-                break
-            time.sleep(0.05)
-        assert [pid for pid in started if running(pid)] == []
+        assert len(pids) == 2 and still_running(pids) == []
     finally:
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def running(pid: int) -> bool:
-    """Whether the process runs: gone or a zombie (killed, its parent gone before it, and no
-    init here that reaps it) is not."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        kill_all(pids)

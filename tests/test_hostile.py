@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from killable import KILL_ENV, KILLABLE
-from support import REPO, git, snapshot
+from support import REPO, git, snapshot, to_closed_pipe
 from synthetic import MOE, STORY_FIX, STORY_LOCAL, LocalIndex, Story, sdist_bytes
 from vllm_install import (
     ADDED,
@@ -1040,19 +1040,9 @@ def test_a_closed_pipe_ends_quietly(
     if argv[0] == "overlay":
         argv = [*argv, "--target", str(target)]
         project = overlay.project
-    read, write = os.pipe()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "vllm_patchset", "--project", str(project.root), "--cache-dir",
-         str(project.cache_dir), *argv],
-        stdout=write,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # a pipe buffers
-    )  # fmt: skip
-    os.close(write)
-    os.close(read)  # the reader is gone before the first line (`| head -0`)
-    _, err = child.communicate(timeout=120)
-    assert child.returncode == 128 + signal.SIGPIPE
+    command = [sys.executable, "-m", "vllm_patchset", "--project", str(project.root)]
+    code, err = to_closed_pipe([*command, "--cache-dir", str(project.cache_dir), *argv])
+    assert code == 128 + signal.SIGPIPE
     if argv[0] == "matrix":  # its timing line goes to stderr unless the pipe broke first
         assert re.fullmatch(r"(matrix: 2 trees x 3 patches in \d+\.\d s\n)?", err), err
     else:

@@ -4,14 +4,11 @@ bench runs shaped as the H200's (the 2026-12-03 32-token sweep's two runs, commi
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support import REPO
+from support import REPO, to_closed_pipe
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -109,16 +106,5 @@ def test_a_reader_gone_ends_the_printing_not_the_copy(tmp_path: Path) -> None:
         (tables / name(*shape)).write_text(json.dumps({"shape": shape}))
     script = REPO / "benchmarks" / "keep_faster_tables.py"
     argv = ["--tables", str(tables), "--results", *map(str, RUNS), "--tokens", "32"]
-    read, write = os.pipe()
-    child = subprocess.Popen(
-        [sys.executable, str(script), *argv, "--out", str(out)],
-        stdout=write,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # a pipe buffers
-    )
-    os.close(write)
-    os.close(read)  # the reader is gone before the first line
-    _, err = child.communicate(timeout=120)
-    assert (child.returncode, err) == (128 + signal.SIGPIPE, "")
+    assert to_closed_pipe([sys.executable, str(script), *argv, "--out", str(out)]) == (141, "")
     assert len(list(out.glob("*.json"))) == 9

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO, STOPPED
+from support import REPO, STOPPED, kill_all, still_running
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -41,14 +41,6 @@ if __name__ == "__main__":
     raise SystemExit(tune.main(sys.argv[2:]))
 """
 JOBS = 2
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["to-the-tuner", "to-its-group"])
@@ -84,13 +76,11 @@ def test_stopped_while_compiling(tmp_path: Path, signum: int, code: int, group: 
             code,
             "tune_nvfp4_moe: interrupted: nothing saved (no table written)\n",
         )
-        assert [pid for pid in pids if alive(pid)] == []
+        assert still_running(pids) == []
         assert not out.exists()
     finally:
         tuner.kill()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(pids)
 
 
 @pytest.mark.parametrize("predecode", [False, True], ids=["buckets", "predecode"])

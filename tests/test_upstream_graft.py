@@ -11,14 +11,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO, STOPPED
+from support import REPO, STOPPED, to_closed_pipe
 from vllm_install import Pristine
 from vllm_patchset.overlay.upstream import Mirror
 
@@ -379,19 +378,8 @@ def test_reader_gone(tmp_path: Path) -> None:
     traceback, the tree written whole."""
     pristine_tree(tmp_path / "pristine")
     graft_folder(tmp_path / "graft")
-    read, write = os.pipe()
-    os.close(read)
     script = REPO / "benchmarks" / "upstream_graft.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user runs it
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script), *graft_args(tmp_path)],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-    finally:
-        os.close(write)
-    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, b"")
+    argv = [sys.executable, str(script), *graft_args(tmp_path)]
+    assert to_closed_pipe(argv) == (128 + signal.SIGPIPE, "")
     assert graft.grafted_release(tmp_path / "out") == "0.25.0"
     assert (tmp_path / "out" / EXPERTS).read_bytes() == b"0.25.0 experts"

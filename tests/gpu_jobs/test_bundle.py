@@ -43,8 +43,8 @@ def test_bundle_without_wheels(tiny: Project, tmp_path: Path) -> None:
         assert manifest is not None
         native = {t["name"]: t["native"] for t in json.load(manifest)["trees"]}
     names_needed = ("gpurun.py", "kitparts.py", "manifest.json", "pytest.ini", "README.txt")
-    names_needed += ("archives.py", "jsonfile.py", "interrupts.py")  # what the two import
-    for name in (*names_needed, "tests/gpu/conftest.py"):
+    imported = ("archives.py", "jsonfile.py", "interrupts.py")  # what the two scripts import
+    for name in (*names_needed, *imported, "tests/gpu/conftest.py"):
         assert f"{BUNDLE_NAME}/{name}" in names
     assert f"{BUNDLE_NAME}/trees/buggy-0001-1.0/{UTILS}" in names
     assert not any(n.startswith(f"{BUNDLE_NAME}/wheels") for n in names)

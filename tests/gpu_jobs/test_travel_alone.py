@@ -6,18 +6,16 @@ stopped kills the pytest run it started with what that started (they ran on, on 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from support import STOPPED
+from support import STOPPED, child_starter, kill_all, started, still_running, to_closed_pipe
 from vllm_patchset.gpu import gpurun, kitparts
 from vllm_patchset.infra import archives, jsonfile
 from vllm_patchset.infra.fsio import interrupts
@@ -42,27 +40,11 @@ def bundle(tmp_path: Path) -> Path:
 def test_closed_pipe(bundle: Path, script: str, args: list[str]) -> None:
     """``SCRIPT --help | head -0`` (a pipe buffers: no PYTHONUNBUFFERED): 141, nothing on
     stderr; a usage error still says itself (stderr) with argparse's 2."""
-    read, write = os.pipe()
-    os.close(read)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    try:
-        done = subprocess.run(
-            [*HOST, str(bundle / script), *args], stdout=write, stderr=subprocess.PIPE, env=env
-        )
-    finally:
-        os.close(write)
+    code, err = to_closed_pipe([*HOST, str(bundle / script), *args])
     if args == ["--help"]:
-        assert (done.returncode, done.stderr.decode()) == (128 + signal.SIGPIPE, "")
+        assert (code, err) == (128 + signal.SIGPIPE, "")
     else:
-        assert done.returncode == 2 and done.stderr.decode().startswith("usage: ")
-
-
-def running(pid: int) -> bool:
-    """Whether the process runs (a zombie, killed and not yet reaped by init, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        assert code == 2 and err.startswith("usage: ")
 
 
 @pytest.mark.parametrize(("signum", "code"), STOPPED)
@@ -72,39 +54,23 @@ def test_gpurun_stopped_while_pytest_runs(bundle: Path, signum: int, code: int) 
     (bundle / "trees" / "t").mkdir(parents=True)
     tree = {"name": "t", "path": "trees/t", "select": ["tests/gpu"], "expectations": []}
     (bundle / gpurun.MANIFEST).write_text(json.dumps({"trees": [tree]}))
-    pids = bundle / "pids"
-    pids.mkdir()
-    fake = bundle / "python"  # pytest's interpreter: starts a child, says both pids
-    fake.write_text(
-        f"#!/bin/sh\nsleep 60 &\necho $! > {pids}/child\necho $$ > {pids}/pytest\nwait\n"
-    )
-    fake.chmod(0o755)
+    fake = child_starter(bundle)  # pytest's interpreter
     out = bundle / "results"
     command = [*HOST, str(bundle / "gpurun.py"), str(bundle), "--python", str(fake)]
     run = subprocess.Popen(
         [*command, "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    started: list[int] = []
+    pids: list[int] = []
     try:
-        for _ in range(600):
-            if len(list(pids.iterdir())) == 2:
-                break
-            time.sleep(0.05)
-        started = [int(p.read_text()) for p in sorted(pids.iterdir())]
-        assert len(started) == 2
+        pids = started(bundle)
+        assert len(pids) == 2
         os.killpg(run.pid, signum)  # Ctrl-C at a terminal reaches the group
         _, err = run.communicate(timeout=30)
         assert (run.returncode, err) == (
             code,
             f"gpurun: interrupted: the logs and reports of the trees run so far are in {out}\n",
         )
-        for _ in range(100):  # a SIGKILL takes a moment to land
-            if not any(running(pid) for pid in started):
-                break
-            time.sleep(0.05)
-        assert [pid for pid in started if running(pid)] == []
+        assert still_running(pids) == []
     finally:
         run.kill()
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(pids)
