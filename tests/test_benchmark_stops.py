@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -110,20 +110,24 @@ def test_stops_main_passes_on_what_main_says(monkeypatch: pytest.MonkeyPatch) ->
     assert stops.main(gone, "x") == 141
 
 
-def test_engine_check_stopped_kills_its_engines(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), STOPPED)
+def test_engine_check_stopped_kills_its_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, code: int
+) -> None:
     """Ctrl-C or kill while an engine runs (the check's parent waiting for its worker, in a
-    session of its own, as vLLM's engine processes are): the worker and what it started are
-    killed (they ran on, on the GPU, until done: the kill after the wait never came)."""
+    session of its own, as vLLM's engine processes are; the signal raises where it waits, as
+    engine_e2e.py's stops.main makes it): the worker and what it started are killed (they ran
+    on, on the GPU, until done: the kill after the wait never came)."""
     fake = child_starter(tmp_path)  # the worker's interpreter
     (tmp_path / "results").mkdir()
     engine = host.Host(None, tmp_path / "models", tmp_path / "results", python=str(fake))
 
-    def interrupt_once_begun() -> None:
-        started(tmp_path)
-        os.kill(os.getpid(), signal.SIGINT)
+    def stopped_while_waiting(procs: list[subprocess.Popen[bytes]], begin: float) -> None:
+        started(tmp_path)  # the worker and its child are up
+        raise stops.Interrupted(signum)
 
-    threading.Thread(target=interrupt_once_begun).start()
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(host, "_wait_all", stopped_while_waiting)
+    with pytest.raises(stops.Interrupted):
         host.run_engine(engine, Run("run", "model"), "overlay", [0])
     pids = started(tmp_path)
     try:
