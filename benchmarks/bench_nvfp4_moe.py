@@ -1073,10 +1073,17 @@ def markdown(data: dict[str, Any], title: str) -> str:
     lines = [f"# {title}", ""]
     bandwidth = meta.get("bandwidth_bytes_per_s") or 0.0
     wall = f" in {meta['wall_s']:.0f} s" if meta.get("wall_s") else ""
+    runs, when, same = "One run", f"{meta.get('date')}{wall}", "in the same run"
+    if merged := meta.get("merged_from"):  # --merge: each cell's columns are of one run
+        runs, when, same = (
+            f"{len(merged)} runs, merged,",
+            ", ".join(map(str, merged)),
+            "in the first",
+        )
     lines.append(
-        f"One run of `benchmarks/bench_nvfp4_moe.py --reps {meta.get('reps')}` on"
+        f"{runs} of `benchmarks/bench_nvfp4_moe.py --reps {meta.get('reps')}` on"
         f" {meta.get('device')} (torch {meta.get('torch')}, Triton {meta.get('triton')}),"
-        f" {meta.get('date')}{wall}; copy bandwidth measured in the same run:"
+        f" {when}; copy bandwidth measured {same}:"
         f" {bandwidth / 1e12:.2f} TB/s (the bound's denominator). Ops per tree:"
     )
     lines.append("")
@@ -1288,6 +1295,13 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         rows += [r for r in part["rows"] if r["impl"] != BOUND]
         breakdowns += part.get("breakdown", [])
     meta["merged_from"] = [p["meta"].get("date") for p in parts]
+    cells = [(r["shape"], r["tokens"], r["impl"]) for r in rows]
+    if twice := sorted({c for c in cells if cells.count(c) > 1}):
+        shape, tokens, impl = twice[0]
+        raise ValueError(
+            f"{len(twice)} cells are in more than one of the runs, the first {impl} on {shape}"
+            f" at {tokens} tokens: keep each cell in one run"
+        )
     return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": breakdowns}
 
 
@@ -1453,7 +1467,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     if args.merge is not None:
-        data = merge([json.loads(p.read_text()) for p in args.merge])
+        try:
+            data = merge([json.loads(p.read_text()) for p in args.merge])
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"bench_nvfp4_moe: --merge: {exc}", file=sys.stderr)
+            return 2
         for path in write_reports(data, args.out, output_name(args.name, data["meta"])):
             print(f"wrote {path}")
         return 0

@@ -248,6 +248,7 @@ def test_replot(tmp_path: Path) -> None:
 
 def test_merge() -> None:
     first, second = fake_run(), fake_run()
+    first["meta"]["date"], second["meta"]["date"] = "2026-12-05T14:26:07", "2026-12-05T14:37:11"
     second["rows"] = [_row(MARLIN, 8, 80.0, "marlin")]
     second["meta"]["trees"] = {"pristine": {**first["meta"]["trees"]["pristine"], "ops": "native"}}
     second["breakdown"] = []
@@ -264,6 +265,29 @@ def test_merge() -> None:
     }
     assert len(data["breakdown"]) == 2
     assert data["meta"]["skipped_cells"] == []
+    text = bench.markdown(data, "t")  # it said "One run", the first run's date and time
+    assert "\n2 runs, merged, of `benchmarks/bench_nvfp4_moe.py --reps 25` on " in text
+    when = "2026-12-05T14:26:07, 2026-12-05T14:37:11; copy bandwidth measured in the first: 4.50"
+    assert when in text
+
+
+def test_merge_refuses_a_cell_of_two_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell (shape, tokens, column) in two of the runs: which one the report showed was the
+    later's, silently; now one line, exit 2, nothing written."""
+    first, second = fake_run(), fake_run()
+    second["rows"] = [_row(MARLIN, 1, 41.0, "marlin")]
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, run in zip(paths, (first, second), strict=True):
+        path.write_text(json.dumps(run))
+    argv = ["--merge", *map(str, paths), "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"bench_nvfp4_moe: --merge: 1 cells are in more than one of the runs, the first {MARLIN}"
+        " on qwen3-30b-a3b at 1 tokens: keep each cell in one run\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_rocm_and_before_columns(monkeypatch: pytest.MonkeyPatch) -> None:
