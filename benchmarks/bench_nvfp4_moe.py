@@ -56,11 +56,13 @@ the call's own CUDA graph with the others disabled, L2 flushed, median; ``floor_
 graph with every launch disabled.
 
 Output: tables on stdout; under --out a JSON of every row, a Markdown of the tables and a PNG
-(``--name``: the headline name when every tree ran the real ops, with ``_standin`` appended
-otherwise). Without matplotlib the PNG is skipped with a line; ``--replot`` makes it (and the
-Markdown) from the JSON where matplotlib is. The JSON and Markdown are written after every
-tree's worker; Ctrl-C or kill (SIGTERM) stops the worker running and says in one line what was
-kept (exit 130 or 143); the reader of stdout gone (``| head``): exit 141, the reports whole.
+(``--name``, by default ``nvfp4_moe_<GPU>`` as the run names its GPU, ``nvfp4_moe_h200`` on an
+H200: a run on another GPU never writes over its results; with ``_standin`` appended unless
+every tree ran the real ops). Without matplotlib the PNG is skipped with a line; ``--replot``
+makes it (and the Markdown) from the JSON where matplotlib is. The JSON and Markdown are
+written after every tree's worker; Ctrl-C or kill (SIGTERM) stops the worker running and says
+in one line what was kept (exit 130 or 143); the reader of stdout gone (``| head``): exit 141,
+the reports whole.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -87,7 +90,6 @@ from upstream_graft import label as graft_label
 REPO = Path(__file__).resolve().parent.parent
 GPU_TESTS = REPO / "tests" / "gpu"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
-DEFAULT_NAME = "nvfp4_moe_h200"
 BOUND = "NVFP4 weight-read bound"
 BF16 = "BF16 TritonExperts"
 PORTABLE_ENV = "VLLM_PATCHSET_NVFP4_PORTABLE"  # tests/gpu/moe_setup.py names it too
@@ -1305,10 +1307,20 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"meta": meta, "rows": rows + bound_rows(rows, meta), "breakdown": breakdowns}
 
 
-def output_name(name: str, meta: dict[str, Any]) -> str:
-    """The headline name when every tree ran vLLM's real ops, else ``<name>_standin``."""
+def output_name(name: str | None, meta: dict[str, Any]) -> str:
+    """The headline name when every tree ran vLLM's real ops, else ``<name>_standin``; without
+    a name, ``default_name`` of the run's GPU."""
+    name = name or default_name(meta.get("device"))
     ops = {tree["ops"] for tree in meta["trees"].values()}
     return name if ops == {"native"} else f"{name}_standin"
+
+
+def default_name(device: str | None) -> str:
+    """``nvfp4_moe_<GPU>``: ``nvfp4_moe_h200`` on an NVIDIA H200, ``nvfp4_moe_h100_80gb_hbm3`` on
+    an NVIDIA H100 80GB HBM3 (the name was nvfp4_moe_h200 on every GPU: a run elsewhere wrote
+    over the H200's results)."""
+    words = re.sub(r"[^a-z0-9]+", "_", (device or "gpu").lower()).strip("_")
+    return "nvfp4_moe_" + (re.sub(r"^(nvidia|amd)_", "", words) or "gpu")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1388,9 +1400,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--name",
-        default=DEFAULT_NAME,
-        help="file name stem under --out (with _standin appended unless every tree had the"
-        " real ops)",
+        help="file name stem under --out (default nvfp4_moe_<GPU>, the GPU as the run names it:"
+        " nvfp4_moe_h200 on an H200; with _standin appended unless every tree had the real ops)",
     )
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="only write the Markdown and PNG of JSON"

@@ -202,6 +202,28 @@ def test_output_name() -> None:
     assert bench.output_name("nvfp4_moe_h200", meta) == "nvfp4_moe_h200_standin"
 
 
+# The GPU as torch names it -> the default name (it was nvfp4_moe_h200 on every GPU, so that a
+# run on an H100 or an MI300 wrote over the H200's results).
+DEVICE_NAMES = [
+    ("NVIDIA H200", "nvfp4_moe_h200"),
+    ("NVIDIA H100 80GB HBM3", "nvfp4_moe_h100_80gb_hbm3"),
+    ("NVIDIA GH200 480GB", "nvfp4_moe_gh200_480gb"),
+    ("AMD Instinct MI300X", "nvfp4_moe_instinct_mi300x"),
+    ("AMD Radeon Graphics", "nvfp4_moe_radeon_graphics"),
+    ("NVIDIA", "nvfp4_moe_nvidia"),
+    ("", "nvfp4_moe_gpu"),
+    (None, "nvfp4_moe_gpu"),
+]
+
+
+@pytest.mark.parametrize(("device", "name"), DEVICE_NAMES)
+def test_default_name_is_the_gpus(device: str | None, name: str) -> None:
+    meta = fake_run()["meta"] | {"device": device}
+    assert bench.output_name(None, meta) == name
+    assert bench.output_name("mine", meta) == "mine"
+    assert bench.parse_args(["--replot", "run.json"]).name is None
+
+
 def test_markdown() -> None:
     lines = bench.markdown(fake_run(), "T").splitlines()
     table = lines.index("| implementation | ops | 1 tok | 8 tok |")
