@@ -73,7 +73,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -84,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 import stops
+from results_names import by_gpu
 from upstream_graft import GraftError, grafted_release, tree_version
 from upstream_graft import label as graft_label
 
@@ -1309,18 +1309,11 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def output_name(name: str | None, meta: dict[str, Any]) -> str:
     """The headline name when every tree ran vLLM's real ops, else ``<name>_standin``; without
-    a name, ``default_name`` of the run's GPU."""
-    name = name or default_name(meta.get("device"))
+    a name, ``nvfp4_moe_<GPU>`` (it was nvfp4_moe_h200 on every GPU: a run elsewhere wrote over
+    the H200's results)."""
+    name = name or by_gpu("nvfp4_moe", meta.get("device"))
     ops = {tree["ops"] for tree in meta["trees"].values()}
     return name if ops == {"native"} else f"{name}_standin"
-
-
-def default_name(device: str | None) -> str:
-    """``nvfp4_moe_<GPU>``: ``nvfp4_moe_h200`` on an NVIDIA H200, ``nvfp4_moe_h100_80gb_hbm3`` on
-    an NVIDIA H100 80GB HBM3 (the name was nvfp4_moe_h200 on every GPU: a run elsewhere wrote
-    over the H200's results)."""
-    words = re.sub(r"[^a-z0-9]+", "_", (device or "gpu").lower()).strip("_")
-    return "nvfp4_moe_" + (re.sub(r"^(nvidia|amd)_", "", words) or "gpu")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

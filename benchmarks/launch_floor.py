@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import stops
+from results_names import by_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 CHAIN_LENGTHS = (1, 2, 3, 4, 5, 6)
@@ -214,10 +215,11 @@ def measure(reps: int) -> tuple[list[Row], dict[str, object]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--name", default="launch_floor_h200")
+    parser.add_argument("--name", help="file name stem under --out (default launch_floor_<GPU>)")
     parser.add_argument("--reps", type=int, default=200)
     args = parser.parse_args(argv)
     rows, meta = measure(args.reps)
+    args.name = args.name or by_gpu("launch_floor", str(meta["gpu"]))
     fits = fit(rows)
     text = markdown(rows, fits, meta)
     print(text)

@@ -218,10 +218,14 @@ DEVICE_NAMES = [
 
 @pytest.mark.parametrize(("device", "name"), DEVICE_NAMES)
 def test_default_name_is_the_gpus(device: str | None, name: str) -> None:
+    """The bench's results (and launch_floor.py's, by the same results_names.by_gpu)."""
+    from results_names import by_gpu
+
     meta = fake_run()["meta"] | {"device": device}
     assert bench.output_name(None, meta) == name
     assert bench.output_name("mine", meta) == "mine"
     assert bench.parse_args(["--replot", "run.json"]).name is None
+    assert by_gpu("launch_floor", device) == name.replace("nvfp4_moe", "launch_floor")
 
 
 def test_markdown() -> None:
