@@ -102,12 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         for verdict in found:
             if verdict.kept:
                 shutil.copy2(args.tables / verdict.table, args.out / verdict.table)
-    try:
-        for verdict in found:
-            print(verdict.line())
-        print(f"{sum(v.kept for v in found)} of {len(found)} tables kept", flush=True)
-    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, the tables copied
-        return stops.reader_gone()
+    for verdict in found:  # a closed pipe here: stops.main ends it quietly, the tables copied
+        print(verdict.line())
+    print(f"{sum(v.kept for v in found)} of {len(found)} tables kept")
     return 0
 
 

@@ -1079,13 +1079,15 @@ def main(argv: list[str] | None = None) -> int:
         with stops.raised():
             return sweep(args, rows)
     except (KeyboardInterrupt, BrokenPipeError) as exc:
-        code = stops.reader_gone() if isinstance(exc, BrokenPipeError) else stops.status(exc)
+        if isinstance(exc, BrokenPipeError):
+            code, how = stops.reader_gone(), "the output's reader went away"
+        else:
+            code, how = stops.status(exc), "interrupted"
         kept = "nothing saved"
         if rows:
             out = args.out / ("tune_predecode.json" if args.predecode else "tune.json")
             write_timings(out, rows, stopped=True)
             kept = f"{len(rows)} timing{'s' * (len(rows) > 1)} saved in {out}"
-        how = "the output's reader went away" if code == 141 else "interrupted"
         print(f"tune_nvfp4_moe: {how}: {kept} (no table written)", file=sys.stderr)
         return code
 

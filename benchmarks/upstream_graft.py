@@ -209,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print("upstream_graft: interrupted: nothing written", file=sys.stderr)
         return stops.status(exc)
-    try:
-        print(done, flush=True)  # a pipe buffers: the write, and its error, here
-    except BrokenPipeError:  # the reader went away (`| head -0`): the output is whole
-        return stops.reader_gone()
+    print(done)  # a closed pipe here: stops.main ends it quietly (141), the output whole
     return 0
 
 
