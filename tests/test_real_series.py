@@ -49,8 +49,8 @@ NVFP4 = "0002-nvfp4_emulation_moe-fused-NVFP4-GEMMs-over-the-route.patch"
 ARCHIVED_FIX1 = f"upstreamed/{FIX1}"
 TRITON = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
-# Files 0002 adds beside it: its kernels' module, the H200's tile table and the H200's tables
-# of the shapes (experts held, hidden, intermediate) tuned on their own.
+# Files 0002 adds beside it: its kernels' module, the H200's tile table and the H200's and
+# H100's tables of the shapes (experts held, hidden, intermediate) tuned on their own.
 KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 H200_TABLE = (
     "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
@@ -106,12 +106,28 @@ H200_SHAPE_TABLES = tuple(
         (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
     )
 )
+# The H100's tables of the shapes tuned on it (its other shapes take CUDA's generic table).
+H100_SHAPE_TABLES = tuple(
+    f"vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}"
+    ".NVIDIA_H100_80GB_HBM3.json"
+    for e, h, i in (
+        (128, 4096, 192),  # Qwen3-235B-A22B TP8
+        (128, 5120, 1024),  # Llama-4-Maverick TP8
+        (128, 5120, 2048),  # Llama-4-Maverick TP4
+        (128, 5120, 4096),  # Llama-4-Maverick TP2
+        (128, 5120, 8192),  # Llama-4-Maverick
+        (16, 5120, 4096),  # Llama-4-Scout TP2
+        (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
+        (512, 4096, 1024),  # Qwen3.5-397B-A17B
+        (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
+    )
+)
 TOUCHED_BY = {
     EMULATION: (FIX2, NVFP4),
     TRITON: (FIX2,),
     KERNELS: (NVFP4,),
     H200_TABLE: (NVFP4,),
-    **{table: (NVFP4,) for table in H200_SHAPE_TABLES},
+    **{table: (NVFP4,) for table in (*H200_SHAPE_TABLES, *H100_SHAPE_TABLES)},
 }
 GPU_FIX1 = "tests/gpu/test_fix1_e2m1_device.py::test_emulation_convert_without_weight_attr_then_graph_capture"
 GPU_FIX2 = (
@@ -236,7 +252,9 @@ def test_overlay_matches_the_committed_lock(
 ) -> None:
     assert main(["--project", str(project.root), "overlay", "build"]) == 0
     files = overlay_files(project.root)
-    assert sorted(files) == sorted([KERNELS, EMULATION, H200_TABLE, *H200_SHAPE_TABLES, TRITON])
+    assert sorted(files) == sorted(
+        [KERNELS, EMULATION, H200_TABLE, *H200_SHAPE_TABLES, *H100_SHAPE_TABLES, TRITON]
+    )
     lock = Lock.load(project.lock_path)
     assert project.lock_path.read_bytes() == committed("overlay/overlay.lock.json")
     assert (lock.version, lock.patches) == ("0.24.0", (FIX2, NVFP4))
