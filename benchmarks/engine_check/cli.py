@@ -46,7 +46,8 @@ and on a host with torch but no vLLM, with a native-ops kit (`vllm-patchset kit 
     python benchmarks/engine_e2e.py all --work /tmp/engine-e2e --kit KIT
 
 Results (JSON per run, logs) go to WORK/results; `report` writes
-benchmarks/results/engine_e2e_h200.{json,md,png}. Every engine runs in a process of its own.
+benchmarks/results/engine_e2e_<GPU>.{json,md,png}, the GPU the runs recorded (engine_e2e_h200 on
+an H200). Every engine runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_names import by_gpu
+
 from .figure import plot, plot_rows
 from .host import gpu_count, host_of, run_engine
 from .numerics import reference_logprobs
@@ -70,6 +73,7 @@ from .results import (
     load_references,
     load_results,
     measured,
+    recorded_gpus,
     summary_line,
 )
 from .runs import (
@@ -105,11 +109,13 @@ def cmd_variance(args: argparse.Namespace) -> int:
         if args.runs and run.name not in args.runs:
             continue
         print(summary_line(run_engine(host, run, state, [0])), flush=True)
-    rows = variance_summary(load_results(host.results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    results = load_results(host.results)
+    rows = variance_summary(results)
+    out = args.out or RESULTS / by_gpu("engine_variance", the_gpu(results))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
     text = variance_markdown(rows)
-    args.out.with_suffix(".md").write_text(text)
+    out.with_suffix(".md").write_text(text)
     print(text)
     return 0 if all(r["ok"] for r in rows) else 1
 
@@ -261,8 +267,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise SystemExit(f"no run results in {args.work / 'results'}: nothing to report")
     summary = summarize(results, load_references(args.work / "results"))
     summary["notes"] = list(args.note)
-    title = args.title
-    prefix = args.out
+    gpu = None if args.out and args.title else the_gpu(results)
+    title = args.title or f"{DEFAULT_TITLE}, {gpu or 'GPU'}"
+    prefix = args.out or RESULTS / by_gpu("engine_e2e", gpu)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     text = markdown(summary, title, args.note)
@@ -303,8 +310,22 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.func(args))
 
 
-DEFAULT_OUT = RESULTS / "engine_e2e_h200"
-DEFAULT_TITLE = "vLLM 0.24.0 engine, NVFP4 Qwen3-MoE (E=128, H=2048, I=768, top-8), H200"
+# A report's title, the GPU after it; its default name is engine_e2e_<GPU> (the_gpu).
+DEFAULT_TITLE = "vLLM 0.24.0 engine, NVFP4 Qwen3-MoE (E=128, H=2048, I=768, top-8)"
+
+
+def the_gpu(results: dict[str, dict[str, Any]]) -> str | None:
+    """The GPU the runs recorded, for a report's default name and title (None where no run
+    recorded one: results from before runs did); runs of several GPUs stop here, in one line."""
+    gpus = recorded_gpus(results)
+    if len(gpus) > 1:
+        raise SystemExit(
+            f"runs of several GPUs in the results ({', '.join(gpus)}):"
+            " name the report (--out and --title)"
+        )
+    return gpus[0] if gpus else None
+
+
 NVFP4_MODELS = [name for name, (fmt, _) in MODELS.items() if fmt == "nvfp4"]
 
 
@@ -331,8 +352,8 @@ def _setup_commands(sub: Any) -> None:
     p.add_argument("--kit", type=Path, help="a native-ops kit, for a host without vLLM")
     p.add_argument("--project", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--gpus", type=int)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--title", default=DEFAULT_TITLE)
+    p.add_argument("--out", type=Path, help="default: benchmarks/results/engine_e2e_<GPU>")
+    p.add_argument("--title", help="default: the check's model and the GPU")
     p.set_defaults(func=cmd_all)
     p = _with_work(
         sub.add_parser("setup", help="assemble a kit into WORK/native, vllm-patchset into it")
@@ -405,15 +426,15 @@ def _install_report_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_overlay)
     p = _with_work(sub.add_parser("report", help="WORK/results -> JSON, Markdown and PNG"))
     p.add_argument("--note", action="append", default=[], help="a line for the Markdown")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--title", default=DEFAULT_TITLE)
+    p.add_argument("--out", type=Path, help="default: benchmarks/results/engine_e2e_<GPU>")
+    p.add_argument("--title", help="default: the check's model and the GPU")
     p.set_defaults(func=cmd_report)
     p = _with_work(
         sub.add_parser("variance", help="the logprob check with controls, MoE layer dumps")
     )
     names = [r.name for r in VARIANCE_RUNS]
     p.add_argument("--runs", nargs="+", choices=names, help="these only (default: all)")
-    p.add_argument("--out", type=Path, default=RESULTS / "engine_variance_h200")
+    p.add_argument("--out", type=Path, help="default: benchmarks/results/engine_variance_<GPU>")
     p.set_defaults(func=cmd_variance)
     p = sub.add_parser("worker", help=argparse.SUPPRESS)
     p.add_argument("spec")

@@ -29,6 +29,13 @@ def load_references(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def recorded_gpus(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The GPUs the runs (each rank of them) recorded running on, sorted; none for results
+    written before a run recorded it."""
+    ranks = (r for result in results.values() for r in result.get("ranks", [result]))
+    return sorted({r["gpu"] for r in ranks if r.get("gpu")})
+
+
 def measured(result: dict[str, Any]) -> bool:
     """Every rank started and measured all it had to (its exit, after that, is not judged)."""
     ranks = result.get("ranks", [result])

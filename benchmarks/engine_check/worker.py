@@ -86,6 +86,11 @@ def worker(run: Run, model: Path, out: Path) -> None:
     # apply_model sends moe_layers to the engine core's process (pickled: vLLM asks for this)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM
+    from vllm.platforms import current_platform
+
+    # The GPU, as vLLM names it (NVML or amdsmi: no CUDA context before the engine's), for the
+    # report's default name.
+    result["gpu"] = current_platform.get_device_name()
 
     try:
         llm = LLM(**engine_kwargs(run, model))

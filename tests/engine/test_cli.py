@@ -27,6 +27,65 @@ def test_report_without_results_writes_nothing(tmp_path: Path) -> None:
     assert out.with_suffix(".md").read_text() == "kept\n"
 
 
+@pytest.mark.parametrize(
+    ("gpu", "name", "title"),
+    [
+        ("NVIDIA H200", "engine_e2e_h200", "NVIDIA H200"),
+        ("NVIDIA H100 80GB HBM3", "engine_e2e_h100_80gb_hbm3", "NVIDIA H100 80GB HBM3"),
+        ("AMD Instinct MI300X", "engine_e2e_instinct_mi300x", "AMD Instinct MI300X"),
+        (None, "engine_e2e_gpu", "GPU"),  # results of runs from before they recorded it
+    ],
+)
+def test_report_named_for_the_gpu_the_runs_ran_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str | None, name: str, title: str
+) -> None:
+    """`report` without --out or --title names the report for the GPU the runs recorded (a
+    run on an H100 wrote engine_e2e_h200, over the H200's report): each rank's, here two
+    runs, one of two ranks."""
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "reports")
+    results = tmp_path / "work" / "results"
+    results.mkdir(parents=True)
+    ran_on = {"gpu": gpu} if gpu else {}
+    runs = {
+        "pristine-emulation-L2": run_result("pristine-emulation-L2", **ran_on),
+        "overlay-ep2-L2": {"ranks": [run_result("r0", **ran_on), run_result("r1", **ran_on)]},
+    }
+    for run, result in runs.items():
+        (results / f"{run}.json").write_text(json.dumps(result))
+    assert cli.main(["report", "--work", str(tmp_path / "work")]) == 0
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == [
+        f"{name}.json",
+        f"{name}.md",
+    ]
+    first = (tmp_path / "reports" / f"{name}.md").read_text().splitlines()[0]
+    assert first == f"# {cli.DEFAULT_TITLE}, {title}"
+
+
+def test_report_of_runs_on_several_gpus_needs_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs recorded on two GPUs: no default name fits both; one line, nothing written, unless
+    the report is named (then written where named)."""
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "reports")
+    results = tmp_path / "work" / "results"
+    results.mkdir(parents=True)
+    for run, gpu in (("a", "NVIDIA H200"), ("b", "NVIDIA H100 80GB HBM3")):
+        (results / f"{run}.json").write_text(json.dumps(run_result(run, gpu=gpu)))
+    work = str(tmp_path / "work")
+    expected = (
+        r"^runs of several GPUs in the results \(NVIDIA H100 80GB HBM3, NVIDIA H200\):"
+        r" name the report \(--out and --title\)$"
+    )
+    for named in ([], ["--out", str(tmp_path / "mine")], ["--title", "T"]):
+        with pytest.raises(SystemExit, match=expected):
+            cli.main(["report", "--work", work, *named])
+    assert not (tmp_path / "reports").exists() and not list(tmp_path.glob("mine*"))
+    assert (
+        cli.main(["report", "--work", work, "--out", str(tmp_path / "mine"), "--title", "T"]) == 0
+    )
+    assert sorted(p.name for p in tmp_path.glob("mine*")) == ["mine.json", "mine.md"]
+
+
 # -- setup and the overlay on a kit's site (the README's engine check, on a host with torch only)
 def test_setup_with_a_kit_and_the_packed_wheel_then_overlay_apply(
     overlay: Any,
