@@ -55,72 +55,76 @@ KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.
 H200_TABLE = (
     "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.NVIDIA_H200.json"
 )
-H200_SHAPE_TABLES = tuple(
-    f"vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}"
-    ".NVIDIA_H200.json"
-    for e, h, i in (
-        (128, 2048, 96),  # Qwen3-30B-A3B TP8
-        (128, 2048, 192),  # Qwen3-30B-A3B TP4
-        (128, 2048, 384),  # Qwen3-30B-A3B TP2
-        (128, 2048, 768),  # Qwen3-30B-A3B
-        (128, 2688, 464),  # Nemotron-3-Nano-30B-A3B TP4
-        (128, 2688, 928),  # Nemotron-3-Nano-30B-A3B TP2
-        (128, 2688, 1856),  # Nemotron-3-Nano-30B-A3B
-        (128, 2816, 176),  # Gemma-4-26B-A4B TP4
-        (128, 2816, 352),  # Gemma-4-26B-A4B TP2
-        (128, 2816, 704),  # Gemma-4-26B-A4B
-        (128, 4096, 192),  # Qwen3-235B-A22B TP8
-        (128, 4096, 1536),  # Qwen3-235B-A22B (its predecode entry)
-        (128, 4096, 384),  # Qwen3-235B-A22B TP4
-        (128, 5120, 1024),  # Llama-4-Maverick TP8
-        (128, 5120, 2048),  # Llama-4-Maverick TP4
-        (128, 5120, 4096),  # Llama-4-Maverick TP2
-        (128, 5120, 8192),  # Llama-4-Maverick
-        (16, 5120, 1024),  # Llama-4-Scout TP8
-        (16, 5120, 2048),  # Llama-4-Scout TP4
-        (16, 5120, 4096),  # Llama-4-Scout TP2
-        (16, 5120, 8192),  # Llama-4-Scout
-        (256, 2048, 64),  # Qwen3.6-35B-A3B TP8
-        (256, 2048, 128),  # Qwen3.6-35B-A3B TP4
-        (256, 2048, 256),  # Qwen3.6-35B-A3B TP2
-        (256, 2048, 512),  # Qwen3.6-35B-A3B
-        (256, 3072, 192),  # MiniMax-M2.5 TP8
-        (256, 3072, 384),  # MiniMax-M2.5 TP4
-        (256, 3072, 768),  # MiniMax-M2.5 TP2
-        (256, 6144, 256),  # GLM-5 TP8
-        (256, 6144, 512),  # GLM-5 TP4
-        (256, 6144, 1024),  # GLM-5 TP2
-        (256, 7168, 256),  # DeepSeek-R1 TP8
-        (256, 7168, 512),  # DeepSeek-R1 TP4
-        (256, 7168, 1024),  # DeepSeek-R1 TP2
-        (32, 7168, 2048),  # DeepSeek-R1 EP8 rank (32 of 256 experts)
-        (384, 7168, 1024),  # Kimi-K2 TP2
-        (384, 7168, 2048),  # Kimi-K2
-        (384, 7168, 256),  # Kimi-K2 TP8
-        (384, 7168, 512),  # Kimi-K2 TP4
-        (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
-        (512, 4096, 1024),  # Qwen3.5-397B-A17B
-        (512, 4096, 128),  # Qwen3.5-397B-A17B TP8
-        (512, 4096, 256),  # Qwen3.5-397B-A17B TP4
-        (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
-        (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
+
+
+def shape_tables(device: str, *sizes: tuple[int, int, int]) -> tuple[str, ...]:
+    """The table files of shapes (experts held, hidden, intermediate) on a device."""
+    experts = "vllm/model_executor/layers/fused_moe/experts"
+    return tuple(
+        f"{experts}/nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}.{device}.json" for e, h, i in sizes
     )
+
+
+H200_SHAPE_TABLES = shape_tables(
+    "NVIDIA_H200",
+    (128, 2048, 96),  # Qwen3-30B-A3B TP8
+    (128, 2048, 192),  # Qwen3-30B-A3B TP4
+    (128, 2048, 384),  # Qwen3-30B-A3B TP2
+    (128, 2048, 768),  # Qwen3-30B-A3B
+    (128, 2688, 464),  # Nemotron-3-Nano-30B-A3B TP4
+    (128, 2688, 928),  # Nemotron-3-Nano-30B-A3B TP2
+    (128, 2688, 1856),  # Nemotron-3-Nano-30B-A3B
+    (128, 2816, 176),  # Gemma-4-26B-A4B TP4
+    (128, 2816, 352),  # Gemma-4-26B-A4B TP2
+    (128, 2816, 704),  # Gemma-4-26B-A4B
+    (128, 4096, 192),  # Qwen3-235B-A22B TP8
+    (128, 4096, 1536),  # Qwen3-235B-A22B (its predecode entry)
+    (128, 4096, 384),  # Qwen3-235B-A22B TP4
+    (128, 5120, 1024),  # Llama-4-Maverick TP8
+    (128, 5120, 2048),  # Llama-4-Maverick TP4
+    (128, 5120, 4096),  # Llama-4-Maverick TP2
+    (128, 5120, 8192),  # Llama-4-Maverick
+    (16, 5120, 1024),  # Llama-4-Scout TP8
+    (16, 5120, 2048),  # Llama-4-Scout TP4
+    (16, 5120, 4096),  # Llama-4-Scout TP2
+    (16, 5120, 8192),  # Llama-4-Scout
+    (256, 2048, 64),  # Qwen3.6-35B-A3B TP8
+    (256, 2048, 128),  # Qwen3.6-35B-A3B TP4
+    (256, 2048, 256),  # Qwen3.6-35B-A3B TP2
+    (256, 2048, 512),  # Qwen3.6-35B-A3B
+    (256, 3072, 192),  # MiniMax-M2.5 TP8
+    (256, 3072, 384),  # MiniMax-M2.5 TP4
+    (256, 3072, 768),  # MiniMax-M2.5 TP2
+    (256, 6144, 256),  # GLM-5 TP8
+    (256, 6144, 512),  # GLM-5 TP4
+    (256, 6144, 1024),  # GLM-5 TP2
+    (256, 7168, 256),  # DeepSeek-R1 TP8
+    (256, 7168, 512),  # DeepSeek-R1 TP4
+    (256, 7168, 1024),  # DeepSeek-R1 TP2
+    (32, 7168, 2048),  # DeepSeek-R1 EP8 rank (32 of 256 experts)
+    (384, 7168, 1024),  # Kimi-K2 TP2
+    (384, 7168, 2048),  # Kimi-K2
+    (384, 7168, 256),  # Kimi-K2 TP8
+    (384, 7168, 512),  # Kimi-K2 TP4
+    (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
+    (512, 4096, 1024),  # Qwen3.5-397B-A17B
+    (512, 4096, 128),  # Qwen3.5-397B-A17B TP8
+    (512, 4096, 256),  # Qwen3.5-397B-A17B TP4
+    (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
+    (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
 )
 # The H100's tables of the shapes tuned on it (its other shapes take CUDA's generic table).
-H100_SHAPE_TABLES = tuple(
-    f"vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}"
-    ".NVIDIA_H100_80GB_HBM3.json"
-    for e, h, i in (
-        (128, 4096, 192),  # Qwen3-235B-A22B TP8
-        (128, 5120, 1024),  # Llama-4-Maverick TP8
-        (128, 5120, 2048),  # Llama-4-Maverick TP4
-        (128, 5120, 4096),  # Llama-4-Maverick TP2
-        (128, 5120, 8192),  # Llama-4-Maverick
-        (16, 5120, 4096),  # Llama-4-Scout TP2
-        (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
-        (512, 4096, 1024),  # Qwen3.5-397B-A17B
-        (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
-    )
+H100_SHAPE_TABLES = shape_tables(
+    "NVIDIA_H100_80GB_HBM3",
+    (128, 4096, 192),  # Qwen3-235B-A22B TP8
+    (128, 5120, 1024),  # Llama-4-Maverick TP8
+    (128, 5120, 2048),  # Llama-4-Maverick TP4
+    (128, 5120, 4096),  # Llama-4-Maverick TP2
+    (128, 5120, 8192),  # Llama-4-Maverick
+    (16, 5120, 4096),  # Llama-4-Scout TP2
+    (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
+    (512, 4096, 1024),  # Qwen3.5-397B-A17B
+    (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
 )
 TOUCHED_BY = {
     EMULATION: (FIX2, NVFP4),
