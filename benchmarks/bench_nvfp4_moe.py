@@ -11,7 +11,8 @@ the pin's tree: benchmarks/upstream_graft.py), and the NVFP4 weight-read bound.
 
 The shapes are tests/gpu/moe_setup.SHAPES: released MoE checkpoints' routed-expert layers,
 each whole, at each tensor-parallel degree that leaves a multiple of 16, and at expert
-parallelism where the table asks (an EP rank: E / N local experts and vLLM's expert map).
+parallelism where the table asks (an EP rank: E / N local experts and vLLM's expert map); a
+checkpoint the table lacks by its layer's sizes, e64-h3584-i1280-k6 (I as one GPU holds it).
 ``--cells required`` runs each shape at its required token counts (1, 32 and 512; the detailed
 shapes from 1 to 8192), not a cross product. The run ends with a summary per cell: the
 overlay against Marlin and the pristine emulation, its share of the weight-read bound, the
@@ -182,19 +183,25 @@ def resolve_shapes(names: list[str]) -> list[str]:
     """--shapes: shape names, aliases and groups (SHAPE_GROUPS) -> canonical names, in the
     table's order, each once. Raises UnknownShape naming what is known."""
     table = shape_table()
-    wanted: set[str] = set()
+    wanted: dict[str, None] = {}  # in the order given
     for name in names:
         if name in ("all", "required"):
-            wanted.update(s.name for s in table.SHAPES)
+            wanted.update(dict.fromkeys(s.name for s in table.SHAPES))
         elif name == "test":
-            wanted.update(s.name for s in table.TEST_SHAPES)
+            wanted.update(dict.fromkeys(s.name for s in table.TEST_SHAPES))
         else:
             try:
-                wanted.add(table.shape_named(name).name)
+                wanted[table.shape_named(name).name] = None
             except KeyError:
                 known = ", ".join([*SHAPE_GROUPS, *(s.name for s in table.SHAPES)])
-                raise UnknownShape(f"unknown shape {name!r} (known: {known})") from None
-    return [s.name for s in table.SHAPES if s.name in wanted]
+                raise UnknownShape(
+                    f"unknown shape {name!r} (known: {known}, or sizes e<E>-h<H>-i<I>-k<top-k>"
+                    "[-ep<N>])"
+                ) from None
+            except ValueError as exc:  # a layer named by sizes that make none
+                raise UnknownShape(str(exc)) from None
+    listed = [s.name for s in table.SHAPES if s.name in wanted]
+    return listed + [name for name in wanted if name not in listed]  # then those named by sizes
 
 
 def required_tokens(shape: str) -> tuple[int, ...]:
@@ -1344,7 +1351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--shapes",
         nargs="+",
         default=["qwen3-30b-a3b", "e128-h4096-i1536"],
-        help="MoE shapes (tests/gpu/moe_setup.SHAPES names) or groups: " + ", ".join(SHAPE_GROUPS),
+        help="MoE shapes (tests/gpu/moe_setup.SHAPES names, or a layer's sizes:"
+        " e<E>-h<H>-i<I per GPU>-k<top-k>[-ep<N>]) or groups: " + ", ".join(SHAPE_GROUPS),
     )
     parser.add_argument(
         "--cells",

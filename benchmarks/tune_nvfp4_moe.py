@@ -101,9 +101,13 @@ DEFAULT_TABLES = REPO / "benchmarks" / "results" / "nvfp4_moe_tables"
 
 
 def shape_named(name: str) -> moe_setup.MoeShape:
-    """A moe_setup shape by name (its shape_named where it has one: aliases, a clear error)."""
+    """A moe_setup shape by name (its shape_named where it has one: aliases, a layer named by
+    its sizes, e64-h3584-i1280-k6); an unknown or impossible one stops here in one line."""
     if hasattr(moe_setup, "shape_named"):
-        return moe_setup.shape_named(name)  # type: ignore[no-any-return]
+        try:
+            return moe_setup.shape_named(name)  # type: ignore[no-any-return]
+        except (KeyError, ValueError) as exc:
+            raise SystemExit(f"--shapes: {exc.args[0]}") from None
     for shape in moe_setup.SHAPES:
         if shape.name == name:
             return shape
@@ -1036,7 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes",
         default=",".join(DEFAULT_SHAPES),
-        help="comma-separated tests/gpu/moe_setup.SHAPES names (default: %(default)s)",
+        help="comma-separated tests/gpu/moe_setup.SHAPES names, or a layer's sizes:"
+        " e<E>-h<H>-i<I per GPU>-k<top-k>[-ep<N>] (default: %(default)s)",
     )
     parser.add_argument(
         "--write-table",

@@ -392,6 +392,11 @@ SHAPE_ARGS = [
     ),
     (["test"], ["qwen3-30b-a3b", "qwen3-235b-a22b"]),
     (["kimi-k2-ep8", "gemma-4-26b-a4b-tp4"], ["kimi-k2-ep8", "gemma-4-26b-a4b-tp4"]),
+    # Layers named by their sizes (a checkpoint the table lacks): after the table's, as given.
+    (
+        ["e64-h3584-i1280-k6", "qwen3-30b-a3b", "e256-h7168-i2048-k8-ep8"],
+        ["qwen3-30b-a3b", "e64-h3584-i1280-k6", "e256-h7168-i2048-k8-ep8"],
+    ),
 ]
 
 
@@ -412,6 +417,16 @@ def test_all_shapes_and_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.split(": error: ", 1)[1].startswith(
         "unknown shape 'nope' (known: all, required, test, qwen3-30b-a3b, qwen3-30b-a3b-tp2, "
+    )
+
+
+@needs_torch
+def test_a_layer_sized_as_no_layer_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--overlay", "o", "--columns", "overlay", "--shapes", "e8-h100-i64-k2"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.split(": error: ", 1)[1] == (
+        "e8-h100-i64-k2: hidden and intermediate sizes are multiples of 16 (NVFP4)"
     )
 
 

@@ -327,7 +327,41 @@ def test_shape_named(name: str, canonical: str) -> None:
 def test_shape_named_unknown() -> None:
     with pytest.raises(KeyError) as exc:
         moe_setup.shape_named("nope")
-    assert str(exc.value).startswith("\"unknown MoE shape 'nope'; known: qwen3-30b-a3b, ")
+    assert exc.value.args[0].startswith("unknown MoE shape 'nope'; known: qwen3-30b-a3b, ")
+    assert exc.value.args[0].endswith(", or sizes e<E>-h<H>-i<I>-k<top-k>[-ep<N>]")
+
+
+def test_a_layer_named_by_its_sizes() -> None:
+    """A checkpoint the table lacks: its layer by sizes, whole or as an expert-parallel rank."""
+    got = [moe_setup.shape_named(n) for n in ("e64-h3584-i1280-k6", "e256-h7168-i2048-k8-ep8")]
+    assert [dataclasses.astuple(s) for s in got] == [
+        ("e64-h3584-i1280-k6", 64, 3584, 1280, 6, 0, "", "whole", 0),
+        ("e256-h7168-i2048-k8-ep8", 256, 7168, 2048, 8, 32, "", "ep8", 0),
+    ]
+    assert got[1].held_experts == 32
+
+
+# Each way a name's sizes make no NVFP4 MoE layer, and the one line that says so.
+NO_LAYER = [
+    ("e8-h100-i64-k2", "hidden and intermediate sizes are multiples of 16 (NVFP4)"),
+    ("e8-h64-i40-k2", "hidden and intermediate sizes are multiples of 16 (NVFP4)"),
+    ("e8-h0-i64-k2", "hidden and intermediate sizes are multiples of 16 (NVFP4)"),
+    ("e8-h64-i0-k2", "hidden and intermediate sizes are multiples of 16 (NVFP4)"),
+    ("e8-h64-i64-k0", "top-k is 1 to the 8 experts"),
+    ("e8-h64-i64-k9", "top-k is 1 to the 8 experts"),
+    ("e0-h64-i64-k1", "top-k is 1 to the 0 experts"),
+    ("e8-h64-i64-k2-ep3", "8 experts do not split over EP3"),
+    ("e8-h64-i64-k2-ep1", "8 experts do not split over EP1"),
+    ("e8-h64-i64-k2-ep16", "8 experts do not split over EP16"),
+    ("e8-h64-i64-k2-ep0", "8 experts do not split over EP0"),
+]
+
+
+@pytest.mark.parametrize(("name", "why"), NO_LAYER)
+def test_sizes_of_no_layer_refused(name: str, why: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        moe_setup.shape_named(name)
+    assert str(exc.value) == f"{name}: {why}"
 
 
 def test_test_shapes_are_the_first_two() -> None:

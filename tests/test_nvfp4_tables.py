@@ -698,6 +698,33 @@ def test_tuner_names_tables_as_the_module_reads_them(
     assert module.nvfp4_moe_configs(e, h, i) == tune.moe_configs(table)
 
 
+def test_tuner_tables_for_a_layer_named_by_its_sizes(
+    load: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A checkpoint no shape of the table has (--shapes e<E>-h<H>-i<I>-k<top-k>[-ep<N>]): the
+    tuner starts from the GPU's table for any shape (the H200's here) and writes the file the module then takes for
+    that layer, named for the experts this GPU holds; sizes of no layer stop in one line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_nvfp4_moe as tune
+
+    module = load()[0].module
+    monkeypatch.setattr(tune, "K", module, raising=False)
+    shape = tune.shape_named("e64-h3584-i1280-k6-ep4")
+    table, origin = tune.shipped_table(shape)
+    assert origin.startswith("nvfp4_emulation_moe_tiles.NVIDIA_H200.json (")  # any shape's
+    assert table == {b: tune.config_tuple(c) for b, c in module.CUDA_CONFIGS.items()}
+    (written,) = tune.write_tables(tmp_path / "tables", {shape.name: table}, {shape.name: {}})
+    assert written.name == "nvfp4_emulation_moe_tiles.E16_H3584_I1280.NVIDIA_H200.json"
+    monkeypatch.setenv(module.CONFIG_DIR_ENV, str(tmp_path / "tables"))
+    assert module.nvfp4_moe_configs(16, 3584, 1280) == tune.moe_configs(table)
+    with pytest.raises(SystemExit) as exc:
+        tune.shape_named("e64-h3584-i1280-k65")
+    assert str(exc.value) == "--shapes: e64-h3584-i1280-k65: top-k is 1 to the 64 experts"
+    with pytest.raises(SystemExit) as exc:
+        tune.shape_named("nope")
+    assert str(exc.value).startswith("--shapes: unknown MoE shape 'nope'; known: qwen3-30b-a3b,")
+
+
 def test_tuner_times_only_the_blocks_the_platform_runs(
     load: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

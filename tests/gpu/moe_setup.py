@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 import importlib.util
 import math
+import re
 import sys
 import types
 import warnings
@@ -142,12 +143,43 @@ ALIASES = {"e128-h4096-i1536": "qwen3-235b-a22b"}
 _BY_NAME = {s.name: s for s in SHAPES}
 
 
+# A layer no checkpoint of CHECKPOINTS has, named by its sizes: e<E>-h<H>-i<I>-k<top-k>, I the
+# intermediate size one GPU holds (a tensor-parallel shard's), and -ep<N> where expert
+# parallelism leaves it E / N of the E experts: e64-h3584-i1280-k6, e256-h7168-i2048-k8-ep8.
+SIZED = re.compile(r"e(\d+)-h(\d+)-i(\d+)-k(\d+)(?:-ep(\d+))?")
+
+
+def sized_shape(name: str) -> MoeShape | None:
+    """The layer a SIZED name gives (None: not such a name); ValueError where its sizes make
+    no NVFP4 MoE layer."""
+    found = SIZED.fullmatch(name)
+    if found is None:
+        return None
+    experts, hidden, inter, top_k = (int(g) for g in found.groups()[:4])
+    ep = int(found[5] or 0)
+    if hidden % BLOCK or inter % BLOCK or not hidden or not inter:
+        raise ValueError(f"{name}: hidden and intermediate sizes are multiples of {BLOCK} (NVFP4)")
+    if not 0 < top_k <= experts:
+        raise ValueError(f"{name}: top-k is 1 to the {experts} experts")
+    if found[5] is not None and (not 1 < ep <= experts or experts % ep):
+        raise ValueError(f"{name}: {experts} experts do not split over EP{ep}")
+    local = experts // ep if ep else 0
+    return MoeShape(name, experts, hidden, inter, top_k, local, shard=f"ep{ep}" if ep else "whole")
+
+
 def shape_named(name: str) -> MoeShape:
-    """The shape of this name (or alias); KeyError naming the known ones otherwise."""
+    """The shape of this name (or alias, or SIZED name); KeyError naming the known ones
+    otherwise, ValueError for a SIZED name of no layer."""
+    sized = sized_shape(name)
+    if sized is not None:
+        return sized
     try:
         return _BY_NAME[ALIASES.get(name, name)]
     except KeyError:
-        raise KeyError(f"unknown MoE shape {name!r}; known: {', '.join(_BY_NAME)}") from None
+        known = ", ".join(_BY_NAME)
+        raise KeyError(
+            f"unknown MoE shape {name!r}; known: {known}, or sizes e<E>-h<H>-i<I>-k<top-k>[-ep<N>]"
+        ) from None
 
 
 # The GPU tests' shapes (tests/gpu/test_fused_nvfp4_emulation.py): the two the kernel was first
