@@ -180,8 +180,9 @@ class UnknownShape(ValueError):
 
 
 def resolve_shapes(names: list[str]) -> list[str]:
-    """--shapes: shape names, aliases and groups (SHAPE_GROUPS) -> canonical names, in the
-    table's order, each once. Raises UnknownShape naming what is known."""
+    """--shapes: shape names, aliases, groups (SHAPE_GROUPS) and layers named by their sizes ->
+    canonical names, in the table's order then the sized ones as given, each once. Raises
+    UnknownShape naming what is known, or why sizes make no layer."""
     table = shape_table()
     wanted: dict[str, None] = {}  # in the order given
     for name in names:
