@@ -38,19 +38,22 @@ from vllm_patchset.series.patches import Patch
 from vllm_patchset.series.verdict import State
 
 TESTS = "tests/gpu"
-NVFP4_EMULATION = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_moe.py"
+# The module patch 0002 adds: the fused NVFP4 kernels, the portable path among them. Not
+# nvfp4_emulation_moe.py, which patch 0001 touches too: the first patch touching that file
+# was named as the one whose code the tests below test.
+NVFP4_KERNELS = "vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py"
 # GPU tests of code that a series patch brings, which no Regression-test trailer names: red on
 # the pristine pin wherever a patch that applies there touches the file (the code they test is
 # not there), green on the overlay. (test, file, why red.) Every other test must pass or skip.
 NEW_PATH_TESTS = (
     (
         f"{TESTS}/test_batch_invariance.py::test_portable_batch_invariant",
-        NVFP4_EMULATION,
+        NVFP4_KERNELS,
         "the fused portable NVFP4 path is the patch's (the pin dequantizes every expert)",
     ),
     (
         f"{TESTS}/test_batch_invariance.py::test_portable_matches_reference",
-        NVFP4_EMULATION,
+        NVFP4_KERNELS,
         "the fused portable NVFP4 path is the patch's (the pin dequantizes every expert)",
     ),
 )
