@@ -344,10 +344,13 @@ def test_validation_trees_and_expectations(project: Project, tmp_path: Path) -> 
     assert expect["pristine-0.24.0"][GPU_FIX1] == "green"  # upstream since 0.21.0
     assert expect["pristine-0.24.0"][GPU_FIX2] == "red"
     assert expect["overlay-0.24.0"][GPU_FIX2] == "green"
-    # Tests of patch 0002's new path, named by validate's table (no trailer names them).
-    # Their reasons name patch 0002, whose module holds that path (they named patch 0001, the
-    # first patch touching nvfp4_emulation_moe.py).
     why = {name: {e.test: e.why for e in s.expectations} for name, s in specs.items()}
+    # The overlay carries fix 1 as the pin's own code (upstream since 0.21.0), not as a patch.
+    assert why["overlay-0.24.0"][GPU_FIX1] == f"upstreamed/{FIX1}: upstream on 0.24.0"
+    assert why["overlay-0.24.0"][GPU_FIX2] == f"{FIX2} applied"
+    # Tests of patch 0002's new path, named by validate's table (no trailer names them); their
+    # reasons name patch 0002, whose module holds that path (they named patch 0001, the first
+    # patch touching nvfp4_emulation_moe.py).
     for test, _, reason in NEW_PATH_TESTS:
         assert (expect["pristine-0.24.0"][test], expect["overlay-0.24.0"][test]) == ("red", "green")
         assert why["pristine-0.24.0"][test] == f"{NVFP4}: {reason}"
