@@ -129,10 +129,18 @@ def checkpoint_shapes(checkpoint: Checkpoint) -> tuple[MoeShape, ...]:
         if c.intermediate % (tp * BLOCK) == 0:
             shapes.append(shape(f"-tp{tp}", c.intermediate // tp, shard=f"tp{tp}"))
     for ep in c.ep_degrees:
-        if c.experts % ep != 0:
-            raise ValueError(f"{c.name}: {c.experts} experts do not split over EP{ep}")
-        shapes.append(shape(f"-ep{ep}", c.intermediate, c.experts // ep, f"ep{ep}"))
+        shapes.append(
+            shape(f"-ep{ep}", c.intermediate, ep_rank_experts(c.name, c.experts, ep), f"ep{ep}")
+        )
     return tuple(shapes)
+
+
+def ep_rank_experts(name: str, experts: int, ep: int) -> int:
+    """The E / N experts one rank of expert parallelism N holds; ValueError where the layer's
+    experts do not split over N ranks (N from 2 to E, dividing E)."""
+    if not 1 < ep <= experts or experts % ep:
+        raise ValueError(f"{name}: {experts} experts do not split over EP{ep}")
+    return experts // ep
 
 
 # Every checkpoint's layers (the benchmark's and the tuner's --shapes), the first Qwen3-30B-A3B
@@ -156,15 +164,15 @@ def sized_shape(name: str) -> MoeShape | None:
     if found is None:
         return None
     experts, hidden, inter, top_k = (int(g) for g in found.groups()[:4])
-    ep = int(found[5] or 0)
     if hidden % BLOCK or inter % BLOCK or not hidden or not inter:
         raise ValueError(f"{name}: hidden and intermediate sizes are multiples of {BLOCK} (NVFP4)")
     if not 0 < top_k <= experts:
         raise ValueError(f"{name}: top-k is 1 to the {experts} experts")
-    if found[5] is not None and (not 1 < ep <= experts or experts % ep):
-        raise ValueError(f"{name}: {experts} experts do not split over EP{ep}")
-    local = experts // ep if ep else 0
-    return MoeShape(name, experts, hidden, inter, top_k, local, shard=f"ep{ep}" if ep else "whole")
+    if found[5] is None:
+        return MoeShape(name, experts, hidden, inter, top_k)
+    ep = int(found[5])
+    local = ep_rank_experts(name, experts, ep)
+    return MoeShape(name, experts, hidden, inter, top_k, local, shard=f"ep{ep}")
 
 
 def shape_named(name: str) -> MoeShape:
