@@ -6,12 +6,15 @@ a tree that could not be built without running pytest."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 from synthetic import BUGGY, FIXED, MOE, MOE_TEXT, PatchSpec, SyntheticUpstream, make_project
 from vllm_patchset.cli import main
 from vllm_patchset.gpu import gpurun
+from vllm_patchset.gpu import validate as validate_trees
+from vllm_patchset.infra import fsio
 
 OTHER_WORDS = "        scale = self.a1_gscale if self.a1_scale is None else self.a1_scale\n"
 
@@ -156,3 +159,42 @@ def test_fixed_in_other_words_skips_the_buggy_tree_with_the_reason(
         ],
         "seconds": {},
     }
+
+
+# Each way the build stops after its first tree: (what stops it, exit code, its words).
+BUILD_STOPS = [
+    (fsio.Interrupted(signal.SIGINT), 130, "interrupted (SIGINT)"),
+    (fsio.Interrupted(signal.SIGTERM), 143, "interrupted (SIGTERM)"),
+    (OSError(28, "No space left on device"), 3, "No space left on device"),
+]
+
+
+@pytest.mark.parametrize(("stop", "code", "words"), BUILD_STOPS)
+def test_a_build_stopped_midway_leaves_no_half_built_work_folder(
+    tmp_path: Path,
+    synthetic_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    stop: BaseException,
+    code: int,
+    words: str,
+) -> None:
+    """Was: the trees built so far stayed in --work, and the next run refused the folder
+    (`exists already: give a new folder`); now it is removed, and the one line says so."""
+    write_tree = validate_trees._write_tree
+    written: list[Path] = []
+
+    def write_then_stop(*args: object) -> None:
+        if written:
+            raise stop
+        write_tree(*args)  # type: ignore[arg-type]
+        written.append(args[2])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validate_trees, "_write_tree", write_then_stop)
+    got, err, work = validated(tmp_path, synthetic_cache, FIXED, capsys)
+    assert (got, err, work.exists()) == (
+        code,
+        f"vllm-patchset: {words}; removed the half-built {work}\n",
+        False,
+    )
+    assert written  # the first tree was there before it stopped

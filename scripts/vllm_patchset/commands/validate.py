@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,21 @@ def _work(project: Project, work: Path | None) -> Path:
     work = fsio.build_dir(project.root) / "gpu"
     fsio.remove_output(work)
     return work
+
+
+@contextmanager
+def _removed_unless_built(work: Path) -> Iterator[None]:
+    """The trees' folder, new here, removed again where the build stops midway (Ctrl-C,
+    SIGTERM, an error): a half-built --work was left, and the next run refused it (`exists
+    already`)."""
+    new = not work.exists()
+    try:
+        yield
+    except BaseException:
+        if new and work.exists():
+            fsio.remove_tree(work)
+            fsio.interrupt_leaves(f"removed the half-built {work}")
+        raise
 
 
 def _native_site(kit: Path | None, work: Path, python: str) -> Path | None:
@@ -83,7 +99,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not args.build_only:
         require_torch(args.python)
     work = _work(project, args.work)
-    with progress("validate: building the trees"):
+    with progress("validate: building the trees"), _removed_unless_built(work):
         built = build_trees(project, work)
     for spec in built.specs:
         where = f"skipped: {spec.skipped}" if spec.skipped else spec.path
