@@ -78,7 +78,7 @@ def table_tiles(table: dict[str, Any]) -> set[tuple[int, int, int, int]]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("candidate", ["three_stages", "cuda_tiles"])
+@pytest.mark.parametrize("candidate", ["three_stages", "cuda_tiles", "rules_six"])
 def test_candidate_launches_its_tiles(fused: Any, candidate: str) -> None:
     """The GEMMs launched with a candidate as ROCm's generic table take exactly its tiles; the
     shipped table is back afterwards, and takes its own."""
