@@ -181,3 +181,33 @@ def test_no_copy_after_the_experts(shape: str, tokens: int) -> None:
     assert not [n for n in names if "memcpy" in n.lower()], names
     assert "_topk_sum_kernel" in names[-1], names
     assert torch.equal(call.run(), moe_layer.apply())
+
+
+@needs_fused
+def test_before_sm89_the_unfused_path(monkeypatch, capture_graph) -> None:
+    """An NVIDIA GPU before sm_89 (patch 0002's rule moved above this GPU's capability: no such
+    GPU is lent here) keeps 0.24.0's unfused path: the reason names the capability as vLLM
+    reads it, the hook leaves the weights in the checkpoint's rows, and the layer's output is
+    that path's, bitwise, eagerly and under CUDA graph capture."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        pytest.skip("the rule is NVIDIA's (ROCm has no compute capability)")
+    monkeypatch.setattr(nvfp4_emulation_moe, "FUSED_MIN_CUDA_CAPABILITY", 1000)
+    capability = current_platform.get_device_capability()
+    shape, tokens = next(iter(SHAPES)), 32
+    moe_layer = layer(shape, tokens)
+    experts = moe_layer.experts.experts
+    assert experts.device_reason == (
+        f"an sm_{capability.major}{capability.minor} GPU (the fused kernels round scales"
+        " through FP8 E4M3, which Triton compiles from sm_1000)"
+    )
+    assert experts.tiled_weights is None
+    unfused = moe_layer.apply(unfused=True).clone()
+    assert torch.equal(moe_layer.apply(), unfused)
+    graph, output = capture_graph(moe_layer.apply)
+    moe_layer.refill(seed=2)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = output.clone()
+    assert torch.equal(replayed, moe_layer.apply(unfused=True))
