@@ -562,16 +562,25 @@ def load_fused(
     return FusedModule(module, experts, module.MoEActivation.SILU)
 
 
-def overlay_fused(overlay: Any, pristine: Any, rocm: bool = False) -> FusedModule:
+def overlay_fused(
+    overlay: Any, pristine: Any, rocm: bool = False, platform: Any = None, log: Any = None
+) -> FusedModule:
     """load_fused on the tests' overlay (vllm_install.Overlay) over the pin's pristine tree
-    (vllm_install.Pristine), with the alignment op of tests/gpu/standins.py."""
+    (vllm_install.Pristine), with the alignment op of tests/gpu/standins.py; ``platform``:
+    another vllm.platforms.current_platform, ``log``: vLLM's logger (one that records)."""
     import standins
 
+    provides: dict[str, Any] = {}
+    if platform is not None:
+        provides["vllm.platforms.current_platform"] = platform
+    if log is not None:
+        provides["vllm.logger.init_logger"] = lambda name: log
     return load_fused(
         overlay.project.overlay_dir / "vllm",
         pristine.root / "vllm",
         standins.moe_align_block_size,
         rocm=rocm,
+        provides=provides,
     )
 
 

@@ -24,7 +24,6 @@ from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import overlay_kernels as kernels
-import standins
 from test_nvfp4_tables import Log
 from vllm_install import Overlay, Pristine
 
@@ -60,15 +59,7 @@ def run(overlay: Overlay, pristine: Pristine, capability: int) -> dict[str, Any]
     and FP16, and with the predecoded GEMMs; what they launched, how many calls took the
     unfused path, what the log said and whether the hook tiled the weights."""
     log = Log()
-    fused = kernels.load_fused(
-        overlay.project.overlay_dir / "vllm",
-        pristine.root / "vllm",
-        standins.moe_align_block_size,
-        provides={
-            "vllm.logger.init_logger": lambda name: log,
-            "vllm.platforms.current_platform": gpu(capability),
-        },
-    )
+    fused = kernels.overlay_fused(overlay, pristine, platform=gpu(capability), log=log)
     unfused = []
     with kernels.recording_launches() as launches:
         for predecode in (False, True):
@@ -168,7 +159,8 @@ def test_triton_refuses_the_kernels_before_sm89(runs: Any, capability: int) -> N
     gemm = next(x for x in runs(89)["launches"] if x.kernel.fn.__name__ == "_nvfp4_moe_gemm_kernel")
     with pytest.raises(Exception) as refused:
         kernels.compile_for(kernels.specialize(gemm, target(capability)))
-    causes, error = [], refused.value
+    causes: list[BaseException] = []
+    error: BaseException | None = refused.value
     while error is not None:  # triton's CompilationError of each call level, then the cause
         causes.append(error)
         error = error.__cause__
@@ -199,10 +191,5 @@ def test_device_reason(
 ) -> None:
     """The rule alone: NVIDIA before sm_89 has a reason; from it, on ROCm, or where vLLM cannot
     read the capability (NVML failed: the fused path, as before the rule), none."""
-    fused = kernels.load_fused(
-        overlay.project.overlay_dir / "vllm",
-        full_pristine.root / "vllm",
-        standins.moe_align_block_size,
-        provides={"vllm.platforms.current_platform": platform},
-    )
+    fused = kernels.overlay_fused(overlay, full_pristine, platform=platform)
     assert fused.module.fused_device_reason() == reason

@@ -90,14 +90,8 @@ def load(
 
     def make(rocm: bool = False, device: str = DEVICE) -> tuple[kernels.FusedModule, Log]:
         log = Log()
-        fused = kernels.load_fused(
-            overlay.project.overlay_dir / "vllm",
-            full_pristine.root / "vllm",
-            standins.moe_align_block_size,
-            provides={
-                "vllm.logger.init_logger": lambda name: log,
-                "vllm.platforms.current_platform": cuda_platform(rocm, device),
-            },
+        fused = kernels.overlay_fused(
+            overlay, full_pristine, platform=cuda_platform(rocm, device), log=log
         )
         return fused, log
 
