@@ -1,11 +1,11 @@
-"""Patch 0002 on the NVIDIA GPUs other than Hopper that NVFP4 emulation can meet, without
-one: the experts as a GPU of each compute capability runs them (sm_80: A100; sm_86: A10, A40,
-RTX 30xx; sm_89: L40S, L4, RTX 40xx; sm_90: H100, H200; sm_100: B200; sm_120: RTX 50xx), their
-launches recorded on CPU tensors and compiled for that target with triton's own ptxas. From
-sm_89 every launch compiles, within the GPU's shared memory. Before it, Triton refuses the
-kernels' FP8 E4M3 scale rounding ("type fp8e4nv not supported in this architecture"); there,
-the layer keeps vLLM 0.24.0's unfused path, leaves its weights in the checkpoint's rows, and
-says why once in the log."""
+"""Patch 0002 on the GPUs besides Hopper and MI300 that NVFP4 emulation can meet, without one:
+the experts as each runs them (NVIDIA by compute capability, sm_80: A100; sm_86: A10, A40,
+RTX 30xx; sm_89: L40S, L4, RTX 40xx; sm_90: H100, H200; sm_100: B200; sm_120: RTX 50xx; and
+AMD's MI210/MI250, gfx90a), their launches recorded on CPU tensors and compiled for that target
+with triton's own ptxas or ld.lld. From sm_89, and on gfx90a, every launch compiles within the
+GPU's shared memory. Before sm_89, Triton refuses the kernels' FP8 E4M3 scale rounding ("type
+fp8e4nv not supported in this architecture"); there, the layer keeps vLLM 0.24.0's unfused
+path, leaves its weights in the checkpoint's rows, and says why once in the log."""
 
 from __future__ import annotations
 
@@ -54,12 +54,12 @@ def gpu(capability: int) -> Any:
     )
 
 
-def run(overlay: Overlay, pristine: Pristine, capability: int) -> dict[str, Any]:
-    """The experts on that GPU: the hook on a layer's weights, then apply at TOKENS in BF16
+def run(overlay: Overlay, pristine: Pristine, platform: Any) -> dict[str, Any]:
+    """The experts on that platform's GPU: the hook on a layer's weights, then apply at TOKENS in BF16
     and FP16, and with the predecoded GEMMs; what they launched, how many calls took the
     unfused path, what the log said and whether the hook tiled the weights."""
     log = Log()
-    fused = kernels.overlay_fused(overlay, pristine, platform=gpu(capability), log=log)
+    fused = kernels.overlay_fused(overlay, pristine, platform=platform, log=log)
     unfused = []
     with kernels.recording_launches() as launches:
         for predecode in (False, True):
@@ -84,25 +84,44 @@ def run(overlay: Overlay, pristine: Pristine, capability: int) -> dict[str, Any]
 # The shared memory one program may take (CUDA's opt-in maximum per block), by capability: a
 # kernel that asks for more does not launch (triton's OutOfResources).
 SHARED_BYTES = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+# AMD Instinct MI210/MI250 (CDNA2): ROCm's path as on MI300 (gfx942 and gfx950 are
+# test_kernels_compile's), its LDS 64 KiB a workgroup.
+CDNA2, CDNA2_LDS_BYTES = "gfx90a", 64 << 10
 
 
 @pytest.fixture(scope="module")
 def runs(overlay: Overlay, full_pristine: Pristine) -> Any:
-    """run() per capability, once each for the module."""
-    done: dict[int, dict[str, Any]] = {}
+    """run() per NVIDIA capability, or "gfx90a" (ROCm), once each for the module."""
+    done: dict[int | str, dict[str, Any]] = {}
 
-    def at(capability: int) -> dict[str, Any]:
-        if capability not in done:
-            done[capability] = run(overlay, full_pristine, capability)
-        return done[capability]
+    def at(gpu_of: int | str) -> dict[str, Any]:
+        if gpu_of not in done:
+            platform = kernels.platform(rocm=True) if gpu_of == CDNA2 else gpu(int(gpu_of))
+            done[gpu_of] = run(overlay, full_pristine, platform)
+        return done[gpu_of]
 
     return at
 
 
 def target(capability: int) -> str:
-    return kernels.TARGETS.setdefault(f"sm{capability}", GPUTarget("cuda", capability, 32)) and (
-        f"sm{capability}"
-    )
+    """overlay_kernels' name of the sm_<capability> target (added where it has none)."""
+    name = f"sm{capability}"
+    kernels.TARGETS.setdefault(name, GPUTarget("cuda", capability, 32))
+    return name
+
+
+def generic_table_said(device: str, platform: str) -> list[tuple[str, str]]:
+    """The log of a GPU no table names (device, as table file names spell it): the platform's
+    generic table, once per layer shape."""
+    return [
+        (
+            "info",
+            f"NVFP4 emulation MoE (E={e} H={h} I={i}, {device}): no tuned tile table"
+            f" (nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}.{device}.json or"
+            f" nvfp4_emulation_moe_tiles.{device}.json); using the generic {platform} table",
+        )
+        for e, h, i, _ in (RAGGED, ALIGNED)
+    ]
 
 
 @pytest.mark.parametrize("capability", [80, 86])
@@ -135,14 +154,7 @@ def test_fused_from_sm89(runs: Any, capability: int) -> None:
     99, 144 KiB on sm_90's 227)."""
     seen = runs(capability)
     assert seen["unfused"] == 0 and seen["tiled"] is True
-    device = f"CPU_stand-in_for_an_sm_{capability}_GPU"
-    said = [
-        f"NVFP4 emulation MoE (E={e} H={h} I={i}, {device}): no tuned tile table"
-        f" (nvfp4_emulation_moe_tiles.E{e}_H{h}_I{i}.{device}.json or"
-        f" nvfp4_emulation_moe_tiles.{device}.json); using the generic cuda table"
-        for e, h, i, _ in (RAGGED, ALIGNED)
-    ]
-    assert seen["log"] == [("info", line) for line in said]
+    assert seen["log"] == generic_table_said(f"CPU_stand-in_for_an_sm_{capability}_GPU", "cuda")
     names = {launch.kernel.fn.__name__ for launch in seen["launches"]}
     assert {"_nvfp4_moe_gemm_kernel", "_predecoded_moe_gemm_kernel"} <= names
     specs = kernels.unique([kernels.specialize(x, target(capability)) for x in seen["launches"]])
@@ -150,6 +162,22 @@ def test_fused_from_sm89(runs: Any, capability: int) -> None:
     for spec in specs:
         compiled = kernels.compile_for(spec)  # raises where triton refuses it
         assert compiled.metadata.shared <= SHARED_BYTES[capability], spec.label
+
+
+def test_fused_on_cdna2(runs: Any) -> None:
+    """MI210/MI250 (gfx90a) take ROCm's fused path, and every launch compiles for gfx90a
+    within its LDS (Triton converts FP8 E4M3 there in software)."""
+    seen = runs(CDNA2)
+    assert seen["unfused"] == 0 and seen["tiled"] is True
+    assert seen["log"] == generic_table_said("CPU_stand-in_for_an_MI300", "rocm")
+    names = {launch.kernel.fn.__name__ for launch in seen["launches"]}
+    assert {"_nvfp4_moe_gemm_kernel", "_predecoded_moe_gemm_kernel"} <= names
+    kernels.TARGETS.setdefault(CDNA2, GPUTarget("hip", CDNA2, 64))
+    specs = kernels.unique([kernels.specialize(x, CDNA2) for x in seen["launches"]])
+    assert len(specs) >= 8
+    for spec in specs:
+        compiled = kernels.compile_for(spec)
+        assert compiled.metadata.shared <= CDNA2_LDS_BYTES, spec.label
 
 
 @pytest.mark.parametrize("capability", [80, 86])
