@@ -65,6 +65,11 @@ TARGETS = {
     "gfx950": GPUTarget("hip", "gfx950", 64),
     "sm90": GPUTarget("cuda", 90, 32),
 }
+# Other GPUs a test compiles for (tests/test_kernels_archs.py): NVIDIA before and after Hopper
+# (by compute capability) and AMD's MI210/MI250. Not TARGETS, which every kernel compiles for.
+OTHER_TARGETS = {f"sm{c}": GPUTarget("cuda", c, 32) for c in (80, 86, 89, 100, 120)} | {
+    "gfx90a": GPUTarget("hip", "gfx90a", 64)
+}
 # A kernel meant for one platform only says so on the line above its first decorator:
 #     # triton-platform: cuda
 # and is compiled for that platform's targets only; every other kernel is portable.
@@ -249,7 +254,12 @@ def _short(value: Any) -> str:
 
 @functools.cache
 def _backend(target: str) -> Any:
-    return make_backend(TARGETS[target])
+    return make_backend(gpu_target(target))
+
+
+def gpu_target(name: str) -> GPUTarget:
+    """The target of that name, in TARGETS or OTHER_TARGETS."""
+    return TARGETS.get(name) or OTHER_TARGETS[name]
 
 
 def specialize(launch: Launch, target: str) -> Specialization:
@@ -268,7 +278,7 @@ def specialize(launch: Launch, target: str) -> Specialization:
 def compile_for(spec: Specialization) -> Any:
     """The compiled kernel (triton's cache, TRITON_CACHE_DIR, keyed by the source's hash)."""
     source = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), dict(spec.attrs))
-    return triton.compile(source, target=TARGETS[spec.target], options=dict(spec.options))
+    return triton.compile(source, target=gpu_target(spec.target), options=dict(spec.options))
 
 
 def unique(specs: list[Specialization]) -> list[Specialization]:

@@ -20,7 +20,6 @@ import pytest
 pytest.importorskip("torch", reason="the launchers run on torch tensors (pip install torch)")
 pytest.importorskip("triton", reason="triton compiles the kernels (pip install triton)")
 import torch
-from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import overlay_kernels as kernels
@@ -55,8 +54,8 @@ def gpu(capability: int) -> Any:
 
 
 def run(overlay: Overlay, pristine: Pristine, platform: Any) -> dict[str, Any]:
-    """The experts on that platform's GPU: the hook on a layer's weights, then apply at TOKENS in BF16
-    and FP16, and with the predecoded GEMMs; what they launched, how many calls took the
+    """The experts on that platform's GPU: the hook on a layer's weights, then apply at TOKENS
+    in BF16 and FP16, and with the predecoded GEMMs; what they launched, how many calls took the
     unfused path, what the log said and whether the hook tiled the weights."""
     log = Log()
     fused = kernels.overlay_fused(overlay, pristine, platform=platform, log=log)
@@ -104,10 +103,19 @@ def runs(overlay: Overlay, full_pristine: Pristine) -> Any:
 
 
 def target(capability: int) -> str:
-    """overlay_kernels' name of the sm_<capability> target (added where it has none)."""
-    name = f"sm{capability}"
-    kernels.TARGETS.setdefault(name, GPUTarget("cuda", capability, 32))
-    return name
+    """overlay_kernels' name of the sm_<capability> target."""
+    return f"sm{capability}"
+
+
+def compile_fused(seen: dict[str, Any], name: str, shared_bytes: int) -> None:
+    """Both fused GEMMs were launched, and every launch compiles for the target within
+    shared_bytes a program (raises where triton refuses one)."""
+    names = {launch.kernel.fn.__name__ for launch in seen["launches"]}
+    assert {"_nvfp4_moe_gemm_kernel", "_predecoded_moe_gemm_kernel"} <= names
+    specs = kernels.unique([kernels.specialize(x, name) for x in seen["launches"]])
+    assert len(specs) >= 8
+    for spec in specs:
+        assert kernels.compile_for(spec).metadata.shared <= shared_bytes, spec.label
 
 
 def generic_table_said(device: str, platform: str) -> list[tuple[str, str]]:
@@ -155,13 +163,7 @@ def test_fused_from_sm89(runs: Any, capability: int) -> None:
     seen = runs(capability)
     assert seen["unfused"] == 0 and seen["tiled"] is True
     assert seen["log"] == generic_table_said(f"CPU_stand-in_for_an_sm_{capability}_GPU", "cuda")
-    names = {launch.kernel.fn.__name__ for launch in seen["launches"]}
-    assert {"_nvfp4_moe_gemm_kernel", "_predecoded_moe_gemm_kernel"} <= names
-    specs = kernels.unique([kernels.specialize(x, target(capability)) for x in seen["launches"]])
-    assert len(specs) >= 8
-    for spec in specs:
-        compiled = kernels.compile_for(spec)  # raises where triton refuses it
-        assert compiled.metadata.shared <= SHARED_BYTES[capability], spec.label
+    compile_fused(seen, target(capability), SHARED_BYTES[capability])
 
 
 def test_fused_on_cdna2(runs: Any) -> None:
@@ -170,14 +172,7 @@ def test_fused_on_cdna2(runs: Any) -> None:
     seen = runs(CDNA2)
     assert seen["unfused"] == 0 and seen["tiled"] is True
     assert seen["log"] == generic_table_said("CPU_stand-in_for_an_MI300", "rocm")
-    names = {launch.kernel.fn.__name__ for launch in seen["launches"]}
-    assert {"_nvfp4_moe_gemm_kernel", "_predecoded_moe_gemm_kernel"} <= names
-    kernels.TARGETS.setdefault(CDNA2, GPUTarget("hip", CDNA2, 64))
-    specs = kernels.unique([kernels.specialize(x, CDNA2) for x in seen["launches"]])
-    assert len(specs) >= 8
-    for spec in specs:
-        compiled = kernels.compile_for(spec)
-        assert compiled.metadata.shared <= CDNA2_LDS_BYTES, spec.label
+    compile_fused(seen, CDNA2, CDNA2_LDS_BYTES)
 
 
 @pytest.mark.parametrize("capability", [80, 86])
