@@ -283,7 +283,7 @@ def test_overlay_for_a_nightly_like_base(
     # The fused kernel (0002) is written for 0.24.0 and conflicts with this older base.
     assert main([*argv, "--git", str(nightly_repo), "--ref", "nightly"]) == 1
     assert capsys.readouterr().err == (
-        f"vllm-patchset: {NVFP4} does not apply to git:nightly: hunk 3 ({EMULATION} @@ -20 +32 @@)"
+        f"vllm-patchset: {NVFP4} does not apply to git:nightly: hunk 3 ({EMULATION} @@ -20 +33 @@)"
         f" differs at line 20 (leave it out with --skip {NVFP4})\n"
     )
     assert not out.exists()
