@@ -87,3 +87,33 @@ def test_link_extensions(tmp_path: Path) -> None:
 def test_gpurun_native_without_vllm_is_bad_usage(tmp_path: Path) -> None:
     gpurun.write_manifest(tmp_path, [])
     assert gpurun.main([str(tmp_path), "--native", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_tree_that_does_not_import_says_why(tmp_path: Path, capsys) -> None:
+    """pytest stopped before its report (here a stand-in interpreter that prints what pytest
+    printed on a GPU host whose 0.21.0 tree lacked gguf): the run prints the log's last line,
+    and the tree is unmet, also where it expects nothing of its own."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\necho 'INTERNALERROR>     import gguf'\n"
+        "echo \"INTERNALERROR> ModuleNotFoundError: No module named 'gguf'\"\necho\nexit 3\n"
+    )
+    fake.chmod(0o755)
+    expect = (gpurun.Expectation("tests/gpu/test_a.py::test_x", "red", "bug"),)
+    trees = [
+        gpurun.TreeSpec("buggy", "trees/buggy", ("tests/gpu",), expect),
+        gpurun.TreeSpec("more", "trees/buggy", ("tests/gpu",), ()),
+    ]
+    gpurun.write_manifest(tmp_path, trees)
+    (tmp_path / "trees" / "buggy").mkdir(parents=True)
+    assert gpurun.main([str(tmp_path), "--python", str(fake)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    log = tmp_path / "results" / "buggy.log"
+    assert out[0].startswith("buggy: {'mode': 'pytest did not finish'} (")  # then its seconds
+    assert out[1] == f"buggy: ModuleNotFoundError: No module named 'gguf' (the log: {log})"
+    assert [" ".join(line.split()) for line in out[5:]] == [
+        "buggy pytest did not finish ? test_a.py::test_x red not run UNMET",
+        "buggy pytest did not finish ? pytest finished did not finish UNMET",
+        "more pytest did not finish ? pytest finished did not finish UNMET",
+        "0 expectations met, 3 unmet",
+    ]

@@ -39,6 +39,7 @@ except ImportError:  # in a GPU bundle, without vllm-patchset: the file beside t
 MANIFEST = "manifest.json"
 REPORT_ENV = "VLLM_PATCHSET_GPU_REPORT"  # tests/gpu/conftest.py writes outcomes there
 TREE_ENV = "VLLM_PATCHSET_VLLM_TREE"
+DID_NOT_FINISH = "pytest did not finish"  # no report: the tree did not import, or pytest died
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,20 @@ def run_tree(
                 pytest.wait()
     seconds = time.monotonic() - started
     if not report_path.is_file():
-        return {"vllm": {"mode": "pytest did not finish"}, "outcomes": {}}, seconds
+        why = f"{last_line(out / f'{tree.name}.log')} (the log: {out / f'{tree.name}.log'})"
+        return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds
     return json.loads(report_path.read_text(encoding="utf-8")), seconds
+
+
+def last_line(log: Path) -> str:
+    """The last line of a pytest log that did not finish (pytest's INTERNALERROR prefix
+    dropped): where a tree does not import, the error that stopped it."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    for line in reversed(lines):
+        text = line.removeprefix("INTERNALERROR>").strip()
+        if text:
+            return text
+    return "the log is empty"
 
 
 def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
@@ -201,6 +214,8 @@ def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
             rows.append(
                 Row(tree.name, mode, version, test, "green|skip", got, got in ("green", "skip"))
             )
+    if mode == DID_NOT_FINISH:  # unmet even where the tree expects nothing of its own
+        rows.append(Row(tree.name, mode, version, "pytest", "finished", "did not finish", False))
     return rows
 
 
@@ -252,6 +267,8 @@ def run_all(
         report, seconds = run_tree(root, tree, out, python, native)
         timings[tree.name] = round(seconds, 1)
         print(f"{tree.name}: {report.get('vllm', {})} ({seconds:.0f} s)", flush=True)
+        if "why" in report:
+            print(f"{tree.name}: {report['why']}", flush=True)
         rows.extend(check_tree(tree, report))
     summary = {"rows": [r.__dict__ for r in rows], "seconds": timings}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
