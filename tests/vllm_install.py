@@ -109,11 +109,13 @@ class Overlay:
         return (self.project.overlay_dir / rel).read_bytes()
 
 
-def _pip(*args: str, home: Path) -> None:
+def pip(*args: str, home: Path) -> None:
     # HOME and no cache: pip must write nothing outside the cache dir of the tests.
     env = {**os.environ, "HOME": str(home), "PIP_NO_CACHE_DIR": "1", "PIP_NO_INPUT": "1"}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    subprocess.run([sys.executable, "-m", "pip", *args], env=env, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "pip", *args], env=env, capture_output=True)
+    if done.returncode != 0:
+        raise AssertionError(f"pip {' '.join(args)} failed:\n{done.stderr.decode()[-3000:]}")
 
 
 def wheel_record(wheel: Path) -> dict[str, str]:
@@ -140,7 +142,7 @@ def _install_pristine(cache_dir: Path) -> Pristine:
     home = cache_dir / "pip-home"
     home.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob(f"vllm-{VERSION}-*.whl")):
-        _pip("download", f"vllm=={VERSION}", "--no-deps", "--only-binary=:all:",
+        pip("download", f"vllm=={VERSION}", "--no-deps", "--only-binary=:all:",
              "--platform", PLATFORM, "-d", str(wheels), home=home)  # fmt: skip
     wheel = next(wheels.glob(f"vllm-{VERSION}-*.whl"))
     root = cache_dir / "installed" / f"vllm-{VERSION}"
@@ -148,7 +150,7 @@ def _install_pristine(cache_dir: Path) -> Pristine:
     if not root.exists():
         staging = root.with_name(f"{root.name}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        _pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(wheel),
+        pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(wheel),
              home=home)  # fmt: skip
         assert record_mismatches(staging, record) == []
         os.replace(staging, root)
