@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -81,6 +82,7 @@ def pin_triton(full_pristine: Pristine, cache_dir: Path) -> tuple[str, Path]:
                     "-d", str(wheels), home=home)  # fmt: skip
             wheel = next(wheels.glob(f"triton-{version}-*.whl"))
             staging = root.with_name(f"{root.name}.{os.getpid()}.tmp")
+            shutil.rmtree(staging, ignore_errors=True)
             pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(wheel),
                 home=home)  # fmt: skip
             os.replace(staging, root)

@@ -165,8 +165,9 @@ def run_tree(
         "faulthandler_timeout=300",  # a hung capture prints its stacks instead of hanging silently
         "-rA",
     ]
+    log_path = out / f"{tree.name}.log"
     started = time.monotonic()
-    with (out / f"{tree.name}.log").open("w", encoding="utf-8") as log:
+    with log_path.open("w", encoding="utf-8") as log:
         # A session of its own: stopped, this run kills pytest and what it started (compile
         # workers), which a kill of this process alone left running on the GPU.
         pytest = subprocess.Popen(
@@ -181,7 +182,7 @@ def run_tree(
                 pytest.wait()
     seconds = time.monotonic() - started
     if not report_path.is_file():
-        why = f"{last_line(out / f'{tree.name}.log')} (the log: {out / f'{tree.name}.log'})"
+        why = f"{last_line(log_path)} (the log: {log_path})"
         return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds
     return json.loads(report_path.read_text(encoding="utf-8")), seconds
 
