@@ -1,6 +1,6 @@
 """`overlay pack` and the deploy without a checkout: the wheel it builds (exact contents, the
 same bytes twice), installed into a fresh virtual environment beside a real vllm 0.24.0 (the
-PyPI wheel's files), and `vllm-patchset overlay status|apply|verify|diff|revert` run there as
+PyPI wheel's files), one for each Python from 3.10 to 3.14 (vLLM 0.24.0's) the machine has, and `vllm-patchset overlay status|apply|verify|diff|revert` run there as
 in a serving image: from a directory outside any checkout, with no git on PATH, the default
 target being that environment's vllm; then vllm reinstalled by pip under the applied overlay."""
 
@@ -95,7 +95,7 @@ def test_pack_writes_the_tool_and_the_overlay_into_one_wheel(
             "Summary: Bug fixes carried on top of a pinned vLLM release: patch series,"
             " hash-locked overlay, scripted rebase, GPU validation",
             "License: Apache-2.0",
-            "Requires-Python: >=3.11",
+            "Requires-Python: >=3.10",
         ]
         assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")][:5] == [
             "Requires-Dist: packaging>=23",
@@ -200,11 +200,39 @@ def pip(python: Path, *args: str) -> None:
     )
 
 
+def interpreter(minor: int) -> str | None:
+    """A Python 3.<minor> of this machine: the running one, one on PATH, or pyenv's."""
+    if sys.version_info[:2] == (3, minor):
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = [
+        shutil.which(f"python3.{minor}"),
+        *sorted(pyenv.glob(f"3.{minor}.*/bin/python3.{minor}")),
+    ]
+    for candidate in filter(None, found):
+        ran = subprocess.run([str(candidate), "-c", "pass"], capture_output=True)
+        if ran.returncode == 0:
+            return str(candidate)
+    return None
+
+
+# A serving image's Python: any that vLLM 0.24.0 supports (its Requires-Python: >=3.10,<3.15),
+# each where this machine has it. The deploy commands run from 3.10; the tool needs 3.11.
+SERVING_PYTHONS = [
+    pytest.param(found, id=f"py3.{minor}")
+    if (found := interpreter(minor))
+    else pytest.param(None, id=f"py3.{minor}", marks=pytest.mark.skip(f"no Python 3.{minor} here"))
+    for minor in range(10, 15)
+]
+
+
 def header(command: str, outcome: str, site: Path) -> str:
     return f"overlay {command}: {outcome} ({site}/vllm, 0.24.0; overlay for 0.24.0: {SERIES})"
 
 
+@pytest.mark.parametrize("serving_python", SERVING_PYTHONS)
 def test_the_packed_wheel_deploys_without_the_checkout(
+    serving_python: str,
     overlay: Overlay,
     pristine: Pristine,
     cache_dir: Path,
@@ -214,8 +242,13 @@ def test_the_packed_wheel_deploys_without_the_checkout(
     pack(overlay, tmp_path / "dist", capsys)
     wheel = next((tmp_path / "dist").glob("*.whl"))
     env_root = tmp_path / "serving"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_root)], check=True)
+    subprocess.run([serving_python, "-m", "venv", "--without-pip", str(env_root)], check=True)
     python = env_root / "bin" / "python"
+    this = subprocess.run(
+        [str(python), "-c", "import platform; print(platform.python_version())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    too_old = tuple(map(int, this.split("."))) < (3, 11)  # the tool's commands refuse it
     pip(
         python,
         "install",
@@ -293,26 +326,37 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         f"vllm-patchset: overlay active on vllm 0.24.0: {SERIES} ({len(OVERLAID)} files)\n"
     )
 
-    # A checkout's command says in one line which extra it needs, before anything else.
-    assert tool("overlay", "build") == (
-        2,
-        "",
-        "vllm-patchset: overlay build needs the 'maintain' extra (missing: gitpython):"
-        " `pip install 'vllm-patchset[maintain]'`\n",
-    )
-    assert tool("rebase", "--onto", "0.25.0") == (
-        2,
-        "",
-        "vllm-patchset: rebase needs the 'maintain' extra (missing: gitpython, tomlkit,"
-        " ruamel.yaml): `pip install 'vllm-patchset[maintain]'`\n",
-    )
-    # One that needs only the checkout (no extra) says so, naming --project.
-    assert tool("overlay", "pack") == (
-        2,
-        "",
-        f"vllm-patchset: not in a vllm-patchset checkout (no pyproject.toml with"
-        f" [tool.vllm-patchset] at or above {elsewhere}): run it in one, or pass --project DIR\n",
-    )
+    if too_old:  # the tool's other commands say in one line which Python they need
+        for command, args in (("overlay build", ()), ("rebase", ("--onto", "0.25.0")),
+                              ("overlay pack", ())):  # fmt: skip
+            assert tool(*command.split(), *args) == (
+                2,
+                "",
+                f"vllm-patchset: {command} needs Python 3.11 or newer (this is {this}); from"
+                " Python 3.10: `vllm-patchset overlay status|apply|verify|diff|revert`\n",
+            )
+    else:
+        # A checkout's command says in one line which extra it needs, before anything else.
+        assert tool("overlay", "build") == (
+            2,
+            "",
+            "vllm-patchset: overlay build needs the 'maintain' extra (missing: gitpython):"
+            " `pip install 'vllm-patchset[maintain]'`\n",
+        )
+        assert tool("rebase", "--onto", "0.25.0") == (
+            2,
+            "",
+            "vllm-patchset: rebase needs the 'maintain' extra (missing: gitpython, tomlkit,"
+            " ruamel.yaml): `pip install 'vllm-patchset[maintain]'`\n",
+        )
+        # One that needs only the checkout (no extra) says so, naming --project.
+        assert tool("overlay", "pack") == (
+            2,
+            "",
+            f"vllm-patchset: not in a vllm-patchset checkout (no pyproject.toml with"
+            f" [tool.vllm-patchset] at or above {elsewhere}): run it in one, or pass --project"
+            " DIR\n",
+        )
 
     # pip reinstalls vllm under the applied overlay: status says so, apply puts it back.
     pip(

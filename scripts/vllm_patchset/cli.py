@@ -42,7 +42,13 @@ from vllm_patchset.console import emit, fit, print_json
 from vllm_patchset.errors import INTERNAL_ERROR, BadInput, Finding, PatchsetError
 from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
-from vllm_patchset.registry import Handler, add_subcommands, missing_extra, subcommand_names
+from vllm_patchset.registry import (
+    Handler,
+    add_subcommands,
+    missing_extra,
+    older_python,
+    subcommand_names,
+)
 
 # The commands in their order on the line (and in --help).
 COMMANDS = (
@@ -272,8 +278,8 @@ codecs.register_error("vllm-patchset", _unencodable)
 
 
 class MissingExtra(BadInput):
-    """A command whose modules (an extra of the package) are not installed: refused before
-    it runs, so before it writes anything."""
+    """A command whose modules (an extra of the package) are not installed, or whose Python
+    is newer than this one: refused before it runs, so before it writes anything."""
 
 
 def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int:
@@ -309,7 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.group.print_help(sys.stderr)
                 raise _needs_subcommand(args.group, command)
             else:
-                missing = missing_extra(command, args.needs)
+                missing = older_python(command, args.min_python) or missing_extra(
+                    command, args.needs
+                )
                 if missing:
                     raise MissingExtra(missing)
                 handler: Handler = args.func

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
@@ -28,6 +29,11 @@ EXTRAS: dict[str, tuple[str, str]] = {
 }
 # What the checkout's commands that run git need (GitPython runs the git command line).
 GIT = ("git",)
+# The Python a command needs: the tool's (tomllib, enum.StrEnum, datetime.UTC), or, for the
+# deploy commands a serving image runs, the oldest the pinned vLLM supports (0.24.0: 3.10 to
+# 3.14), which the packed wheel declares.
+TOOL_PYTHON = (3, 11)
+DEPLOY_PYTHON = (3, 10)
 
 
 def _description(help: str) -> str:
@@ -42,15 +48,19 @@ def add_command(
     help: str,
     writes_checkout: bool,
     needs: Sequence[str] = (),
+    python: tuple[int, int] = TOOL_PYTHON,
 ) -> argparse.ArgumentParser:
     """The parser of the command `name`; `writes_checkout`: the command rewrites the checkout
     (patches/, the overlay, the pin) or reads the overlay whole, so it takes the checkout's
     lock; `needs`: the modules (keys of EXTRAS) it imports beyond the core, which cli.main
-    finds before the command runs (`missing_extra`)."""
+    finds before the command runs (`missing_extra`); `python`: the oldest Python it runs on
+    (`older_python`)."""
     unknown = [module for module in needs if module not in EXTRAS]
     assert not unknown, f"{name}: no extra provides {unknown}"
     parser = sub.add_parser(name, help=help, description=_description(help))
-    parser.set_defaults(func=handler, writes_checkout=writes_checkout, needs=tuple(needs))
+    parser.set_defaults(
+        func=handler, writes_checkout=writes_checkout, needs=tuple(needs), min_python=python
+    )
     return parser
 
 
@@ -76,6 +86,20 @@ def missing_extra(command: str, needs: Sequence[str]) -> str | None:
     return (
         f"{command} needs the {which} {noun} (missing: {names}):"
         f" `pip install 'vllm-patchset[{','.join(extras)}]'`"
+    )
+
+
+def older_python(
+    command: str, needs: tuple[int, int], running: tuple[int, ...] = tuple(sys.version_info[:3])
+) -> str | None:
+    """The one line for a command this Python is too old for (None: it is not)."""
+    if tuple(running[:2]) >= needs:
+        return None
+    this = ".".join(map(str, running[:3]))
+    return (
+        f"{command} needs Python {needs[0]}.{needs[1]} or newer (this is {this}); from Python"
+        f" {DEPLOY_PYTHON[0]}.{DEPLOY_PYTHON[1]}: `vllm-patchset overlay"
+        " status|apply|verify|diff|revert`"
     )
 
 

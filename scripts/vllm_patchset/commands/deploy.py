@@ -15,7 +15,7 @@ from vllm_patchset.commands.options import add_options
 from vllm_patchset.console import colours, emit, fit
 from vllm_patchset.errors import BadInput
 from vllm_patchset.infra import fsio
-from vllm_patchset.registry import Subcommands, add_command
+from vllm_patchset.registry import DEPLOY_PYTHON, Subcommands, add_command
 
 if TYPE_CHECKING:
     import argparse
@@ -43,7 +43,9 @@ FORCES = {
 def register_cli(osub: Subcommands) -> None:
     """`overlay apply|verify|revert|status|diff`, in the group `overlay` (commands/overlay.py)."""
     for name, text in HELPS.items():
-        p = add_command(osub, name, cmd_deploy, help=text, writes_checkout=False)
+        p = add_command(
+            osub, name, cmd_deploy, help=text, writes_checkout=False, python=DEPLOY_PYTHON
+        )
         add_options(
             p.add_mutually_exclusive_group(),
             "--target",

@@ -1,6 +1,7 @@
 """`vllm-patchset overlay pack`: a wheel of this tool with the overlay and its lock inside
 (`vllm_patchset/_overlay/`), for a serving image. Installed there, `vllm-patchset overlay
-apply|verify|status|revert|diff` need no checkout, and the start-up guard plugin comes with it.
+apply|verify|status|revert|diff` need no checkout, and the start-up guard plugin comes with it;
+they run from Python 3.10 (the oldest the pin supports), which the wheel declares.
 
 The wheel is written here (a zip with the dist-info that PEP 427 asks for) rather than by a
 build backend: packing needs no setuptools and no network, and the same code and overlay give
@@ -27,6 +28,7 @@ from vllm_patchset.infra import fsio
 from vllm_patchset.infra.config import Project
 from vllm_patchset.infra.hashes import record_hash, sha256_bytes
 from vllm_patchset.overlay.lock import Lock
+from vllm_patchset.registry import DEPLOY_PYTHON
 
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
@@ -65,8 +67,8 @@ class Metadata:
         text = license.get("text") if isinstance(license, dict) else license
         if text:
             headers.append(("License", str(text)))
-        if table.get("requires-python"):
-            headers.append(("Requires-Python", str(table["requires-python"])))
+        # The wheel's Python is what its deploy commands need (the checkout's is the tool's).
+        headers.append(("Requires-Python", ">={}.{}".format(*DEPLOY_PYTHON)))
         headers += [("Requires-Dist", str(r)) for r in table.get("dependencies", [])]
         for extra, requirements in table.get("optional-dependencies", {}).items():
             headers.append(("Provides-Extra", extra))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +131,8 @@ def _settings(pyproject: Path) -> dict[str, Any]:
         raise BadInput(
             f"{pyproject}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
         ) from None
+    import tomllib  # here: the deploy commands import this module on Python 3.10
+
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
