@@ -278,8 +278,8 @@ codecs.register_error("vllm-patchset", _unencodable)
 
 
 class MissingExtra(BadInput):
-    """A command whose modules (an extra of the package) are not installed, or whose Python
-    is newer than this one: refused before it runs, so before it writes anything."""
+    """A command whose modules (an extra of the package) are not installed, or that needs a
+    newer Python than this one: refused before it runs, so before it writes anything."""
 
 
 def _failed(message: str, exit_code: int, *, command: str, as_json: bool) -> int:

@@ -33,6 +33,8 @@ from vllm_patchset.registry import DEPLOY_PYTHON
 DIST = "vllm-patchset"
 PACKAGE = "vllm_patchset"
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest zip date: the same bytes on every build
+# The wheel's Python is what its deploy commands need (the checkout's pyproject: the tool's).
+REQUIRES_PYTHON = ">={}.{}".format(*DEPLOY_PYTHON)
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,7 @@ class Metadata:
         text = license.get("text") if isinstance(license, dict) else license
         if text:
             headers.append(("License", str(text)))
-        # The wheel's Python is what its deploy commands need (the checkout's is the tool's).
-        headers.append(("Requires-Python", ">={}.{}".format(*DEPLOY_PYTHON)))
+        headers.append(("Requires-Python", REQUIRES_PYTHON))
         headers += [("Requires-Dist", str(r)) for r in table.get("dependencies", [])]
         for extra, requirements in table.get("optional-dependencies", {}).items():
             headers.append(("Provides-Extra", extra))
@@ -82,7 +83,11 @@ class Metadata:
     def from_dist(dist: importlib.metadata.Distribution) -> Metadata:
         meta = dist.metadata
         keys = ("Summary", "License", "Requires-Python", "Provides-Extra", "Requires-Dist")
-        headers = tuple((k, str(v)) for k in keys for v in meta.get_all(k) or [])
+        headers = tuple(
+            (k, REQUIRES_PYTHON if k == "Requires-Python" else str(v))
+            for k in keys
+            for v in meta.get_all(k) or []
+        )
         points = tuple((p.group, p.name, p.value) for p in dist.entry_points)
         return Metadata(str(meta["Name"]), dist.version, headers, points)
 
