@@ -31,7 +31,13 @@ def test_status_names_the_other_overlay_applied_there(
     )
 
 
-DEPLOY = {"command": "overlay", "func": deploy.cmd_deploy, "writes_checkout": False, "needs": ()}
+DEPLOY = {
+    "command": "overlay",
+    "func": deploy.cmd_deploy,
+    "writes_checkout": False,
+    "needs": (),
+    "min_python": (3, 10),  # what a serving image may run (the packed wheel's floor)
+}
 TARGET = {"target": Path("/srv/site"), "python": None}
 LINES = [
     (("apply", "--target", "/srv/site"), {**TARGET, "dry_run": False, "force": False, "diff": False}),

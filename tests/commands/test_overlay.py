@@ -25,7 +25,7 @@ LINES = [
     ),
     (
         ("overlay", "verify", "--python", "/venv/bin/python"),
-        {"func": deploy.cmd_deploy, "writes_checkout": False, "needs": (), "target": None, "python": "/venv/bin/python"},
+        {"func": deploy.cmd_deploy, "writes_checkout": False, "needs": (), "min_python": (3, 10), "target": None, "python": "/venv/bin/python"},
     ),
 ]  # fmt: skip
 
