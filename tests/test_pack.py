@@ -1,8 +1,9 @@
 """`overlay pack` and the deploy without a checkout: the wheel it builds (exact contents, the
 same bytes twice), installed into a fresh virtual environment beside a real vllm 0.24.0 (the
-PyPI wheel's files), one for each Python from 3.10 to 3.14 (vLLM 0.24.0's) the machine has, and `vllm-patchset overlay status|apply|verify|diff|revert` run there as
-in a serving image: from a directory outside any checkout, with no git on PATH, the default
-target being that environment's vllm; then vllm reinstalled by pip under the applied overlay."""
+PyPI wheel's files), one for each Python from 3.10 to 3.14 (vLLM 0.24.0's) the machine has,
+and `vllm-patchset overlay status|apply|verify|diff|revert` run there as in a serving image:
+from a directory outside any checkout, with no git on PATH, the default target being that
+environment's vllm; then vllm reinstalled by pip under the applied overlay."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from vllm_install import (
     record_mismatches,
 )
 from vllm_patchset.cli import main
+from vllm_patchset.registry import TOOL_PYTHON
 
 TOOL_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 # The wheel's core dependency (what the deploy commands and the guard need), at the version
@@ -248,7 +250,7 @@ def test_the_packed_wheel_deploys_without_the_checkout(
         [str(python), "-c", "import platform; print(platform.python_version())"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    too_old = tuple(map(int, this.split("."))) < (3, 11)  # the tool's commands refuse it
+    too_old = tuple(map(int, this.split("."))) < TOOL_PYTHON  # the tool's commands refuse it
     pip(
         python,
         "install",
