@@ -113,38 +113,56 @@ H200_SHAPE_TABLES = shape_tables(
     (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
     (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
 )
-# The H100's tables: the shapes tuned on it, and the H200's tables found faster there (its other
-# shapes take CUDA's generic table).
+# The H100's tables: the shapes tuned on it, and the H200's tables (whole, or in the buckets noted)
+# found faster there (its two other shapes take CUDA's generic table).
 H100_SHAPE_TABLES = shape_tables(
     "NVIDIA_H100_80GB_HBM3",
+    (128, 2048, 96),  # Qwen3-30B-A3B TP8
+    (128, 2048, 192),  # Qwen3-30B-A3B TP4 (1-token bucket)
     (128, 2048, 384),  # Qwen3-30B-A3B TP2
     (128, 2048, 768),  # Qwen3-30B-A3B
-    (128, 2048, 96),  # Qwen3-30B-A3B TP8
+    (128, 2688, 464),  # Nemotron-3-Nano-30B-A3B TP4 (1-token bucket)
+    (128, 2688, 1856),  # Nemotron-3-Nano-30B-A3B (tuned at 1 token)
+    (128, 2816, 176),  # Gemma-4-26B-A4B TP4 (1- and 512-token buckets)
+    (128, 2816, 352),  # Gemma-4-26B-A4B TP2 (1- and 512-token buckets)
+    (128, 2816, 704),  # Gemma-4-26B-A4B (tuned at 1 token)
     (128, 4096, 192),  # Qwen3-235B-A22B TP8
+    (128, 4096, 384),  # Qwen3-235B-A22B TP4 (1-token bucket)
+    (128, 4096, 1536),  # Qwen3-235B-A22B (tuned at 1 token)
     (128, 5120, 1024),  # Llama-4-Maverick TP8
     (128, 5120, 2048),  # Llama-4-Maverick TP4
     (128, 5120, 4096),  # Llama-4-Maverick TP2
     (128, 5120, 8192),  # Llama-4-Maverick
+    (16, 5120, 1024),  # Llama-4-Scout TP8 (1-token bucket)
     (16, 5120, 2048),  # Llama-4-Scout TP4
     (16, 5120, 4096),  # Llama-4-Scout TP2
+    (16, 5120, 8192),  # Llama-4-Scout (1-token bucket)
+    (256, 2048, 64),  # Qwen3.6-35B-A3B TP8 (1-, 128-, 256- and 512-token buckets)
+    (256, 2048, 128),  # Qwen3.6-35B-A3B TP4 (1-token bucket)
     (256, 2048, 256),  # Qwen3.6-35B-A3B TP2
     (256, 2048, 512),  # Qwen3.6-35B-A3B
+    (256, 3072, 192),  # MiniMax-M2.5 TP8 (1-token bucket)
     (256, 3072, 384),  # MiniMax-M2.5 TP4
     (256, 3072, 768),  # MiniMax-M2.5 TP2
-    (256, 6144, 1024),  # GLM-5 TP2
+    (256, 3072, 1536),  # MiniMax-M2.5 (tuned at 1 token)
+    (256, 6144, 256),  # GLM-5 TP8 (1-token bucket)
     (256, 6144, 512),  # GLM-5 TP4
-    (256, 7168, 1024),  # DeepSeek-R1 TP2
+    (256, 6144, 1024),  # GLM-5 TP2
+    (256, 6144, 2048),  # GLM-5 (tuned at 1 token)
     (256, 7168, 256),  # DeepSeek-R1 TP8
     (256, 7168, 512),  # DeepSeek-R1 TP4
+    (256, 7168, 1024),  # DeepSeek-R1 TP2
+    (256, 7168, 2048),  # DeepSeek-R1 (tuned at 1 token)
     (32, 7168, 2048),  # DeepSeek-R1 EP8 rank (32 of 256 experts)
-    (384, 7168, 1024),  # Kimi-K2 TP2
     (384, 7168, 256),  # Kimi-K2 TP8
     (384, 7168, 512),  # Kimi-K2 TP4
+    (384, 7168, 1024),  # Kimi-K2 TP2
+    (384, 7168, 2048),  # Kimi-K2 (512-token bucket)
     (48, 7168, 2048),  # Kimi-K2 EP8 rank (48 of 384 experts)
-    (512, 4096, 1024),  # Qwen3.5-397B-A17B
     (512, 4096, 128),  # Qwen3.5-397B-A17B TP8
     (512, 4096, 256),  # Qwen3.5-397B-A17B TP4
     (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
+    (512, 4096, 1024),  # Qwen3.5-397B-A17B
     (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
 )
 TOUCHED_BY = {
