@@ -30,9 +30,12 @@ VLLM_PATCHSET_NVFP4_PLATFORM=rocm on another GPU: rocm_generic, what that config
 reads). The
 kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
 folder, where patch 0002 ships them.
-Candidates compile in parallel processes first (one per variant: token counts and shapes do not
-specialize the kernel, but for whether a depth ends with a masked step). About 310 timings per
-shape.
+Candidates compile in parallel processes first, once per variant (variant_key: token counts and
+sizes do not specialize the kernel; a depth's masked last step, w13's top-k and expert
+parallelism do), each on the shape that takes the least memory to build; each process holds one
+shape's weights at a time, and no more processes start than the GPU's free memory holds
+(compile_jobs; --jobs at most). The timings then take one shape's weights at a time too. About
+310 timings per shape.
 
 2048 and 8192 tokens are swept only when --tokens names them, each a bucket of its own in the
 table written, with blocks of up to 128 tokens.
@@ -720,22 +723,105 @@ def make_cases(names, tokens) -> dict:
     return cases
 
 
+def shape_cases(shape: moe_setup.MoeShape, tokens: list[int]) -> dict:
+    """make_cases for one shape, saying how much GPU memory building them took at its peak,
+    beside case_bytes' bound."""
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    cases = make_cases([shape.name], tokens)
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    bound = case_bytes(shape, tokens) / 2**30
+    print(f"{shape.name}: {peak:.2f} GiB at the peak of building (bound {bound:.2f})", flush=True)
+    return cases
+
+
+# A process's own GPU memory beside its cases: its CUDA context, torch's and Triton's.
+PROCESS_BYTES = 1 << 30
+
+
+def case_bytes(shape: moe_setup.MoeShape, tokens: list[int]) -> int:
+    """An upper bound on the GPU memory make_cases([shape.name], tokens) holds at its peak:
+    twice the NVFP4 weights with their E4M3 block scales (the checkpoint's rows and laid_out's
+    copy), eight times one expert's w13 (the relayout's temporaries, one expert at a time),
+    and each Case's inputs, outputs and aligned ids."""
+    e, h, i = held_experts(shape), shape.hidden, shape.intermediate
+    weights = e * 3 * i * h * 9 // 16  # half a byte a weight, a byte a block of 16
+    buffers = sum(
+        t * 4 * h + t * shape.top_k * (4 * i + 2 * h + 8) + (16 << 20)  # 16 MiB: the ids
+        for t in tokens
+    )
+    return 2 * weights + 8 * i * h + buffers
+
+
+def variant_key(task: tuple) -> tuple:
+    """What a compiled GEMM variant depends on besides its candidate: the GEMM, whether its
+    depth ends with a masked step and how wide (the depth's remainder after whole K steps),
+    the top-k w13 reads its rows by (a constexpr; w2's is 1), and whether the GPU holds
+    every expert (an expert-parallel rank runs a naive candidate on aligned blocks: Case.gemm).
+    Token counts, sizes and expert counts are not specialized on."""
+    name, _, kind, *candidate = task
+    shape = shape_named(name)
+    depth = shape.hidden if kind == "w13" else shape.intermediate
+    top_k = shape.top_k if kind == "w13" else 1
+    every_expert = held_experts(shape) == shape.experts
+    return (kind, depth % K.GEMM_BLOCK_K, top_k, every_expert, *candidate)
+
+
+def compile_variants(tasks: list[tuple]) -> list[tuple]:
+    """One task for each variant_key, on the shape and token count that take the least
+    memory to build (case_bytes)."""
+    cheapest = sorted(tasks, key=lambda t: case_bytes(shape_named(t[0]), [t[1]]))
+    variants: dict[tuple, tuple] = {}
+    for task in cheapest:
+        variants.setdefault(variant_key(task), task)
+    return list(variants.values())
+
+
 def compile_some(tree: Path, tasks: list[tuple]) -> None:
     global K
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent stops us
     K = load_kernel_module(tree)
-    cases = make_cases(sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}))
-    for name, t, kind, bm, naive, qdq, tile in tasks:
-        try:
-            cases[name, t].gemm(kind, bm, naive, qdq, tile)()
-        except Exception as e:  # reported again by the timing pass
-            print("compile failed", name, t, kind, bm, tile, repr(e)[:300], flush=True)
-    torch.cuda.synchronize()
+    for name in sorted({t[0] for t in tasks}):  # one shape's weights on the GPU at a time
+        mine = [t for t in tasks if t[0] == name]
+        cases = make_cases([name], sorted({t[1] for t in mine}))
+        for _, t, kind, bm, naive, qdq, tile in mine:
+            try:
+                cases[name, t].gemm(kind, bm, naive, qdq, tile)()
+            except Exception as e:  # reported again by the timing pass
+                print("compile failed", name, t, kind, bm, tile, repr(e)[:300], flush=True)
+        torch.cuda.synchronize()
+        del cases
+        torch.cuda.empty_cache()
+
+
+def free_gpu_bytes() -> int:
+    return torch.cuda.mem_get_info()[0]
+
+
+def compile_jobs(jobs: int, need: int, free: int) -> int:
+    """How many of ``jobs`` compile processes fit in ``free`` bytes of GPU memory when each
+    holds up to ``need`` bytes of cases (and PROCESS_BYTES of its own); at least one."""
+    return max(1, min(jobs, free // (need + PROCESS_BYTES)))
 
 
 def compile_all(tree: Path, variants: list[tuple], jobs: int) -> None:
-    """Compile each variant once, in ``jobs`` processes. Stopped (Ctrl-C, kill, an error), the
-    processes still compiling are killed: none is left on the GPU."""
+    """Compile each variant once, in up to ``jobs`` processes, as many as the GPU's free
+    memory holds. Stopped (Ctrl-C, kill, an error), the processes still compiling are killed:
+    none is left on the GPU."""
+    shapes = {t[0] for t in variants}
+    need = max(
+        case_bytes(shape_named(n), sorted({t[1] for t in variants if t[0] == n})) for n in shapes
+    )
+    free = free_gpu_bytes()
+    fit = compile_jobs(min(jobs, len(variants)), need, free)
+    if fit < min(jobs, len(variants)):
+        print(
+            f"compile processes: {fit} of {jobs}, each holding up to {need / 2**30:.1f} GiB of"
+            f" weights and buffers ({free / 2**30:.1f} GiB of the GPU free)",
+            flush=True,
+        )
+    jobs = fit
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=compile_some, args=(tree, variants[i::jobs])) for i in range(jobs)]
     try:
@@ -796,6 +882,34 @@ def pick_error(got: torch.Tensor, want: torch.Tensor) -> float:
     if not want.any():
         return 0.0 if not got.any() else math.inf
     return ((got - want).norm() / want.norm()).item()
+
+
+def pick_row(shape: moe_setup.MoeShape, c: Case, bound: int, us: float, choice: tuple) -> dict:
+    """A pick as tune.json keeps it: its bucket, count and tiles, the GEMMs' time ``us``, and
+    the layer's error against exact W4A4 with those tiles on case c (pick_error)."""
+    naive, bm, qdq, w13, w2 = choice
+    got = fused_forward(c.moe, c.hidden, c.tw, c.tids, moe_config(choice), shape.experts, c.emap)
+    tw, tids = c.tw, c.tids
+    if c.emap is not None:  # the ids and weights the rank's experts see
+        local_routing = getattr(moe_setup, "local_routing", None)
+        assert local_routing is not None  # moe_setup's expert_map comes with it
+        tw, tids = local_routing(shape, tw, tids)
+    want = nvfp4_moe_reference(c.rows, c.hidden, tw, tids, exact=True)
+    row = dict(
+        bucket=bound,
+        shape=shape.name,
+        tokens=c.tokens,
+        naive=naive,
+        block_m=bm,
+        qdq_a=qdq,
+        w13=w13,
+        w2=w2,
+        gemms_us=us,
+        rel_err=pick_error(got, want),
+    )
+    if moe_setup.ranks(shape) > 1:  # which rank's routing the picks were timed on
+        row.update(rank=c.rank, active_experts=moe_setup.active_experts(shape, c.tids))
+    return row
 
 
 def pick_line(p: dict) -> str:
@@ -1063,7 +1177,12 @@ def main(argv: list[str] | None = None) -> int:
         " them today",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--jobs", type=int, default=14, help="compile processes")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=14,
+        help="compile processes at most (fewer where the GPU's free memory holds fewer)",
+    )
     parser.add_argument(
         "--wide", action="store_true", help="sweep the WIDE_W13 / WIDE_W2 tiles too"
     )
@@ -1148,41 +1267,9 @@ def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
     every_bucket = tokens == sorted(SWEPT)
     tasks = all_tasks(shapes, tokens)
 
-    # One task per compiled variant: token counts do not specialize the kernel, and shapes
-    # only by each GEMM's depth's remainder after the whole K steps (whether a masked step
-    # ends it, K_TAIL, and how wide it is, TAIL_K).
-    def tails(name: str) -> tuple[int, int]:
-        shape = shape_named(name)
-        return shape.hidden % K.GEMM_BLOCK_K, shape.intermediate % K.GEMM_BLOCK_K
-
-    variants = list({(tails(t[0]), t[2:]): t for t in tasks}.values())
+    variants = compile_variants(tasks)
     compile_all(tree, variants, args.jobs)
     print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
-
-    cases = make_cases([s.name for s in shapes], tokens)
-    results = {}
-    for name, t, kind, bm, naive, qdq, tile in tasks:
-        failure: dict[str, str] = {}  # a failed timing keeps its error in tune.json
-        try:
-            us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, tile))
-        except Exception as e:
-            print("FAIL", name, t, kind, bm, naive, qdq, tile, repr(e)[:300], flush=True)
-            us, failure = float("inf"), {"error": repr(e)[:1000]}
-        results[name, t, kind, bm, naive, qdq, tile] = us
-        rows.append(
-            dict(
-                shape=name,
-                tokens=t,
-                gemm=kind,
-                block_m=bm,
-                naive=naive,
-                qdq_a=qdq,
-                tile=list(tile),
-                us=us,
-                **failure,
-            )
-        )
-    print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
 
     names = [s.name for s in shapes]
     # "" -> the pick over every shape (the GPU's table); each shape -> its own pick.
@@ -1195,49 +1282,50 @@ def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
         shipped = {s.name: shipped_table(s) for s in shapes}
         tables = {name: table for name, (table, _) in shipped.items()}
         origins = {name: origin for name, (_, origin) in shipped.items()}
-    picks = []
     # The buckets' swept counts, then those swept only when asked (each a bucket of its own).
     swept = list(BUCKETS.items()) + [(t, (t, GROUPS[t])) for t in tokens if t not in SWEPT]
-    for bound, (t, groups) in swept:
-        if t not in tokens:
-            continue
-        if every_bucket:
-            tables[""][bound] = pick(results, names, t, groups)[1]
-        for shape in shapes:
+    swept = [(bound, (t, groups)) for bound, (t, groups) in swept if t in tokens]
+    results: dict[tuple, float] = {}
+    picks = []
+    for shape in shapes:  # one shape's weights on the GPU at a time
+        cases = shape_cases(shape, tokens)
+        for name, t, kind, bm, naive, qdq, tile in tasks:
+            if name != shape.name:
+                continue
+            failure: dict[str, str] = {}  # a failed timing keeps its error in tune.json
+            try:
+                us = time_graph(cases[name, t].gemm(kind, bm, naive, qdq, tile))
+            except Exception as e:
+                print("FAIL", name, t, kind, bm, naive, qdq, tile, repr(e)[:300], flush=True)
+                us, failure = float("inf"), {"error": repr(e)[:1000]}
+            results[name, t, kind, bm, naive, qdq, tile] = us
+            rows.append(
+                dict(
+                    shape=name,
+                    tokens=t,
+                    gemm=kind,
+                    block_m=bm,
+                    naive=naive,
+                    qdq_a=qdq,
+                    tile=list(tile),
+                    us=us,
+                    **failure,
+                )
+            )
+        for bound, (t, groups) in swept:
             totals, choice = pick(results, [shape.name], t, groups)
             # A partial sweep changes the table only up to the count it measured: its pick
             # covers the counts from the bucket below up to t, the entry above t stays.
             tables[shape.name][bound if every_bucket else t] = choice
-            c = cases[shape.name, t]
-            naive, bm, qdq, w13, w2 = choice
-            cfg = moe_config(choice)
-            got = fused_forward(c.moe, c.hidden, c.tw, c.tids, cfg, shape.experts, c.emap).float()
-            tw, tids = c.tw, c.tids
-            if c.emap is not None:  # the ids and weights the rank's experts see
-                local_routing = getattr(moe_setup, "local_routing", None)
-                assert local_routing is not None  # moe_setup's expert_map comes with it
-                tw, tids = local_routing(shape, tw, tids)
-            want = nvfp4_moe_reference(c.rows, c.hidden, tw, tids, exact=True).float()
-            rel = pick_error(got, want)
-            picks.append(
-                dict(
-                    bucket=bound,
-                    shape=shape.name,
-                    tokens=t,
-                    naive=naive,
-                    block_m=bm,
-                    qdq_a=qdq,
-                    w13=w13,
-                    w2=w2,
-                    gemms_us=totals[shape.name],
-                    rel_err=rel,
-                )
-            )
-            if moe_setup.ranks(shape) > 1:  # which rank's routing the picks were timed on
-                picks[-1].update(
-                    rank=c.rank, active_experts=moe_setup.active_experts(shape, c.tids)
-                )
-            print(pick_line(picks[-1]), flush=True)
+            row = pick_row(shape, cases[shape.name, t], bound, totals[shape.name], choice)
+            picks.append(row)
+            print(pick_line(row), flush=True)
+        del cases  # the shape's tensors go before the next shape's are built
+        torch.cuda.empty_cache()
+    print(f"timed {len(tasks)} tasks in {time.time() - t0:.0f}s", flush=True)
+    if every_bucket:
+        for bound, (t, groups) in swept:
+            tables[""][bound] = pick(results, names, t, groups)[1]
     write_timings(
         args.out / "tune.json",
         rows,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ def waits(tree):
 
 tune.load_kernel_module = waits
 tune.torch.cuda.get_device_name = lambda: "CPU"
+tune.free_gpu_bytes = lambda: 1 << 40
 if __name__ == "__main__":
     raise SystemExit(tune.main(sys.argv[2:]))
 """
@@ -143,3 +145,105 @@ def test_reader_gone_while_timing(
     assert json.loads((tmp_path / "tune.json").read_text())["results"] == [
         {"shape": "x", "us": 7.0}
     ]
+
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def block_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel module's K step, as variant_key reads it (no vLLM tree here)."""
+    monkeypatch.setattr(tune, "K", types.SimpleNamespace(GEMM_BLOCK_K=128), raising=False)
+
+
+@pytest.mark.usefixtures("block_k")
+def test_one_compile_per_variant_over_every_released_shape() -> None:
+    """Over every shape of moe_setup.SHAPES at every swept count: one compile task for each
+    variant_key, on the cheapest shape to build. The classes: w13 by top-k and expert
+    parallelism (every hidden size is whole K steps), w2 by its depth's tail and expert
+    parallelism."""
+    tasks = tune.all_tasks(list(tune.moe_setup.SHAPES), tune.SWEPT)
+    variants = tune.compile_variants(tasks)
+    keys = [tune.variant_key(v) for v in variants]
+    assert sorted(keys) == sorted({tune.variant_key(t) for t in tasks})
+    assert {k[:4] for k in keys} == {
+        ("w13", 0, 8, True),
+        ("w13", 0, 10, True),
+        ("w13", 0, 6, True),
+        ("w13", 0, 1, True),
+        ("w13", 0, 8, False),
+        ("w13", 0, 10, False),
+        ("w2", 0, 1, True),
+        ("w2", 32, 1, True),
+        ("w2", 48, 1, True),
+        ("w2", 64, 1, True),
+        ("w2", 80, 1, True),
+        ("w2", 96, 1, True),
+        ("w2", 0, 1, False),
+    }
+    cost = {v: tune.case_bytes(tune.shape_named(v[0]), [v[1]]) for v in tasks}
+    for v in variants:
+        assert cost[v] == min(cost[t] for t in tasks if tune.variant_key(t) == tune.variant_key(v))
+
+
+@pytest.mark.usefixtures("block_k")
+def test_variants_of_other_top_k_and_expert_parallelism_compile_on_their_own_shape() -> None:
+    """Gemma-4 and Nemotron-3-Nano share w2's tail (I % 128 = 64), but w13's top-k is a
+    constexpr (8 and 6); DeepSeek-R1's EP8 rank runs the naive candidates on aligned blocks.
+    Each compiles on a shape of its own; where the kernels are the same (DeepSeek-R1 whole and
+    Qwen3-30B), the compile builds Qwen3-30B's 0.7 GiB, not DeepSeek-R1's 12 GiB."""
+    shapes = [tune.shape_named(n) for n in ("gemma-4-26b-a4b", "nemotron-3-nano-30b-a3b")]
+    variants = tune.compile_variants(tune.all_tasks(shapes, [1]))
+    assert {(v[0], v[2]) for v in variants} == {
+        ("gemma-4-26b-a4b", "w13"),
+        ("gemma-4-26b-a4b", "w2"),
+        ("nemotron-3-nano-30b-a3b", "w13"),
+    }
+    shapes = [tune.shape_named(n) for n in ("deepseek-r1", "deepseek-r1-ep8", "qwen3-30b-a3b")]
+    variants = tune.compile_variants(tune.all_tasks(shapes, [1]))
+    assert {v[0] for v in variants} == {"qwen3-30b-a3b", "deepseek-r1-ep8"}
+    assert {v[4] for v in variants if v[0] == "deepseek-r1-ep8"} == {True}  # naive
+
+
+def test_compile_jobs_fit_the_free_memory() -> None:
+    """Each process holds its cases and PROCESS_BYTES; at least one, at most --jobs."""
+    assert tune.compile_jobs(14, 17 * GIB, 79 * GIB) == 4
+    assert tune.compile_jobs(14, 1 * GIB, 79 * GIB) == 14
+    assert tune.compile_jobs(14, 100 * GIB, 79 * GIB) == 1
+    assert tune.case_bytes(tune.shape_named("kimi-k2"), [1]) == 19_159_789_632
+    assert tune.case_bytes(tune.shape_named("qwen3-30b-a3b"), [1]) == 708_902_976
+
+
+@pytest.mark.usefixtures("block_k")
+def test_compile_processes_fit_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Kimi-K2 whole with --jobs 14 on 79 GiB free: four compile processes, each building the
+    shape's 17.8 GiB (fourteen did before, and fourteen processes that each built every shape
+    of a sweep ran an H100 out of memory), said in one line; every variant compiled by exactly
+    one of them."""
+    started: list[tuple] = []
+
+    class Process:
+        def __init__(self, target: Any, args: tuple) -> None:
+            self.args = args
+            self.pid: int | None = None
+            self.exitcode: int | None = None
+
+        def start(self) -> None:
+            self.pid, self.exitcode = 1, 0
+            started.append(self.args[1])
+
+        def join(self) -> None:
+            pass
+
+    monkeypatch.setattr(tune.mp, "get_context", lambda _: types.SimpleNamespace(Process=Process))
+    monkeypatch.setattr(tune, "free_gpu_bytes", lambda: 79 * GIB)
+    variants = tune.compile_variants(tune.all_tasks([tune.shape_named("kimi-k2")], [1]))
+    tune.compile_all(tmp_path, variants, 14)
+    assert len(started) == 4
+    assert sorted(t for share in started for t in share) == sorted(variants)
+    assert capsys.readouterr().out == (
+        "compile processes: 4 of 14, each holding up to 17.8 GiB of weights and buffers"
+        " (79.0 GiB of the GPU free)\n"
+    )
