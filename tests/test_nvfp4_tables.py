@@ -138,14 +138,18 @@ def test_shipped_h200_table(load: Any, overlay: Overlay) -> None:
 def test_every_shipped_table_is_read(load: Any) -> None:
     """Every tile table file patch 0002 ships beside the module, read as the module reads it at
     load (a file it refused would stop the first layer of its shape on its GPU): the H200's (its
-    table for any shape and 45 shapes') and the H100's (47 shapes')."""
+    table for any shape and 45 shapes') and the H100's, one for each released layer and shard of
+    moe_setup.SHAPES (experts held, hidden, intermediate)."""
     module = load()[0].module
     files = sorted(Path(module.TABLES_DIR).glob(f"{module.TABLE_PREFIX}*.json"))
     for path in files:
         assert module.parse_table(path.read_text(), str(path))
         module.parse_predecode(path.read_text(), str(path))
     devices = Counter(path.name.split(".")[-2] for path in files)
-    assert devices == {"NVIDIA_H200": 46, "NVIDIA_H100_80GB_HBM3": 47}
+    assert devices == {"NVIDIA_H200": 46, "NVIDIA_H100_80GB_HBM3": 49}
+    h100 = sorted(path.name.split(".")[1] for path in files if "H100" in path.name)
+    shapes = {f"E{s.held_experts}_H{s.hidden}_I{s.intermediate}" for s in moe_setup.SHAPES}
+    assert h100 == sorted(shapes)
 
 
 def test_table_file_taken(load: Any, tmp_path: Path) -> None:

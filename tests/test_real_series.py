@@ -113,8 +113,8 @@ H200_SHAPE_TABLES = shape_tables(
     (512, 4096, 512),  # Qwen3.5-397B-A17B TP2
     (64, 4096, 1024),  # Qwen3.5-397B-A17B EP8 rank (64 of 512 experts)
 )
-# The H100's tables: the shapes tuned on it, and the H200's tables (whole, or in the buckets noted)
-# found faster there (its two other shapes take CUDA's generic table).
+# The H100's tables, one for every shape of moe_setup.SHAPES: the shapes tuned on it, and the H200's
+# tables (whole, or in the buckets noted) found faster there.
 H100_SHAPE_TABLES = shape_tables(
     "NVIDIA_H100_80GB_HBM3",
     (128, 2048, 96),  # Qwen3-30B-A3B TP8
@@ -122,12 +122,14 @@ H100_SHAPE_TABLES = shape_tables(
     (128, 2048, 384),  # Qwen3-30B-A3B TP2
     (128, 2048, 768),  # Qwen3-30B-A3B
     (128, 2688, 464),  # Nemotron-3-Nano-30B-A3B TP4 (1-token bucket)
+    (128, 2688, 928),  # Nemotron-3-Nano-30B-A3B TP2 (tuned at 32 tokens)
     (128, 2688, 1856),  # Nemotron-3-Nano-30B-A3B (tuned at 1 token)
     (128, 2816, 176),  # Gemma-4-26B-A4B TP4 (1- and 512-token buckets)
     (128, 2816, 352),  # Gemma-4-26B-A4B TP2 (1- and 512-token buckets)
     (128, 2816, 704),  # Gemma-4-26B-A4B (tuned at 1 token)
     (128, 4096, 192),  # Qwen3-235B-A22B TP8
     (128, 4096, 384),  # Qwen3-235B-A22B TP4 (1-token bucket)
+    (128, 4096, 768),  # Qwen3-235B-A22B TP2 (tuned at 32 tokens)
     (128, 4096, 1536),  # Qwen3-235B-A22B (tuned at 1 token)
     (128, 5120, 1024),  # Llama-4-Maverick TP8
     (128, 5120, 2048),  # Llama-4-Maverick TP4
