@@ -46,15 +46,16 @@ slowest rank's (``rank``; ``rank_graph_us`` and ``rank_active_experts`` per rank
 layer waits for it: one rank alone may hold none of a decode token's experts.
 ``graph_us``: replay of a captured CUDA graph, the GPU time alone. ``eager_us``: a plain call
 after a device sync, so the host's launch overhead counts. ``experts_graph_us``: the experts'
-own ``apply`` alone, replayed likewise. The bound is the bytes of the routed experts' packed
-weights and block scales over the copy bandwidth measured in the same run (read + write bytes
-of a 2 GiB device copy). Numerics: each column's output against the exact W4A4 reference (plain
-torch, tests/gpu/nvfp4_reference.py with exact=True: the NVFP4 weights and both activations'
-NVFP4 quantization unrounded, FP32 between the GEMMs); W4A16 (Marlin) and BF16 skip the
-activation quantization, so they sit at NVFP4's own activation error from it. Per-kernel
-breakdown: each kernel (memset, memcpy) of one ``FusedMoEKernel.apply``, replayed alone from
-the call's own CUDA graph with the others disabled, L2 flushed, median; ``floor_us`` is that
-graph with every launch disabled.
+own ``apply`` alone, replayed likewise. ``tiles``: the tile table entry patch 0002's experts
+take for the call (tiles_taken; absent for a column without tile tables). The bound is the
+bytes of the routed experts' packed weights and block scales over the copy bandwidth measured
+in the same run (read + write bytes of a 2 GiB device copy). Numerics: each column's output
+against the exact W4A4 reference (plain torch, tests/gpu/nvfp4_reference.py with exact=True:
+the NVFP4 weights and both activations' NVFP4 quantization unrounded, FP32 between the GEMMs);
+W4A16 (Marlin) and BF16 skip the activation quantization, so they sit at NVFP4's own activation
+error from it. Per-kernel breakdown: each kernel (memset, memcpy) of one
+``FusedMoEKernel.apply``, replayed alone from the call's own CUDA graph with the others
+disabled, L2 flushed, median; ``floor_us`` is that graph with every launch disabled.
 
 Output: tables on stdout; under --out a JSON of every row, a Markdown of the tables and a PNG
 (``--name``, by default ``nvfp4_moe_<GPU>`` as the run names its GPU, ``nvfp4_moe_h200`` on an
@@ -79,6 +80,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -629,8 +631,38 @@ def measure(
         ran_unfused_fallback=unfused,
         **numerics,
     )
+    tiles = (
+        None if unfused else tiles_taken(getattr(kernel.experts, "experts", None), shape, tokens)
+    )
+    if tiles is not None:
+        row["tiles"] = tiles
     row.update(rank_times(call, layer, shape, reps, flush, row["graph_us"]))
     return row
+
+
+def tiles_taken(experts: Any, shape: Any, tokens: int) -> str | None:
+    """The tiles patch 0002's experts take for a call of ``tokens`` on ``shape``, chosen as its
+    apply chooses them from the shape's table and predecode entry it read at load: "predecode"
+    and the predecode entry where the call decodes the weights once, else the bucket's entry of
+    the table. None for experts without tile tables (the pristine emulation, Marlin, patch
+    0002 before its tables)."""
+    configs = getattr(experts, "configs", None)
+    if configs is None:
+        return None
+    K = types.SimpleNamespace(**type(experts).apply.__globals__)  # the names apply calls
+    predecode = experts.predecode_config
+    sizes = (shape.held_experts, shape.hidden, shape.intermediate, 2)  # BF16 activations
+    if (
+        experts.tiled_weights is not None
+        and experts.predecode
+        and predecode is not None
+        and K.predecodes(tokens * shape.top_k, shape.experts, *sizes, predecode)
+    ):
+        return f"predecode {predecode}"
+    config = K.get_nvfp4_moe_config(
+        tokens, shape.top_k, shape.experts, experts.min_block_m, configs
+    )
+    return repr(config)
 
 
 def rank_times(

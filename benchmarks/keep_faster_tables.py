@@ -11,8 +11,11 @@ H200 it found a pick 7% behind the shipped tile that the tuner's GEMM timings pu
 ``overlay`` column on the tree with the new tables and the ``before`` column on the shipped
 one. A table is kept where every row of its shape (experts held, hidden, intermediate) at the
 swept token counts is faster (before / overlay above 1) in every results file, and dropped
-where one is not, or where no row measured it. Prints a line per table; with --out, copies the
-kept tables there (first: a reader that goes away, `| head`, ends the printing, not the copy).
+where one is not, or where no row measured it. A row whose two columns took the same tiles
+(each row's ``tiles``, in runs that record them) is not judged: the table does not change that
+count, and its ratio is the run's noise; the line names those counts. Prints a line per
+table; with --out, copies the kept tables there (first: a reader that goes away, `| head`, ends
+the printing, not the copy).
 """
 
 from __future__ import annotations
@@ -35,16 +38,22 @@ TABLE_NAME = re.compile(r"^nvfp4_emulation_moe_tiles\.E(\d+)_H(\d+)_I(\d+)\.[^.]
 class Verdict:
     table: str
     speedups: tuple[tuple[str, int, float], ...]  # (shape, tokens, before / overlay) per row
+    same: tuple[tuple[str, int], ...] = ()  # (shape, tokens) of rows with the same tiles
 
     @property
     def kept(self) -> bool:
         return bool(self.speedups) and all(s > 1.0 for _, _, s in self.speedups)
 
     def line(self) -> str:
+        same = sorted(set(self.same))
+        alike = ", ".join(f"{shape} {tokens}" for shape, tokens in same)
+        alike = f" (the same tiles, not judged: {alike})" if same else ""
+        if not self.speedups and same:
+            return f"drop {self.table}: it changes no tile at the swept token counts{alike}"
         if not self.speedups:
             return f"drop {self.table}: no row of its shape at the swept token counts"
         cells = ", ".join(f"{shape} {tokens}: {s:.3f}x" for shape, tokens, s in self.speedups)
-        return f"{'keep' if self.kept else 'drop'} {self.table}: {cells}"
+        return f"{'keep' if self.kept else 'drop'} {self.table}: {cells}{alike}"
 
 
 def table_shape(name: str) -> tuple[int, int, int]:
@@ -59,26 +68,39 @@ def table_shape(name: str) -> tuple[int, int, int]:
 
 def speedups(
     run: dict[str, Any], shape: tuple[int, int, int], tokens: set[int]
-) -> list[tuple[str, int, float]]:
-    """before / overlay per (shape name, tokens) of one bench run, for the rows of ``shape``."""
-    times: dict[tuple[str, int], dict[str, float]] = {}
+) -> tuple[list[tuple[str, int, float]], list[tuple[str, int]]]:
+    """before / overlay per (shape name, tokens) of one bench run, for the rows of ``shape``
+    whose two columns took different tiles (or do not say); and the (shape name, tokens) of
+    those that took the same."""
+    times: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for row in run["rows"]:
         held = row.get("local_experts") or row.get("experts")
         ours = (held, row.get("hidden"), row.get("intermediate")) == shape
         if ours and row["tokens"] in tokens and row.get("column") in ("overlay", "before"):
-            times.setdefault((row["shape"], row["tokens"]), {})[row["column"]] = row["graph_us"]
-    return [
-        (name, t, pair["before"] / pair["overlay"])
-        for (name, t), pair in sorted(times.items())
-        if {"before", "overlay"} <= pair.keys()
-    ]
+            times.setdefault((row["shape"], row["tokens"]), {})[row["column"]] = row
+    judged, same = [], []
+    for (name, t), pair in sorted(times.items()):
+        if {"before", "overlay"} <= pair.keys():
+            tiles = {pair[c].get("tiles") for c in ("before", "overlay")}
+            if len(tiles) == 1 and None not in tiles:
+                same.append((name, t))
+            else:
+                judged.append((name, t, pair["before"]["graph_us"] / pair["overlay"]["graph_us"]))
+    return judged, same
 
 
 def verdicts(tables: list[str], runs: list[dict[str, Any]], tokens: set[int]) -> list[Verdict]:
-    return [
-        Verdict(name, tuple(s for run in runs for s in speedups(run, table_shape(name), tokens)))
-        for name in tables
-    ]
+    found = []
+    for name in tables:
+        measured = [speedups(run, table_shape(name), tokens) for run in runs]
+        found.append(
+            Verdict(
+                name,
+                tuple(s for judged, _ in measured for s in judged),
+                tuple(s for _, same in measured for s in same),
+            )
+        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

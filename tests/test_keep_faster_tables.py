@@ -108,3 +108,32 @@ def test_a_reader_gone_ends_the_printing_not_the_copy(tmp_path: Path) -> None:
     argv = ["--tables", str(tables), "--results", *map(str, RUNS), "--tokens", "32"]
     assert to_closed_pipe([sys.executable, str(script), *argv, "--out", str(out)]) == (141, "")
     assert len(list(out.glob("*.json"))) == 9
+
+
+def test_counts_with_the_same_tiles_are_not_judged() -> None:
+    """Rows whose overlay and before columns took the same tiles (``tiles``) say nothing of the
+    table: a table tuned at 32 tokens whose 512-token entry is the shipped one is judged at 32
+    alone (the H100's Qwen3-235B TP2 table, 2026-12-06: 1.02x at 32, 0.99x at 512 with the same
+    tiles); a row without ``tiles`` in a column (a run before they were recorded, or a tree
+    without tables) is judged as before."""
+    shape = {"experts": 8, "local_experts": 0, "hidden": 64, "intermediate": 32}
+    run = {"rows": [
+        {"shape": "s", **shape, "tokens": t, "column": c, "graph_us": us, **tiles}
+        for t, c, us, tiles in [
+            (32, "overlay", 100.0, {"tiles": "A"}), (32, "before", 102.0, {"tiles": "B"}),
+            (512, "overlay", 200.0, {"tiles": "G"}), (512, "before", 198.0, {"tiles": "G"}),
+            (1, "overlay", 10.0, {"tiles": "G"}), (1, "before", 9.0, {}),
+        ]
+    ]}  # fmt: skip
+    [kept] = keep.verdicts([name(8, 64, 32)], [run], {32, 512})
+    assert (kept.kept, kept.speedups, kept.same) == (True, (("s", 32, 1.02),), (("s", 512),))
+    assert kept.line() == (
+        f"keep {name(8, 64, 32)}: s 32: 1.020x (the same tiles, not judged: s 512)"
+    )
+    [dropped] = keep.verdicts([name(8, 64, 32)], [run], {1, 32, 512})
+    assert dropped.kept is False and dropped.speedups == (("s", 1, 0.9), ("s", 32, 1.02))
+    [alike] = keep.verdicts([name(8, 64, 32)], [run], {512})
+    assert alike.line() == (
+        f"drop {name(8, 64, 32)}: it changes no tile at the swept token counts"
+        " (the same tiles, not judged: s 512)"
+    )

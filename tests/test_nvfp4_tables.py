@@ -865,3 +865,46 @@ def test_tuner_refuses_picks_off_exact_w4a4() -> None:
         "tune_nvfp4_moe: picks off exact W4A4 by 0.01 or more: b at 32 tokens (3.9e+00),"
         " c at 32 tokens (nan); no table written (the sweep's timings are in tune.json)"
     )
+
+
+def test_the_bench_names_the_tiles_apply_launches(load: Any, tmp_path: Path) -> None:
+    """bench_nvfp4_moe.tiles_taken (each row's ``tiles``, by which keep_faster_tables leaves
+    out the counts a table does not change) names what the experts' apply launches, at every
+    token count from 1 to 16 over a table of two buckets and a predecode entry (from 4 pairs an
+    expert: 8 tokens at top-4 over 8 experts): "predecode" where it predecodes, else the
+    bucket's block of pairs and each GEMM's tiles."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_nvfp4_moe as bench
+
+    fused, _ = load()
+    small = {**entry(), "block_m": 8}
+    small["w13"] = {"block_n": 16, "block_k": 128, "num_warps": 1, "num_stages": 4}
+    table = {"4": small, "64": entry(), "predecode": predecode_entry(4)}
+    (tmp_path / "tables" / PREDECODE_FILE).write_text(json.dumps(table))
+    experts, w13, w2 = loaded_experts(fused, PREDECODE_SHAPE)
+    e, h, i = PREDECODE_SHAPE
+    shape = types.SimpleNamespace(experts=e, held_experts=e, hidden=h, intermediate=i, top_k=4)
+    seen = []
+    for tokens in range(1, 17):
+        ids = torch.stack([torch.randperm(e)[:4] for _ in range(tokens)]).int()
+        with kernels.recording_launches() as launches:
+            kernels.fused_apply(fused, experts, torch.zeros(tokens, h, dtype=torch.bfloat16),
+                                w13, w2, torch.rand(tokens, 4), ids)  # fmt: skip
+        taken = bench.tiles_taken(experts, shape, tokens)
+        assert taken is not None
+        names = [launch.kernel.fn.__name__ for launch in launches]
+        if "_nvfp4_predecode_kernel" in names:
+            assert taken.startswith("predecode ")
+            seen.append((tokens, "predecode"))
+            continue
+        gemms = [x.kwargs for x in launches if x.kernel.fn.__name__ == "_nvfp4_moe_gemm_kernel"]
+        assert len(gemms) == 2 and f"block_m={gemms[0]['BLOCK_M']}," in taken
+        for gemm, kw in zip(("w13", "w2"), gemms, strict=True):
+            tile = f"block_n={kw['BLOCK_N']}, block_k=128, num_warps={kw['num_warps']}"
+            assert f"{gemm}=GemmConfig({tile}, num_stages={kw['num_stages']}" in taken
+        seen.append((tokens, f"block_m={gemms[0]['BLOCK_M']} w13 {gemms[0]['BLOCK_N']}"))
+    assert seen == [
+        *((t, "block_m=8 w13 16") for t in range(1, 5)),
+        *((t, "block_m=16 w13 32") for t in range(5, 8)),
+        *((t, "predecode") for t in range(8, 17)),
+    ]
