@@ -809,6 +809,8 @@ def compile_all(tree: Path, variants: list[tuple], jobs: int) -> None:
     """Compile each variant once, in up to ``jobs`` processes, as many as the GPU's free
     memory holds. Stopped (Ctrl-C, kill, an error), the processes still compiling are killed:
     none is left on the GPU."""
+    if not variants:
+        return
     shapes = {t[0] for t in variants}
     need = max(
         case_bytes(shape_named(n), sorted({t[1] for t in variants if t[0] == n})) for n in shapes
