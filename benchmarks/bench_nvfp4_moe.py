@@ -80,7 +80,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -649,17 +648,17 @@ def tiles_taken(experts: Any, shape: Any, tokens: int) -> str | None:
     configs = getattr(experts, "configs", None)
     if configs is None:
         return None
-    K = types.SimpleNamespace(**type(experts).apply.__globals__)  # the names apply calls
+    names = type(experts).apply.__globals__  # the functions apply itself calls
     predecode = experts.predecode_config
     sizes = (shape.held_experts, shape.hidden, shape.intermediate, 2)  # BF16 activations
     if (
         experts.tiled_weights is not None
         and experts.predecode
         and predecode is not None
-        and K.predecodes(tokens * shape.top_k, shape.experts, *sizes, predecode)
+        and names["predecodes"](tokens * shape.top_k, shape.experts, *sizes, predecode)
     ):
         return f"predecode {predecode}"
-    config = K.get_nvfp4_moe_config(
+    config = names["get_nvfp4_moe_config"](
         tokens, shape.top_k, shape.experts, experts.min_block_m, configs
     )
     return repr(config)

@@ -81,8 +81,8 @@ def speedups(
     judged, same = [], []
     for (name, t), pair in sorted(times.items()):
         if {"before", "overlay"} <= pair.keys():
-            tiles = {pair[c].get("tiles") for c in ("before", "overlay")}
-            if len(tiles) == 1 and None not in tiles:
+            tiles = pair["before"].get("tiles")
+            if tiles is not None and tiles == pair["overlay"].get("tiles"):
                 same.append((name, t))
             else:
                 judged.append((name, t, pair["before"]["graph_us"] / pair["overlay"]["graph_us"]))

@@ -90,6 +90,7 @@ from pathlib import Path
 import stops
 import torch
 import triton
+from bench_nvfp4_moe import nvfp4_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
@@ -746,12 +747,11 @@ def case_bytes(shape: moe_setup.MoeShape, tokens: list[int]) -> int:
     copy), eight times one expert's w13 (the relayout's temporaries, one expert at a time),
     and each Case's inputs, outputs and aligned ids."""
     e, h, i = held_experts(shape), shape.hidden, shape.intermediate
-    weights = e * 3 * i * h * 9 // 16  # half a byte a weight, a byte a block of 16
     buffers = sum(
         t * 4 * h + t * shape.top_k * (4 * i + 2 * h + 8) + (16 << 20)  # 16 MiB: the ids
         for t in tokens
     )
-    return 2 * weights + 8 * i * h + buffers
+    return 2 * nvfp4_bytes(e, h, i) + 8 * i * h + buffers
 
 
 def variant_key(task: tuple) -> tuple:

@@ -34,6 +34,8 @@ pytest.importorskip("triton", reason="the module defines triton kernels (pip ins
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_nvfp4_moe as bench
 import moe_setup
 import overlay_kernels as kernels
 import standins
@@ -873,9 +875,6 @@ def test_the_bench_names_the_tiles_apply_launches(load: Any, tmp_path: Path) -> 
     token count from 1 to 16 over a table of two buckets and a predecode entry (from 4 pairs an
     expert: 8 tokens at top-4 over 8 experts): "predecode" where it predecodes, else the
     bucket's block of pairs and each GEMM's tiles."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import bench_nvfp4_moe as bench
-
     fused, _ = load()
     small = {**entry(), "block_m": 8}
     small["w13"] = {"block_n": 16, "block_k": 128, "num_warps": 1, "num_stages": 4}
