@@ -4,12 +4,13 @@ order of `all`, `rounds` and `numerics`, and what a command refuses."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_check import cli, host
-from engine_results import run_result
+from engine_results import run_result, speed_result
 
 
 def test_report_without_results_writes_nothing(tmp_path: Path) -> None:
@@ -84,6 +85,27 @@ def test_report_of_runs_on_several_gpus_needs_a_name(
         cli.main(["report", "--work", work, "--out", str(tmp_path / "mine"), "--title", "T"]) == 0
     )
     assert sorted(p.name for p in tmp_path.glob("mine*")) == ["mine.json", "mine.md"]
+
+
+def test_report_without_matplotlib_writes_json_and_markdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report` of rounds (a figure to draw) on a host without matplotlib, such as this
+    project's CPU set-up: the JSON and Markdown written, the PNG left out with one line, exit
+    0 (a traceback after writing them, before)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    results = tmp_path / "work" / "results"
+    results.mkdir(parents=True)
+    for run, value in (("overlay-emulation-L48-r1", 303.0), ("pristine-marlin-L48-r1", 233.0)):
+        (results / f"{run}.json").write_text(
+            json.dumps(speed_result(run, {"1": value}, {"1": 1.0}))
+        )
+    out = tmp_path / "report"
+    assert cli.main(["report", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("report*")) == ["report.json", "report.md"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"no matplotlib here: {out}.png not written (run report where it is)"
+    assert "| 48 | 1 | 303 / 233 (1.30x) |" in out.with_suffix(".md").read_text()
 
 
 # -- setup and the overlay on a kit's site (the README's engine check, on a host with torch only)
