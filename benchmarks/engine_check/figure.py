@@ -29,15 +29,14 @@ def figure_title(title: str) -> str:
     return textwrap.fill(title, 88)
 
 
-def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> bool:
-    """The PNG; False (and a line) where matplotlib is missing: the report's JSON and Markdown
-    are written before it, and `report` on a host with matplotlib draws it from the same
-    results."""
+def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> None:
+    """The PNG; a line instead where matplotlib is missing: the report's JSON and Markdown are
+    written before it, and `report` on a host with matplotlib draws it from the same results."""
     try:
         import matplotlib
     except ImportError:
         print(f"no matplotlib here: {path} not written (run report where it is)")
-        return False
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -61,4 +60,3 @@ def plot(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
