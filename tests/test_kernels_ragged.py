@@ -12,8 +12,9 @@ outputs are the same bits (``torch.equal``):
   weights, each block of 16 rows ending with a narrower tile of the last K % 128 weights);
 - on the checkpoint's rows (no layout);
 - on weights padded to depths of a multiple of 128 with zero E2M1 codes and zero block
-  scales (the hidden states with zero columns, the intermediate rows of w13 with zero rows):
-  the masked last step sums exactly what a full step over zeros sums.
+  scales, each depth's last K % 128 columns first (``tail_first``; the hidden states and
+  the intermediate rows of w13 alike): the masked step, the kernel's first, sums exactly
+  what a full step over those columns and zeros sums.
 
 And the output is compared with the pure-torch reference (tests/gpu/nvfp4_reference.py, exact
 weights) under the bounds of tests/test_kernels_interpret.py (relative Frobenius error under
@@ -45,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import overlay_kernels as kernels
-from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference, zero_padded
+from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference, padded_columns, zero_padded
 
 # name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)
 CASES = {
@@ -119,13 +120,12 @@ def up128(n: int) -> int:
 
 def run_case(fused: kernels.FusedModule, case: str) -> dict[str, torch.Tensor]:
     moe, hidden, weights, ids = kernels.case_layer(case, CASES[case])
-    _, h, i, _, tokens, _, ep = CASES[case]
+    _, h, i, _, _, _, ep = CASES[case]
     out = {
         "tiled": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep),
         "rows": kernels.run_experts(fused, moe, hidden, weights, ids, ep=ep, layout=False),
     }
-    wide = torch.zeros(tokens, up128(h), dtype=hidden.dtype)
-    wide[:, :h] = hidden
+    wide = padded_columns(hidden, up128(h))
     big = zero_padded(moe, up128(h), up128(i))
     out["padded"] = kernels.run_experts(fused, big, wide, weights, ids, ep=ep)[:, :h].contiguous()
     if ep:

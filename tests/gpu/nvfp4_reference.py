@@ -261,29 +261,63 @@ class Nvfp4Moe:
         return w13.to(dtype).float(), w2.to(dtype).float()
 
 
+def tail_first(depth: int, step: int = 128) -> list[tuple[int, int, int]]:
+    """Where a depth's columns go in the zero-padded layer that sums as the fused kernel does:
+    (source, destination, count) for its last ``depth % step`` columns, first (then zeros to
+    ``step``), and the whole steps before them, after. The kernel's masked step over the tail
+    runs before its whole steps."""
+    full = depth - depth % step
+    if full == depth:
+        return [(0, 0, depth)]
+    return [(full, 0, depth - full), (0, step, full)]
+
+
 def zero_padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
     """``moe`` with both depths zero-padded to ``hidden`` and ``inter`` (zero E2M1 codes, zero
-    block scales: they add exactly zero): w13's gate and up halves each to ``inter`` rows of
-    ``hidden`` weights; w2 to ``hidden`` rows of ``inter`` weights."""
+    block scales: they add exactly zero), each depth's columns placed by ``tail_first``: w13's
+    gate and up halves each to ``inter`` rows (the intermediate's order) of ``hidden``
+    weights; w2 to ``hidden`` rows of ``inter`` weights. Its input: ``padded_columns``."""
     e, two_i, _ = moe.w13.shape
     i, h = two_i // 2, moe.w2.size(1)
 
-    def pad(t: torch.Tensor, blocks: list[tuple[int, int, int]], n: int, cols: int) -> torch.Tensor:
-        """t's rows [src, src + count) at rows [dst, dst + count) of zeros [E, n, cols]."""
+    def pad(
+        t: torch.Tensor,
+        rows: list[tuple[int, int, int]],
+        cols: list[tuple[int, int, int]],
+        n: int,
+        width: int,
+        per: int,
+    ) -> torch.Tensor:
+        """t's rows and columns (``per`` values a byte column) placed as ``rows`` and
+        ``cols`` say, in zeros [E, n, width]."""
         raw = t.view(torch.uint8)
-        out = torch.zeros(e, n, cols, dtype=torch.uint8, device=t.device)
-        for src, dst, count in blocks:
-            out[:, dst : dst + count, : raw.size(2)] = raw[:, src : src + count]
+        out = torch.zeros(e, n, width, dtype=torch.uint8, device=t.device)
+        for src, dst, count in rows:
+            for c_src, c_dst, c_count in cols:
+                out[:, dst : dst + count, c_dst // per : (c_dst + c_count) // per] = raw[
+                    :, src : src + count, c_src // per : (c_src + c_count) // per
+                ]
         return out.view(t.dtype)
 
-    halves = [(0, 0, i), (i, inter, i)]
+    inner = tail_first(i)
+    halves = [(src, dst, n) for src, dst, n in inner]
+    halves += [(i + src, inter + dst, n) for src, dst, n in inner]
     return dataclasses.replace(
         moe,
-        w13=pad(moe.w13, halves, 2 * inter, hidden // 2),
-        w13_scale=pad(moe.w13_scale, halves, 2 * inter, hidden // 16),
-        w2=pad(moe.w2, [(0, 0, h)], hidden, inter // 2),
-        w2_scale=pad(moe.w2_scale, [(0, 0, h)], hidden, inter // 16),
+        w13=pad(moe.w13, halves, tail_first(h), 2 * inter, hidden // 2, 2),
+        w13_scale=pad(moe.w13_scale, halves, tail_first(h), 2 * inter, hidden // 16, 16),
+        w2=pad(moe.w2, [(0, 0, h)], inner, hidden, inter // 2, 2),
+        w2_scale=pad(moe.w2_scale, [(0, 0, h)], inner, hidden, inter // 16, 16),
     )
+
+
+def padded_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The hidden states ``x`` [tokens, H] as ``zero_padded``'s layer takes them: its columns
+    placed by ``tail_first``, in zeros [tokens, width]."""
+    out = torch.zeros(x.size(0), width, dtype=x.dtype, device=x.device)
+    for src, dst, count in tail_first(x.size(1)):
+        out[:, dst : dst + count] = x[:, src : src + count]
+    return out
 
 
 def silu_and_mul(h: torch.Tensor) -> torch.Tensor:

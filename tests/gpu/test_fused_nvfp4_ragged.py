@@ -7,8 +7,9 @@ slower than Marlin).
 - against the pure-torch reference (tests/gpu/nvfp4_reference.py, exact W4A4), eagerly and
   replayed from a CUDA graph, under test_fused_nvfp4_emulation.py's tolerance (its docstring);
 - the same bits as the same layer with both depths zero-padded to multiples of 128 (zero E2M1
-  codes, zero block scales, zero hidden columns): the masked last K step sums exactly what a
-  full step over zeros sums;
+  codes, zero block scales, zero hidden columns), each depth's last K % 128 columns first
+  (nvfp4_reference.tail_first): the masked K step, the kernel's first, sums exactly what a
+  full step over those columns and zeros sums;
 - batch invariance, bitwise: a token alone and at a random row of batches of 2 to 600 tokens,
   through the experts' apply and FusedMoEKernel.apply, eager and replayed from CUDA graphs;
 - the configuration ROCm runs (VLLM_PATCHSET_NVFP4_PLATFORM=rocm: ROCm's tile table and blocks
@@ -35,7 +36,7 @@ pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_T
 
 import cuda_graphs
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, zero_padded
+from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, padded_columns, zero_padded
 from test_fused_nvfp4_emulation import assert_agree  # one tolerance for every path
 from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
 
@@ -127,8 +128,7 @@ def test_ragged_same_bits_as_zero_padded(
     )
     experts = moe_setup.nvfp4_emulation_experts(wide_moe, wide_shape, tokens)
     wide = moe_setup.MoeLayer(wide_moe, wide_shape, tokens, experts)
-    wide.hidden.zero_()
-    wide.hidden[:, : s.hidden] = ragged.hidden
+    wide.hidden.copy_(padded_columns(ragged.hidden, wide_shape.hidden))
     wide.topk_weights.copy_(ragged.topk_weights)
     wide.topk_ids.copy_(ragged.topk_ids)
     want = wide.apply()[:, : s.hidden]
