@@ -31,7 +31,7 @@ reads). The
 kernel reads them from the folder named by VLLM_PATCHSET_NVFP4_CONFIG_DIR, then from its own
 folder, where patch 0002 ships them.
 Candidates compile in parallel processes first, once per variant (variant_key: token counts and
-sizes do not specialize the kernel; a depth's masked last step, w13's top-k and expert
+sizes do not specialize the kernel; a depth's masked step, w13's top-k and expert
 parallelism do), each on the shape that takes the least memory to build; each process holds one
 shape's weights at a time, and no more processes start than the GPU's free memory holds
 (compile_jobs; --jobs at most). The timings then take one shape's weights at a time too. About
@@ -756,7 +756,7 @@ def case_bytes(shape: moe_setup.MoeShape, tokens: list[int]) -> int:
 
 def variant_key(task: tuple) -> tuple:
     """What a compiled GEMM variant depends on besides its candidate: the GEMM, whether its
-    depth ends with a masked step and how wide (the depth's remainder after whole K steps),
+    depth has a masked step and how wide (the depth's remainder after whole K steps),
     the top-k w13 reads its rows by (a constexpr; w2's is 1), and whether the GPU holds
     every expert (an expert-parallel rank runs a naive candidate on aligned blocks: Case.gemm).
     Token counts, sizes and expert counts are not specialized on."""

@@ -350,8 +350,8 @@ def fix_interpreter() -> None:
 
 # -- patch 0002's experts on the CPU -------------------------------------------------------
 # The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py, and a
-# ragged one: both GEMM depths not multiples of the K step (128), so that the masked last
-# step (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2 (intermediate 192, a
+# ragged one: both GEMM depths not multiples of the K step (128), so that the masked step
+# over the last columns (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2 (intermediate 192, a
 # tensor-parallel shard of Qwen3-30B-A3B), and 192 is no multiple of the wider tiles' rows.
 SHAPES = {
     "h2048": (128, 2048, 768, 8),
@@ -499,7 +499,7 @@ def forbid_unfused(fused: FusedModule) -> None:
 
 def small_fused_sizes(module: types.ModuleType) -> tuple[int, int]:
     """The smallest (hidden, intermediate), multiples of 128 (whole K steps of both GEMMs:
-    the masked last step of other depths has tests/test_kernels_ragged.py), that the
+    the masked step of other depths has tests/test_kernels_ragged.py), that the
     module's fused path takes (its supports_fused_nvfp4_moe): interpreter cases stay small
     and fused."""
     sizes = [(h, i) for h in range(128, 4097, 128) for i in range(128, h + 1, 128)]

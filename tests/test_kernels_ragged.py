@@ -98,7 +98,7 @@ def test_ragged_depth_bits_of_reference(results: dict[str, Any], case: str) -> N
 
 
 def test_ragged_cases_take_the_masked_step(results: dict[str, Any]) -> None:
-    """The cases run the masked last step (K_TAIL) in both GEMMs where both depths are
+    """The cases run the masked step (K_TAIL) in both GEMMs where both depths are
     ragged, and in w2 alone where only the intermediate size is."""
     tails = results["tails"]
     assert tails["h144-i192"] == [True, True]
