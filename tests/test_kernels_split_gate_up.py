@@ -5,7 +5,7 @@ holds 16 of each), against the same layer with the table's own tiles.
 
 Every row sums the same K steps in the same order either way, so the outputs are the same bits
 (``torch.equal``): at 1 token (one block per pair), at 5 and 40 (sorted blocks), on the tiled
-layout and the checkpoint's rows, at a depth that ends with a masked step (hidden 144), in FP16
+layout and the checkpoint's rows, at a depth with a masked step (hidden 144), in FP16
 and BF16, and as an expert-parallel rank. The experts' own ``apply`` runs, as in
 tests/test_kernels_ragged.py (the portable kernels, ROCm's tiles, the interpreter's faults
 mended).
