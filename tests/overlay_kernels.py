@@ -351,8 +351,9 @@ def fix_interpreter() -> None:
 # -- patch 0002's experts on the CPU -------------------------------------------------------
 # The benchmark shapes (E, hidden, intermediate, top-k) of tests/gpu/moe_setup.py, and a
 # ragged one: both GEMM depths not multiples of the K step (128), so that the masked step
-# over the last columns (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2 (intermediate 192, a
-# tensor-parallel shard of Qwen3-30B-A3B), and 192 is no multiple of the wider tiles' rows.
+# over the last columns (K_TAIL) compiles for w13 (hidden 2704 = 21 * 128 + 16) and w2
+# (intermediate 192, a tensor-parallel shard of Qwen3-30B-A3B), and 192 is no multiple of the
+# wider tiles' rows.
 SHAPES = {
     "h2048": (128, 2048, 768, 8),
     "h4096": (128, 4096, 1536, 8),

@@ -241,8 +241,13 @@ def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:
             InterpretedFunction.run = original  # type: ignore[method-assign]
         tails[case] = seen[:2]  # the first apply's w13 and w2 GEMMs
         outputs[case] = result
-    results = {"outputs": outputs, "tails": tails, "nan": nan_case(fused)}
-    torch.save(results | {"order": order_case(fused)}, out)
+    results = {
+        "outputs": outputs,
+        "tails": tails,
+        "nan": nan_case(fused),
+        "order": order_case(fused),
+    }
+    torch.save(results, out)
 
 
 if __name__ == "__main__":
