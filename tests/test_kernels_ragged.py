@@ -27,8 +27,9 @@ one element of 384, relative error 1e-6; at hidden 2704 and intermediate 1856 at
 2704, 2e-5: a summation order, not a lost column).
 
 ``test_the_masked_step_comes_first``: a layer whose FP32 sums give other bits in another K
-order (``order_case``), so that the zero-padded layer with the tail first is the kernel's
-order, not one of many that sum alike.
+order (``nvfp4_reference.order_moe``), so that the zero-padded layer with the tail first is the
+kernel's order, not one of many that sum alike: the exact output the tail first gives, and 0
+from the zero-padded layer with the tail last.
 
 ``test_nothing_beyond_k_enters``: the weights and block scales end where a buffer of NaN
 (E2M1 code 0xF, block scale 0x7F: FP8 NaN) begins, and the hidden states' rows are followed by
@@ -50,7 +51,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import overlay_kernels as kernels
-from nvfp4_reference import REL_FROBENIUS, nvfp4_moe_reference, padded_columns, zero_padded
+from nvfp4_reference import (
+    ORDER_DEPTH,
+    ORDER_HIDDEN,
+    REL_FROBENIUS,
+    in_order,
+    nvfp4_moe_reference,
+    order_moe,
+    order_output,
+    padded_columns,
+    tail_first,
+    zero_padded,
+)
 
 # name -> (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism)
 CASES = {
@@ -110,13 +122,14 @@ def test_ragged_cases_take_the_masked_step(results: dict[str, Any]) -> None:
 
 
 def test_the_masked_step_comes_first(results: dict[str, Any]) -> None:
-    """order_case's w2 sums +B (its tail), -B (step 0) and eps (step 1), eps under half an
-    FP32 ulp of B: the tail first gives eps, the tail last exactly 0."""
-    got, padded = results["order"]
-    big, eps = torch.tensor(ORDER_BIG), torch.tensor(ORDER_EPS)
-    assert (big - big) + eps == eps and (-big + eps) + big == 0  # the two orders, in FP32
-    assert (got != 0).all(), f"{int((got == 0).sum())} of {got.numel()} elements are 0"
-    assert torch.equal(got, padded), "masked step first != zero-padded layer, tail first"
+    """order_moe's w2 sums +B (its tail), -B (step 0) and 18 (step 1), 18 under half an
+    FP32 ulp of B: the tail first gives 18 times the top-k weight, the tail last exactly 0."""
+    order = results["order"]
+    got, want = order["got"], order["want"]
+    differ, zeros = int((got != want).sum()), int((got == 0).sum())
+    assert differ == 0, f"{differ} of {got.numel()} elements not the tail-first sum ({zeros} are 0)"
+    assert torch.equal(order["got"], order["first"]), "!= the zero-padded layer, tail first"
+    assert not order["last"].any(), "the zero-padded layer, tail last: not 0"
 
 
 def test_nothing_beyond_k_enters(results: dict[str, Any]) -> None:
@@ -181,42 +194,24 @@ def nan_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
     return got, clean
 
 
-# order_case: w2's depth 368 = 2 * 128 + 112. Each row: +6 at block scale 448 in its 112 tail
-# columns, -6 at 448 in step 0's first 112, 0.5 at 2**-6 in step 1's first column; every
-# intermediate column the same value a (w13's rows all alike), so the steps sum, in units of
-# a: tail +B, step 0 -B, step 1 eps (B = 112 * 6 * 448; each sum exact in FP32).
-ORDER_CASE = (1, 128, 368, 1, 2, "fp16", False)
-ORDER_BIG, ORDER_EPS = 112 * 6.0 * 448.0, 0.5 * 2.0**-6
-E2M1_6, E2M1_HALF = 0x7, 0x1  # codes; 0x8 is the sign
-E4M3_448, E4M3_ONE, E4M3_2M6 = 0x7E, 0x38, 0x08  # block scales 448, 1 and 2**-6
+# (experts, hidden, intermediate, top-k, tokens, dtype, expert parallelism), as CASES
+ORDER_CASE = (8, 128, ORDER_DEPTH, 2, 32, "fp16", False)
 
 
-def order_case(fused: kernels.FusedModule) -> tuple[torch.Tensor, torch.Tensor]:
+def order_case(fused: kernels.FusedModule) -> dict[str, torch.Tensor]:
+    """nvfp4_reference.order_moe's layer (eight experts, top-2, 32 tokens, FP16): the kernel's
+    output, the zero-padded layer's with the tail first and last, and the output the tail
+    first gives (order_output)."""
     moe, hidden, weights, ids = kernels.case_layer("order", ORDER_CASE)
-    _, h, i, _, _, _, _ = ORDER_CASE
-    w13 = moe.w13[:, :1].expand_as(moe.w13).contiguous()
-    w13_scale = moe.w13_scale.view(torch.uint8)[:, :1].expand(moe.w13_scale.shape).contiguous()
-    w2 = torch.zeros(1, h, i // 2, dtype=torch.uint8)
-    w2[:, :, :56] = E2M1_6 | (E2M1_6 << 4) | 0x88  # -6, -6: step 0's columns 0-111
-    w2[:, :, 64] = E2M1_HALF  # 0.5 at column 128
-    w2[:, :, 128:] = E2M1_6 | (E2M1_6 << 4)  # +6, +6: the tail, columns 256-367
-    w2_scale = torch.full((1, h, i // 16), E4M3_ONE, dtype=torch.uint8)
-    w2_scale[:, :, :7] = E4M3_448
-    w2_scale[:, :, 8] = E4M3_2M6
-    w2_scale[:, :, 16:] = E4M3_448
-    fp8 = moe.w13_scale.dtype
-    moe = dataclasses.replace(
-        moe,
-        w13=w13,
-        w13_scale=w13_scale.view(fp8),
-        w2=w2.view(moe.w2.dtype),
-        w2_scale=w2_scale.view(fp8),
-        w2_gscale=torch.ones_like(moe.w2_gscale),
-    )
-    got = kernels.run_experts(fused, moe, hidden, weights, ids)
-    big = zero_padded(moe, up128(h), up128(i))
-    padded = kernels.run_experts(fused, big, padded_columns(hidden, up128(h)), weights, ids)
-    return got, padded
+    moe = order_moe(ORDER_CASE[0])
+    hidden.fill_(ORDER_HIDDEN)
+    wide = padded_columns(hidden, 128)
+    out = {"got": kernels.run_experts(fused, moe, hidden, weights, ids)}
+    for name, place in (("first", tail_first), ("last", in_order)):
+        padded = zero_padded(moe, 128, up128(ORDER_DEPTH), place)
+        out[name] = kernels.run_experts(fused, padded, wide, weights, ids)
+    out["want"] = order_output(weights, hidden.dtype)
+    return out
 
 
 def main(overlay_vllm: str, pristine_vllm: str, out: str) -> None:

@@ -272,9 +272,18 @@ def tail_first(depth: int, step: int = 128) -> list[tuple[int, int, int]]:
     return [(full, 0, depth - full), (0, step, full)]
 
 
-def zero_padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
+def in_order(depth: int, step: int = 128) -> list[tuple[int, int, int]]:
+    """``tail_first``'s other order: every column where it is, the zeros after (the tail
+    last)."""
+    return [(0, 0, depth)]
+
+
+Placement = Callable[[int], list[tuple[int, int, int]]]
+
+
+def zero_padded(moe: Nvfp4Moe, hidden: int, inter: int, place: Placement = tail_first) -> Nvfp4Moe:
     """``moe`` with both depths zero-padded to ``hidden`` and ``inter`` (zero E2M1 codes, zero
-    block scales: they add exactly zero), each depth's columns placed by ``tail_first``: w13's
+    block scales: they add exactly zero), each depth's columns placed by ``place``: w13's
     gate and up halves each to ``inter`` rows (the intermediate's order) of ``hidden``
     weights; w2 to ``hidden`` rows of ``inter`` weights. Its input: ``padded_columns``."""
     e, two_i, _ = moe.w13.shape
@@ -299,13 +308,13 @@ def zero_padded(moe: Nvfp4Moe, hidden: int, inter: int) -> Nvfp4Moe:
                 ]
         return out.view(t.dtype)
 
-    inner = tail_first(i)
+    inner = place(i)
     halves = [(src, dst, n) for src, dst, n in inner]
     halves += [(i + src, inter + dst, n) for src, dst, n in inner]
     return dataclasses.replace(
         moe,
-        w13=pad(moe.w13, halves, tail_first(h), 2 * inter, hidden // 2, 2),
-        w13_scale=pad(moe.w13_scale, halves, tail_first(h), 2 * inter, hidden // 16, 16),
+        w13=pad(moe.w13, halves, place(h), 2 * inter, hidden // 2, 2),
+        w13_scale=pad(moe.w13_scale, halves, place(h), 2 * inter, hidden // 16, 16),
         w2=pad(moe.w2, [(0, 0, h)], inner, hidden, inter // 2, 2),
         w2_scale=pad(moe.w2_scale, [(0, 0, h)], inner, hidden, inter // 16, 16),
     )
@@ -318,6 +327,59 @@ def padded_columns(x: torch.Tensor, width: int) -> torch.Tensor:
     for src, dst, count in tail_first(x.size(1)):
         out[:, dst : dst + count] = x[:, src : src + count]
     return out
+
+
+# order_moe: a layer whose FP32 sums give other bits in another K order. Hidden size 128, w2's
+# depth ORDER_DEPTH = 368 = 2 * 128 + 112. w13 is all 1.0 (block scale 1) and every global scale
+# 1, so hidden states of ORDER_HIDDEN in every element (6 at block scale 1/16) give every
+# intermediate column SiLU(48) * 48 = 2304 (6 at block scale 384): exact in NVFP4. Each row of
+# w2 holds +6 at block scale 448 in its 112 tail columns, -6 at 448 in step 0's first 112, and
+# 0.5 at 2**-6 in step 1's first column: w2's steps sum +B (the tail), -B (step 0) and
+# ORDER_OUT = 2**-7 * 2304 = 18 (step 1), B = 112 * 2688 * 2304, each sum exact in FP32. The
+# tail first gives 18 (times the top-k weight); the tail last loses the 18 under half an FP32
+# ulp of B (32): 0 where the sum rounds to nearest.
+ORDER_DEPTH = 368
+ORDER_HIDDEN = 0.375
+ORDER_OUT = 18.0
+E2M1_ONE, E2M1_HALF, E2M1_SIX = 0x2, 0x1, 0x7  # codes; SIGN_BIT makes them negative
+E4M3_ONE, E4M3_448, E4M3_2M6 = 0x38, 0x7E, 0x08  # block scales 1, 448 and 2**-6
+
+
+def order_moe(experts: int, device: torch.device | str = "cpu") -> Nvfp4Moe:
+    """``experts`` experts of the order layer above, each alike."""
+    h, i, e = 128, ORDER_DEPTH, experts
+
+    def filled(rows: int, cols: int, byte: int) -> torch.Tensor:
+        return torch.full((e, rows, cols), byte, dtype=torch.uint8, device=device)
+
+    minus_six = E2M1_SIX | SIGN_BIT
+    w2 = filled(h, i // 2, 0)
+    w2[:, :, :56] = minus_six | (minus_six << 4)  # step 0's columns 0-111
+    w2[:, :, 64] = E2M1_HALF  # step 1's column 128
+    w2[:, :, 128:] = E2M1_SIX | (E2M1_SIX << 4)  # the tail, columns 256-367
+    w2_scale = filled(h, i // 16, E4M3_ONE)
+    w2_scale[:, :, :7] = E4M3_448
+    w2_scale[:, :, 8] = E4M3_2M6
+    w2_scale[:, :, 16:] = E4M3_448
+    ones = torch.ones(e, dtype=torch.float32, device=device)
+    one = torch.tensor(1.0, dtype=torch.float32, device=device)
+    return Nvfp4Moe(
+        w13=filled(2 * i, h // 2, E2M1_ONE | (E2M1_ONE << 4)),
+        w13_scale=filled(2 * i, h // 16, E4M3_ONE).view(torch.float8_e4m3fn),
+        w13_gscale=ones,
+        w2=w2,
+        w2_scale=w2_scale.view(torch.float8_e4m3fn),
+        w2_gscale=ones.clone(),
+        a13_gscale=one,
+        a2_gscale=one.clone(),
+    )
+
+
+def order_output(topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The order layer's output with the tail first, per token [tokens, 128]: each pair's
+    ORDER_OUT times its weight rounded to ``dtype``, summed in FP32, rounded once."""
+    pairs = (ORDER_OUT * topk_weights.float()).to(dtype).float()
+    return pairs.sum(dim=-1, keepdim=True).to(dtype).expand(-1, 128)
 
 
 def silu_and_mul(h: torch.Tensor) -> torch.Tensor:

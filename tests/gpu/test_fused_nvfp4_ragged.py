@@ -10,6 +10,9 @@ slower than Marlin).
   codes, zero block scales, zero hidden columns), each depth's last K % 128 columns first
   (nvfp4_reference.tail_first): the masked K step, the kernel's first, sums exactly what a
   full step over those columns and zeros sums;
+- the K order itself: on nvfp4_reference.order_moe's layer, whose FP32 sums give other bits in
+  another order, the exact output the tail first gives, and the same bits as the zero-padded
+  layer with the tail first, not as the one with the tail last;
 - batch invariance, bitwise: a token alone and at a random row of batches of 2 to 600 tokens,
   through the experts' apply and FusedMoEKernel.apply, eager and replayed from CUDA graphs;
 - the configuration ROCm runs (VLLM_PATCHSET_NVFP4_PLATFORM=rocm: ROCm's tile table and blocks
@@ -36,7 +39,18 @@ pytest.importorskip("vllm", reason="no vllm importable (set VLLM_PATCHSET_VLLM_T
 
 import cuda_graphs
 import moe_setup
-from nvfp4_reference import Nvfp4Moe, nvfp4_moe_reference, padded_columns, zero_padded
+from nvfp4_reference import (
+    ORDER_DEPTH,
+    ORDER_HIDDEN,
+    Nvfp4Moe,
+    in_order,
+    nvfp4_moe_reference,
+    order_moe,
+    order_output,
+    padded_columns,
+    tail_first,
+    zero_padded,
+)
 from test_fused_nvfp4_emulation import assert_agree  # one tolerance for every path
 from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
 
@@ -134,6 +148,41 @@ def test_ragged_same_bits_as_zero_padded(
     want = wide.apply()[:, : s.hidden]
     differ = int((got != want).sum())
     assert differ == 0, f"{differ} of {got.numel()} elements differ from the zero-padded layer"
+
+
+ORDER_SHAPE = moe_setup.MoeShape("e8-h128-i368", 8, 128, ORDER_DEPTH, 2)
+
+
+def order_layer(
+    moe: Nvfp4Moe, shape: moe_setup.MoeShape, tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output of ``moe``'s layer, every hidden element ORDER_HIDDEN, and its top-k
+    weights (MoeLayer's seeded routing: the same for every intermediate size)."""
+    experts = moe_setup.nvfp4_emulation_experts(moe, shape, tokens)
+    moe_layer = moe_setup.MoeLayer(moe, shape, tokens, experts)
+    moe_layer.hidden.fill_(ORDER_HIDDEN)
+    return moe_layer.apply().clone(), moe_layer.topk_weights
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("tokens", [1, 32, 512])
+def test_the_masked_step_comes_first(
+    tokens: int, portable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """order_moe's w2 sums +B (its tail), -B (step 0) and 18 (step 1), 18 under half an FP32
+    ulp of B: the tail first gives 18 times each top-k weight, the tail last loses the 18."""
+    if portable:
+        monkeypatch.setenv(moe_setup.PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(moe_setup.PORTABLE_ENV, raising=False)
+    moe = order_moe(ORDER_SHAPE.experts, "cuda")
+    got, weights = order_layer(moe, ORDER_SHAPE, tokens)
+    differ = int((got != order_output(weights, got.dtype)).sum())
+    assert differ == 0, f"{differ} of {got.numel()} elements not the tail-first sum"
+    wide = dataclasses.replace(ORDER_SHAPE, intermediate=up128(ORDER_DEPTH))
+    for place, same in ((tail_first, True), (in_order, False)):
+        padded, _ = order_layer(zero_padded(moe, 128, wide.intermediate, place), wide, tokens)
+        assert torch.equal(got, padded) == same, f"the zero-padded layer, {place.__name__}"
 
 
 def probe_outputs(
