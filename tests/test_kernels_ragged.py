@@ -128,7 +128,7 @@ def test_the_masked_step_comes_first(results: dict[str, Any]) -> None:
     got, want = order["got"], order["want"]
     differ, zeros = int((got != want).sum()), int((got == 0).sum())
     assert differ == 0, f"{differ} of {got.numel()} elements not the tail-first sum ({zeros} are 0)"
-    assert torch.equal(order["got"], order["first"]), "!= the zero-padded layer, tail first"
+    assert torch.equal(got, order["first"]), "!= the zero-padded layer, tail first"
     assert not order["last"].any(), "the zero-padded layer, tail last: not 0"
 
 
@@ -202,7 +202,7 @@ def order_case(fused: kernels.FusedModule) -> dict[str, torch.Tensor]:
     """nvfp4_reference.order_moe's layer (eight experts, top-2, 32 tokens, FP16): the kernel's
     output, the zero-padded layer's with the tail first and last, and the output the tail
     first gives (order_output)."""
-    moe, hidden, weights, ids = kernels.case_layer("order", ORDER_CASE)
+    _, hidden, weights, ids = kernels.case_layer("order", ORDER_CASE)  # its inputs alone
     moe = order_moe(ORDER_CASE[0])
     hidden.fill_(ORDER_HIDDEN)
     wide = padded_columns(hidden, 128)

@@ -454,9 +454,9 @@ def test_every_depth_of_16_fuses(load: Any) -> None:
 
 
 def test_tail_step_width(load: Any) -> None:
-    """The masked K step over the last columns is as wide as the tail needs, a power of two from 32 (16 pairs
-    of each parity, what a BF16 GEMM step takes), never wider than the K step; every depth of
-    every checkpoint shard, and every tail a multiple of 16 can leave."""
+    """The masked K step over the last columns is as wide as the tail needs, a power of two
+    from 32 (16 pairs of each parity, what a BF16 GEMM step takes), never wider than the K
+    step; every depth of every checkpoint shard, and every tail a multiple of 16 can leave."""
     # The kernel module's, through a function the experts' module imports from it.
     width = load()[0].module.supports_fused_nvfp4_moe.__globals__["tail_width"]
     widths = {tail: width(tail, 128) for tail in range(0, 128, 16)}
