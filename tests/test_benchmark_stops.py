@@ -35,6 +35,7 @@ def test_the_scripts_are_these() -> None:
         "bench_guard.py",
         "bench_matrix.py",
         "bench_nvfp4_moe.py",
+        "decode_layouts.py",
         "engine_e2e.py",
         "isa_facts.py",
         "keep_faster_tables.py",
