@@ -25,9 +25,10 @@ Prints one such order, the decode's PTX and the stored position of each checkpoi
 checks on the word of each single bit (every output bit is a copy of one stored bit or 0, so
 those 32 words prove it for all) that it gives the shipped decode's registers bit for bit.
 
---tree DIR writes DIR/vllm, the built overlay (overlay/vllm) with that PTX instead of the
-shipped one, for `isa_facts.py --overlay DIR/vllm` to compile (its registers are those of a
-layout whose load-time permutation is not written: for counting instructions, not for running).
+--tree DIR writes DIR/vllm (never over one: an existing DIR/vllm is refused), the built
+overlay (overlay/vllm) with that PTX instead of the shipped one, for `isa_facts.py --overlay
+DIR/vllm` to compile (a decode whose load-time permutation is not written: for counting
+instructions, not for running).
 
 Output: the table on stdout and ``decode_layouts.md`` under --out.
 """
@@ -38,6 +39,7 @@ import argparse
 import itertools
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,20 +242,35 @@ def checked(found: Layout) -> None:
             raise ValueError(f"word {word:#010x} decodes otherwise than shipped")
 
 
-def write_tree(found: Layout, tree: Path) -> Path:
-    """DIR/vllm: the built overlay with the found PTX in _decode_ptx."""
-    source = REPO / "overlay" / "vllm"
-    if not (source / KERNELS).is_file():
+def tree_target(tree: Path) -> Path:
+    """DIR/vllm, refused (before anything is written) where the overlay is not built or DIR/vllm
+    exists: the tree is written new, never over a vllm/ (an installed one, say)."""
+    if not (REPO / "overlay" / "vllm" / KERNELS).is_file():
         raise SystemExit("decode_layouts: no built overlay (run vllm-patchset overlay build)")
     target = tree / "vllm"
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target)
-    text = (target / KERNELS).read_text()
-    start = text.index('asm="""', text.index("def _decode_ptx(")) + len('asm="""\n')
-    end = text.index('"""', start)
-    indent = " " * 8
-    body = "".join(f"{indent}{line}\n" for line in found.ptx().splitlines())
-    (target / KERNELS).write_text(text[:start] + body + indent + text[end:])
+    if target.exists():
+        raise SystemExit(f"decode_layouts: {target} exists; give --tree a folder without vllm/")
+    return target
+
+
+def write_tree(found: Layout, tree: Path) -> Path:
+    """DIR/vllm: the built overlay with the found PTX in _decode_ptx, copied beside it first
+    and renamed into place (an interrupted run leaves no DIR/vllm)."""
+    target = tree_target(tree)
+    tree.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".vllm-", dir=tree))
+    try:
+        shutil.copytree(REPO / "overlay" / "vllm", staging / "vllm")
+        kernels = staging / "vllm" / KERNELS
+        text = kernels.read_text()
+        start = text.index('asm="""', text.index("def _decode_ptx(")) + len('asm="""\n')
+        end = text.index('"""', start)
+        indent = " " * 8
+        body = "".join(f"{indent}{line}\n" for line in found.ptx().splitlines())
+        kernels.write_text(text[:start] + body + indent + text[end:])
+        (staging / "vllm").rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -294,17 +311,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, help="write DIR/vllm with the found decode")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     args = parser.parse_args(argv)
+    if args.tree:
+        tree_target(args.tree)
     regs = three_rotations()
     if regs is None:
         raise SystemExit("decode_layouts: no order with three rotations and one prmt a register")
     found = layout(regs)
     checked(found)
     text = report(found, mask_only(), one_in_place())
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_layouts.md").write_text(text)
-    print(text)
-    if args.tree:
-        print(f"wrote {write_tree(found, args.tree)}", file=sys.stderr)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "decode_layouts.md").write_text(text)
+        print(text)
+        if args.tree:
+            print(f"wrote {write_tree(found, args.tree)}", file=sys.stderr)
+    except OSError as e:
+        raise SystemExit(f"decode_layouts: {e.strerror}: {e.filename}") from None
     return 0
 
 

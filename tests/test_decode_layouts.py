@@ -61,3 +61,23 @@ def test_tree_differs_in_the_ptx_alone(found: dl.Layout, tmp_path: Path) -> None
     assert written[:start] == shipped[:start]
     assert written[start : start + 18] == ["        " + line for line in found.ptx().splitlines()]
     assert written[start + 18 :] == shipped[end:]
+
+
+def test_tree_over_a_vllm_refused_before_anything_is_written(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "keep.py").write_text("x = 1\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"vllm exists; give --tree a folder without vllm/"):
+        dl.main(["--tree", str(tmp_path), "--out", str(out)])
+    assert [p.name for p in (tmp_path / "vllm").iterdir()] == ["keep.py"]
+    assert (tmp_path / "vllm" / "keep.py").read_text() == "x = 1\n"
+    assert not out.exists()
+    assert not list(tmp_path.glob(".vllm-*"))
+
+
+def test_out_that_is_a_file_refused_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "file"
+    out.write_text("kept\n")
+    with pytest.raises(SystemExit, match=rf"^decode_layouts: File exists: {out}$"):
+        dl.main(["--out", str(out)])
+    assert out.read_text() == "kept\n"
