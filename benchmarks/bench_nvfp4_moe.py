@@ -1241,7 +1241,10 @@ def _rms(rows: list[dict[str, Any]], shape: str) -> float:
 
 
 def plot(data: dict[str, Any], path: Path, title: str) -> bool:
-    """The PNG; False (and a line) where matplotlib is missing."""
+    """The PNG; False (and a line) where matplotlib is missing or no cell ran."""
+    if not _shapes(data["rows"]):
+        print(f"no cell ran: {path} not written")
+        return False
     try:
         import matplotlib
     except ImportError:

@@ -272,6 +272,17 @@ def test_replot(tmp_path: Path) -> None:
     assert md.read_text() == bench.markdown(data, bench.title_of(data["meta"]))
 
 
+def test_no_cell_ran_no_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose every tree failed (a worker that could not import vLLM) writes its report
+    and no PNG: one line, not a ZeroDivisionError (seen on an H100 host without pyzmq)."""
+    data = fake_run()
+    data["rows"] = []
+    png = tmp_path / "none.png"
+    assert bench.plot(data, png, "t") is False
+    assert capsys.readouterr().out == f"no cell ran: {png} not written\n"
+    assert not png.exists()
+
+
 def test_merge() -> None:
     first, second = fake_run(), fake_run()
     first["meta"]["date"], second["meta"]["date"] = "2026-12-05T14:26:07", "2026-12-05T14:37:11"
