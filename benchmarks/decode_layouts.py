@@ -39,12 +39,12 @@ import argparse
 import itertools
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import stops
+from upstream_graft import GraftError, staged
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -254,23 +254,18 @@ def tree_target(tree: Path) -> Path:
 
 
 def write_tree(found: Layout, tree: Path) -> Path:
-    """DIR/vllm: the built overlay with the found PTX in _decode_ptx, copied beside it first
-    and renamed into place (an interrupted run leaves no DIR/vllm)."""
+    """DIR/vllm: the built overlay with the found PTX in _decode_ptx, written in a folder beside
+    it and renamed into place (upstream_graft.staged: an interrupted run leaves no DIR/vllm)."""
     target = tree_target(tree)
     tree.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".vllm-", dir=tree))
-    try:
-        shutil.copytree(REPO / "overlay" / "vllm", staging / "vllm")
-        kernels = staging / "vllm" / KERNELS
-        text = kernels.read_text()
+    with staged(target) as stage:
+        shutil.copytree(REPO / "overlay" / "vllm", stage, dirs_exist_ok=True)
+        text = (stage / KERNELS).read_text()
         start = text.index('asm="""', text.index("def _decode_ptx(")) + len('asm="""\n')
         end = text.index('"""', start)
         indent = " " * 8
         body = "".join(f"{indent}{line}\n" for line in found.ptx().splitlines())
-        kernels.write_text(text[:start] + body + indent + text[end:])
-        (staging / "vllm").rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        (stage / KERNELS).write_text(text[:start] + body + indent + text[end:])
     return target
 
 
@@ -327,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {write_tree(found, args.tree)}", file=sys.stderr)
     except OSError as e:
         raise SystemExit(f"decode_layouts: {e.strerror}: {e.filename}") from None
+    except GraftError as e:
+        raise SystemExit(f"decode_layouts: {e}") from None
     return 0
 
 

@@ -72,7 +72,7 @@ def test_tree_over_a_vllm_refused_before_anything_is_written(tmp_path: Path) -> 
     assert [p.name for p in (tmp_path / "vllm").iterdir()] == ["keep.py"]
     assert (tmp_path / "vllm" / "keep.py").read_text() == "x = 1\n"
     assert not out.exists()
-    assert not list(tmp_path.glob(".vllm-*"))
+    assert not list(tmp_path.glob(".vllm*"))
 
 
 def test_out_that_is_a_file_refused_in_one_line(tmp_path: Path) -> None:
