@@ -58,7 +58,8 @@ PLATFORMS = (
 RUN_SH = """\
 #!/bin/sh
 # GPU validation of the vllm-patchset trees on this host: python3 with torch and a CUDA or
-# ROCm GPU; no network. Usage: sh run.sh [--only TREE]...   (PYTHON=... to pick python3)
+# ROCm GPU; no network. Usage: sh run.sh [--only TREE]... [--part K/N] [--out DIR]
+# (PYTHON=... to pick python3; --part K/N runs the K-th of N parts of each tree's tests).
 # A native-ops kit in ../{kit} (or VLLM_PATCHSET_KIT=DIR): the pin's trees run vLLM's real ops.
 set -e
 cd "$(dirname "$0")"

@@ -17,6 +17,13 @@ With ``--native SITE`` (an assembled native-ops kit, ``kitparts.py``), SITE goes
 PYTHONPATH (the packages vLLM imports) and the trees marked ``native`` (the pin's) get SITE's
 compiled vLLM extensions linked in beside their Python files, so that tests/gpu runs them with
 vLLM's real ops (mode ``native``); the other trees keep the stand-ins.
+
+With ``--part K/N`` each tree's selection is collected first (``pytest --collect-only``) and
+only the K-th of N equal runs of its tests, in collection order, is run: a host whose commands
+are cut after some minutes runs a tree in N calls. An expectation whose test falls in another
+part is noted so (and counts as met in this call); one whose test is in no part stays unmet.
+Where nothing is collected (every module skipped itself, as without a GPU) the part runs the
+whole selection, whose report says why.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ class TreeSpec:
     native: bool = False  # the pin's tree: takes a native-ops kit's compiled extensions
     skipped: str = ""  # why the tree could not be built (then it is not there and not run)
 
+    def expected_tests(self) -> frozenset[str]:
+        return frozenset(e.test for e in self.expectations)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -68,7 +78,7 @@ class Row:
     expect: str  # red, green, or "green|skip" for tests without an expectation of their own
     got: str  # red, green, skip, error, not run
     met: bool
-    note: str = ""  # a tree not built: why
+    note: str = ""  # a tree not built (why), or a test in another part
 
 
 def load_manifest(root: Path) -> list[TreeSpec]:
@@ -141,32 +151,46 @@ def link_extensions(site: Path, tree: Path) -> list[str]:
     return linked
 
 
-def run_tree(
-    root: Path, tree: TreeSpec, out: Path, python: str, native: Path | None = None
-) -> tuple[dict[str, object], float]:
-    """Run pytest on `tree`'s selection with that tree first on sys.path; return the report."""
-    report_path = out / f"{tree.name}.json"
-    report_path.unlink(missing_ok=True)
-    env = {**os.environ, TREE_ENV: str((root / tree.path).resolve()), REPORT_ENV: str(report_path)}
-    if native is not None:
-        if tree.native:
-            link_extensions(native, root / tree.path)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(native), env.get("PYTHONPATH"))))
-    command = [
-        python,
-        "-m",
-        "pytest",
-        *tree.select,
-        "--confcutdir",
-        str(root / "tests" / "gpu"),  # tests/gpu stands alone: no CPU-test fixtures
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "faulthandler_timeout=300",  # a hung capture prints its stacks instead of hanging silently
-        "-rA",
-    ]
-    log_path = out / f"{tree.name}.log"
-    started = time.monotonic()
+@dataclass(frozen=True)
+class Part:
+    """The K-th (from 1) of N runs of a tree's collected tests."""
+
+    k: int
+    n: int
+
+    def of(self, ids: list[str], whole: frozenset[str] = frozenset()) -> list[str]:
+        """Its share of `ids`, in order: those from the (K-1)/N to the K/N point, where every
+        parametrization of a test in `whole` (a test id without parameters) goes where the
+        first one falls, so that its expectation is judged on all of them."""
+        first: dict[str, int] = {}
+        mine = []
+        for i, node in enumerate(ids):
+            base = node.split("[", 1)[0]
+            at = first.setdefault(base, i) if base in whole else i
+            if (self.k - 1) * len(ids) <= at * self.n < self.k * len(ids):
+                mine.append(node)
+        return mine
+
+    def suffix(self) -> str:
+        return f".part{self.k}of{self.n}"
+
+
+def parse_part(text: str) -> Part | None:
+    """K/N with 1 <= K <= N, else None."""
+    k, slash, n = text.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        return None
+    return Part(int(k), int(n))
+
+
+def collected_ids(log: Path) -> list[str]:
+    """The node ids a `pytest --collect-only -q` run printed (its log)."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [line for line in lines if line.split("::", 1)[0].endswith(".py") and "::" in line]
+
+
+def _pytest(command: list[str], root: Path, env: dict[str, str], log_path: Path) -> None:
+    """Run pytest to the end with its output in `log_path`."""
     with log_path.open("w", encoding="utf-8") as log:
         # A session of its own: stopped, this run kills pytest and what it started (compile
         # workers), which a kill of this process alone left running on the GPU.
@@ -180,11 +204,56 @@ def run_tree(
             if pytest.returncode is None:
                 os.killpg(pytest.pid, signal.SIGKILL)
                 pytest.wait()
+
+
+def run_tree(
+    root: Path,
+    tree: TreeSpec,
+    out: Path,
+    python: str,
+    native: Path | None = None,
+    part: Part | None = None,
+) -> tuple[dict[str, object], float, list[str]]:
+    """Run pytest on `tree`'s selection (or `part` of it) with that tree first on sys.path;
+    return the report, the seconds and the ids collected (all parts; empty without `part`)."""
+    name = tree.name + (part.suffix() if part else "")
+    report_path = out / f"{name}.json"
+    report_path.unlink(missing_ok=True)
+    env = {**os.environ, TREE_ENV: str((root / tree.path).resolve()), REPORT_ENV: str(report_path)}
+    if native is not None:
+        if tree.native:
+            link_extensions(native, root / tree.path)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(native), env.get("PYTHONPATH"))))
+    options = [
+        "--confcutdir",
+        str(root / "tests" / "gpu"),  # tests/gpu stands alone: no CPU-test fixtures
+        "-p",
+        "no:cacheprovider",
+    ]
+    log_path = out / f"{name}.log"
+    started = time.monotonic()
+    select, ids = list(tree.select), []
+    if part is not None:
+        collect_env = {k: v for k, v in env.items() if k != REPORT_ENV}
+        _pytest([python, "-m", "pytest", *select, *options, "--collect-only", "-q"], root,
+                collect_env, log_path)  # fmt: skip
+        ids = collected_ids(log_path)
+        # Nothing collected (every module skipped itself, as without a GPU, or one did not
+        # import): the whole selection runs, and its report says why.
+        select = part.of(ids, tree.expected_tests()) if ids else select
+        if not select:
+            why = f"part {part.k} of {part.n} of {len(ids)} tests is empty (the log: {log_path})"
+            seconds = time.monotonic() - started
+            return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds, ids
+    command = [python, "-m", "pytest", *select, *options]
+    # a hung capture prints its stacks instead of hanging silently
+    command += ["-o", "faulthandler_timeout=300", "-rA"]
+    _pytest(command, root, env, log_path)
     seconds = time.monotonic() - started
     if not report_path.is_file():
         why = f"{last_line(log_path)} (the log: {log_path})"
-        return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds
-    return json.loads(report_path.read_text(encoding="utf-8")), seconds
+        return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds, ids
+    return json.loads(report_path.read_text(encoding="utf-8")), seconds, ids
 
 
 def last_line(log: Path) -> str:
@@ -198,7 +267,21 @@ def last_line(log: Path) -> str:
     return "the log is empty"
 
 
-def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
+def in_other_parts(tree: TreeSpec, part: Part, collected: list[str]) -> set[str]:
+    """The tests (ids without parameters) of `collected` that `part` does not run."""
+    mine = set(part.of(collected, tree.expected_tests()))
+    bases = {node.split("[", 1)[0] for node in collected if node not in mine}
+    return bases - {node.split("[", 1)[0] for node in mine}
+
+
+def check_tree(
+    tree: TreeSpec,
+    report: dict[str, object],
+    part: Part | None = None,
+    collected: list[str] | None = None,
+) -> list[Row]:
+    """The tree's rows: each expectation, then every other test that ran. With `part`, an
+    expectation whose test is among the `collected` ids of the other parts only is noted so."""
     vllm = report.get("vllm", {})
     assert isinstance(vllm, dict)
     outcomes = report.get("outcomes", {})
@@ -206,7 +289,12 @@ def check_tree(tree: TreeSpec, report: dict[str, object]) -> list[Row]:
     mode, version = str(vllm.get("mode", "?")), str(vllm.get("version", "?"))
     rows = []
     expected = {e.test: e for e in tree.expectations}
+    elsewhere = in_other_parts(tree, part, collected or []) if part else set()
     for e in tree.expectations:
+        if part and e.test in elsewhere:
+            note = f"in another part of {part.n}"
+            rows.append(Row(tree.name, mode, version, e.test, e.expect, "not run", True, note))
+            continue
         got = outcome_of(e.test, outcomes)
         rows.append(Row(tree.name, mode, version, e.test, e.expect, got, got == e.expect))
     for test in base_ids(outcomes):
@@ -231,8 +319,10 @@ def not_built(tree: TreeSpec) -> list[Row]:
 
 
 def _verdict(row: Row) -> str:
-    if row.note:
+    if row.note.startswith("not built"):
         return "skipped"
+    if row.note:
+        return "other part"
     return "ok" if row.met else "UNMET"
 
 
@@ -253,6 +343,7 @@ def run_all(
     python: str,
     only: tuple[str, ...] = (),
     native: Path | None = None,
+    part: Part | None = None,
 ) -> list[Row]:
     out.mkdir(parents=True, exist_ok=True)
     interrupts.interrupt_leaves(f"the logs and reports of the trees run so far are in {out}")
@@ -265,15 +356,42 @@ def run_all(
             print(f"{tree.name}: not built: {tree.skipped}", flush=True)
             rows.extend(not_built(tree))
             continue
-        report, seconds = run_tree(root, tree, out, python, native)
+        report, seconds, collected = run_tree(root, tree, out, python, native, part)
         timings[tree.name] = round(seconds, 1)
         print(f"{tree.name}: {report.get('vllm', {})} ({seconds:.0f} s)", flush=True)
+        if part:
+            ran = len(part.of(collected, tree.expected_tests()))
+            print(f"{tree.name}: part {part.k} of {part.n}: {ran} of {len(collected)} tests")
         if "why" in report:
             print(f"{tree.name}: {report['why']}", flush=True)
-        rows.extend(check_tree(tree, report))
+        rows.extend(check_tree(tree, report, part, collected))
     summary = {"rows": [r.__dict__ for r in rows], "seconds": timings}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return rows
+
+
+def refusal(args: argparse.Namespace) -> str:
+    """Why the command line cannot run (one line), or ""."""
+    if not (args.root / MANIFEST).is_file():
+        return f"no {MANIFEST} in {args.root}"
+    names = [tree.name for tree in load_manifest(args.root)]
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        return f"no tree {unknown[0]} in {MANIFEST} (its trees: {', '.join(names)})"
+    if args.part is not None and parse_part(args.part) is None:
+        return f"--part takes K/N with 1 <= K <= N, not {args.part!r}"
+    if args.native is not None and not (args.native / "vllm" / "__init__.py").is_file():
+        return f"--native {args.native} holds no vllm/ package"
+    return ""
+
+
+def summary_line(rows: list[Row]) -> str:
+    unmet = sum(1 for r in rows if not r.met)
+    not_built = sum(1 for r in rows if r.note.startswith("not built"))
+    elsewhere = sum(1 for r in rows if r.note) - not_built
+    line = f"{len(rows) - unmet - not_built - elsewhere} expectations met, {unmet} unmet"
+    line += f", {not_built} on trees not built" if not_built else ""
+    return line + (f", {elsewhere} in other parts" if elsewhere else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,22 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter with torch")
     parser.add_argument("--only", action="append", default=[], metavar="TREE")
     parser.add_argument("--native", type=Path, metavar="SITE", help="an assembled kit's site/")
+    parser.add_argument("--part", metavar="K/N", help="run the K-th of N parts of each tree")
     args = parser.parse_args(argv)
-    if not (args.root / MANIFEST).is_file():
-        print(f"gpurun: no {MANIFEST} in {args.root}", file=sys.stderr)
+    why = refusal(args)
+    if why:
+        print(f"gpurun: {why}", file=sys.stderr)
         return 2
-    if args.native is not None and not (args.native / "vllm" / "__init__.py").is_file():
-        print(f"gpurun: --native {args.native} holds no vllm/ package", file=sys.stderr)
-        return 2
+    part = parse_part(args.part) if args.part is not None else None
     native = args.native.resolve() if args.native else None
     out = args.out or args.root / "results"
-    rows = run_all(args.root, out, args.python, tuple(args.only), native)
+    rows = run_all(args.root, out, args.python, tuple(args.only), native, part)
     print(table(rows))
-    unmet = [r for r in rows if not r.met]
-    not_run = sum(1 for r in rows if r.note)
-    summary = f"{len(rows) - len(unmet) - not_run} expectations met, {len(unmet)} unmet"
-    print(summary + (f", {not_run} on trees not built" if not_run else ""))
-    return 1 if unmet else 0
+    print(summary_line(rows))
+    return 1 if any(not r.met for r in rows) else 0
 
 
 if __name__ == "__main__":
