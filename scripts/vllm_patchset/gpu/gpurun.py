@@ -183,6 +183,26 @@ def parse_part(text: str) -> Part | None:
     return Part(int(k), int(n))
 
 
+@dataclass(frozen=True)
+class Split:
+    """A tree's tests as `--part` divided them: all it collected, and the part's own."""
+
+    part: Part
+    collected: list[str]
+    mine: list[str]
+
+    def elsewhere(self) -> set[str]:
+        """The tests (ids without parameters) collected in the other parts only."""
+        mine = set(self.mine)
+        bases = {node.split("[", 1)[0] for node in self.collected if node not in mine}
+        return bases - {node.split("[", 1)[0] for node in mine}
+
+
+def unfinished(why: str) -> dict[str, object]:
+    """The report of a run that wrote none."""
+    return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}
+
+
 def collected_ids(log: Path) -> list[str]:
     """The node ids a `pytest --collect-only -q` run printed (its log)."""
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -213,9 +233,9 @@ def run_tree(
     python: str,
     native: Path | None = None,
     part: Part | None = None,
-) -> tuple[dict[str, object], float, list[str]]:
+) -> tuple[dict[str, object], float, Split | None]:
     """Run pytest on `tree`'s selection (or `part` of it) with that tree first on sys.path;
-    return the report, the seconds and the ids collected (all parts; empty without `part`)."""
+    return the report, the seconds and, with `part`, how the tests were divided."""
     name = tree.name + (part.suffix() if part else "")
     report_path = out / f"{name}.json"
     report_path.unlink(missing_ok=True)
@@ -232,28 +252,27 @@ def run_tree(
     ]
     log_path = out / f"{name}.log"
     started = time.monotonic()
-    select, ids = list(tree.select), []
+    select, split = list(tree.select), None
     if part is not None:
         collect_env = {k: v for k, v in env.items() if k != REPORT_ENV}
         _pytest([python, "-m", "pytest", *select, *options, "--collect-only", "-q"], root,
                 collect_env, log_path)  # fmt: skip
         ids = collected_ids(log_path)
+        split = Split(part, ids, part.of(ids, tree.expected_tests()))
         # Nothing collected (every module skipped itself, as without a GPU, or one did not
         # import): the whole selection runs, and its report says why.
-        select = part.of(ids, tree.expected_tests()) if ids else select
+        select = split.mine if ids else select
         if not select:
             why = f"part {part.k} of {part.n} of {len(ids)} tests is empty (the log: {log_path})"
-            seconds = time.monotonic() - started
-            return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds, ids
+            return unfinished(why), time.monotonic() - started, split
     command = [python, "-m", "pytest", *select, *options]
     # a hung capture prints its stacks instead of hanging silently
     command += ["-o", "faulthandler_timeout=300", "-rA"]
     _pytest(command, root, env, log_path)
     seconds = time.monotonic() - started
     if not report_path.is_file():
-        why = f"{last_line(log_path)} (the log: {log_path})"
-        return {"vllm": {"mode": DID_NOT_FINISH}, "outcomes": {}, "why": why}, seconds, ids
-    return json.loads(report_path.read_text(encoding="utf-8")), seconds, ids
+        return unfinished(f"{last_line(log_path)} (the log: {log_path})"), seconds, split
+    return json.loads(report_path.read_text(encoding="utf-8")), seconds, split
 
 
 def last_line(log: Path) -> str:
@@ -267,21 +286,9 @@ def last_line(log: Path) -> str:
     return "the log is empty"
 
 
-def in_other_parts(tree: TreeSpec, part: Part, collected: list[str]) -> set[str]:
-    """The tests (ids without parameters) of `collected` that `part` does not run."""
-    mine = set(part.of(collected, tree.expected_tests()))
-    bases = {node.split("[", 1)[0] for node in collected if node not in mine}
-    return bases - {node.split("[", 1)[0] for node in mine}
-
-
-def check_tree(
-    tree: TreeSpec,
-    report: dict[str, object],
-    part: Part | None = None,
-    collected: list[str] | None = None,
-) -> list[Row]:
-    """The tree's rows: each expectation, then every other test that ran. With `part`, an
-    expectation whose test is among the `collected` ids of the other parts only is noted so."""
+def check_tree(tree: TreeSpec, report: dict[str, object], split: Split | None = None) -> list[Row]:
+    """The tree's rows: each expectation, then every other test that ran. With `split`, an
+    expectation whose test was collected in the other parts only is noted so."""
     vllm = report.get("vllm", {})
     assert isinstance(vllm, dict)
     outcomes = report.get("outcomes", {})
@@ -289,10 +296,10 @@ def check_tree(
     mode, version = str(vllm.get("mode", "?")), str(vllm.get("version", "?"))
     rows = []
     expected = {e.test: e for e in tree.expectations}
-    elsewhere = in_other_parts(tree, part, collected or []) if part else set()
+    elsewhere = split.elsewhere() if split else set()
     for e in tree.expectations:
-        if part and e.test in elsewhere:
-            note = f"in another part of {part.n}"
+        if split and e.test in elsewhere:
+            note = f"in another part of {split.part.n}"
             rows.append(Row(tree.name, mode, version, e.test, e.expect, "not run", True, note))
             continue
         got = outcome_of(e.test, outcomes)
@@ -356,15 +363,15 @@ def run_all(
             print(f"{tree.name}: not built: {tree.skipped}", flush=True)
             rows.extend(not_built(tree))
             continue
-        report, seconds, collected = run_tree(root, tree, out, python, native, part)
+        report, seconds, split = run_tree(root, tree, out, python, native, part)
         timings[tree.name] = round(seconds, 1)
         print(f"{tree.name}: {report.get('vllm', {})} ({seconds:.0f} s)", flush=True)
-        if part:
-            ran = len(part.of(collected, tree.expected_tests()))
-            print(f"{tree.name}: part {part.k} of {part.n}: {ran} of {len(collected)} tests")
+        if split:
+            counts = f"{len(split.mine)} of {len(split.collected)} tests"
+            print(f"{tree.name}: part {split.part.k} of {split.part.n}: {counts}", flush=True)
         if "why" in report:
             print(f"{tree.name}: {report['why']}", flush=True)
-        rows.extend(check_tree(tree, report, part, collected))
+        rows.extend(check_tree(tree, report, split))
     summary = {"rows": [r.__dict__ for r in rows], "seconds": timings}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return rows
