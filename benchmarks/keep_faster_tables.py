@@ -16,6 +16,14 @@ where one is not, or where no row measured it. A row whose two columns took the 
 count, and its ratio is the run's noise; the line names those counts. Prints a line per
 table; with --out, copies the kept tables there (first: a reader that goes away, `| head`, ends
 the printing, not the copy).
+
+With --shipped DIR (the folder of the tables the ``before`` tree ships), a table dropped whole
+that is faster at some swept counts keeps those buckets alone: a sweep of some token counts
+(``tune_nvfp4_moe.py --tokens``) changes the shipped table at the keys of those counts only, so
+each other count's key gets back the shipped entry, or goes where the shipped table has none.
+The bucket of a count covers the counts from the key below it, and a layer takes one entry per
+count, so each bucket's entry is judged on its own. Where DIR has no table of that name (the
+sweep started from the GPU's or the generic table), the table is kept whole or not at all.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ class Verdict:
     @property
     def kept(self) -> bool:
         return bool(self.speedups) and all(s > 1.0 for _, _, s in self.speedups)
+
+    @property
+    def faster_counts(self) -> list[int]:
+        """The swept token counts at which every judged row is faster."""
+        counts = sorted({t for _, t, _ in self.speedups})
+        return [c for c in counts if all(s > 1.0 for _, t, s in self.speedups if t == c)]
 
     def line(self) -> str:
         same = sorted(set(self.same))
@@ -89,6 +103,29 @@ def speedups(
     return judged, same
 
 
+def restored(
+    table: dict[str, Any], shipped: dict[str, Any], keep: list[int], swept: set[int]
+) -> dict[str, Any]:
+    """``table`` (a sweep of the counts ``swept`` over ``shipped``) with the buckets of the
+    counts in ``keep`` alone: each other swept count's key as ``shipped`` has it (or none), and
+    the note saying so."""
+    out = {k: v for k, v in table.items() if k.startswith("_")}
+    back = sorted(swept - set(keep))
+    note = (
+        f"; benchmarks/keep_faster_tables.py kept the picks of {' '.join(map(str, keep))} tokens"
+        f" (faster in the layer) and gave the shipped entries back at {' '.join(map(str, back))}"
+    )
+    out["_tuned"] = f"{table.get('_tuned', '')}{note}"
+    entries = {k: v for k, v in table.items() if not k.startswith("_")}
+    for count in back:
+        entries.pop(str(count), None)
+        if str(count) in shipped:
+            entries[str(count)] = shipped[str(count)]
+    buckets = sorted((int(k), k) for k in entries if k.isdigit())
+    out |= {k: entries[k] for _, k in buckets}  # by bound, as the tuner writes them
+    return out | {k: v for k, v in entries.items() if not k.isdigit()}  # the predecode entry
+
+
 def verdicts(tables: list[str], runs: list[dict[str, Any]], tokens: set[int]) -> list[Verdict]:
     found = []
     for name in tables:
@@ -109,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, nargs="+", required=True, help="bench JSONs")
     parser.add_argument("--tokens", type=int, nargs="+", required=True, help="token counts swept")
     parser.add_argument("--out", type=Path, help="copy the kept tables here")
+    parser.add_argument(
+        "--shipped",
+        type=Path,
+        help="the shipped tables' folder: a table faster at some swept counts keeps those buckets",
+    )
     args = parser.parse_args(argv)
     try:
         names = sorted(p.name for p in args.tables.glob("*.json"))
@@ -116,7 +158,20 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{args.tables}: no tables (*.json) there")
         runs = [json.loads(p.read_text()) for p in args.results]
         found = verdicts(names, runs, set(args.tokens))
-    except (OSError, ValueError, KeyError) as exc:
+        partial = {
+            v.table: restored(
+                json.loads((args.tables / v.table).read_text()),
+                json.loads((args.shipped / v.table).read_text()),
+                v.faster_counts,
+                set(args.tokens),
+            )
+            for v in found
+            if args.shipped is not None
+            and not v.kept
+            and v.faster_counts
+            and (args.shipped / v.table).is_file()
+        }
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         print(f"keep_faster_tables: {exc}", file=sys.stderr)
         return 2
     if args.out is not None:
@@ -124,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         for verdict in found:
             if verdict.kept:
                 shutil.copy2(args.tables / verdict.table, args.out / verdict.table)
+        for table, text in partial.items():
+            (args.out / table).write_text(json.dumps(text, indent=1) + "\n")
     for verdict in found:  # a closed pipe here: stops.main ends it quietly, the tables copied
-        print(verdict.line())
-    print(f"{sum(v.kept for v in found)} of {len(found)} tables kept")
+        counts = verdict.faster_counts
+        more = f" (kept: the buckets of {' '.join(map(str, counts))} tokens)"
+        print(verdict.line() + (more if verdict.table in partial else ""))
+    kept = sum(v.kept for v in found)
+    some = f", {len(partial)} in part" if partial else ""
+    print(f"{kept} of {len(found)} tables kept{some}")
     return 0
 
 

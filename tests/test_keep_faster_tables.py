@@ -137,3 +137,66 @@ def test_counts_with_the_same_tiles_are_not_judged() -> None:
         f"drop {name(8, 64, 32)}: it changes no tile at the swept token counts"
         " (the same tiles, not judged: s 512)"
     )
+
+
+def test_shipped_folder_keeps_the_faster_buckets_alone(tmp_path: Path, capsys) -> None:
+    """--shipped: a sweep at 1 and 32 tokens whose 32-token pick is faster in both runs and whose
+    1-token pick is slower in one keeps the 32-token bucket alone (the H100's Qwen3.6-35B TP8
+    table, 2026-12-06, 0.985x at 1 token and 1.043x at 32, was dropped whole): the key of 1 gets
+    the shipped entry back, the key of 32 (none shipped) stays, the other keys and the predecode
+    entry are the shipped ones, in the tuner's order; a table faster at no count is dropped."""
+    tables, shipped, out = tmp_path / "tables", tmp_path / "shipped", tmp_path / "out"
+    tables.mkdir(), shipped.mkdir()
+    old = {"_tuned": "t", "1": "one", "4": "four", "64": "wide", "predecode": "p"}
+    new = {"_tuned": "t; then sweep", "1": "ONE", "4": "four", "32": "NEW", "64": "wide", "predecode": "p"}  # fmt: skip
+    for shape in ((8, 64, 32), (4, 64, 32)):
+        (shipped / name(*shape)).write_text(json.dumps(old))
+        (tables / name(*shape)).write_text(json.dumps(new))
+    rows = [
+        {"shape": s, "experts": e, "local_experts": 0, "hidden": 64, "intermediate": 32,
+         "tokens": t, "column": c, "graph_us": us}
+        for s, e in (("s", 8), ("r", 4))
+        for t, c, us in [(1, "overlay", 10.0), (1, "before", 9.5), (32, "overlay", 30.0),
+                         (32, "before", 31.0 if s == "s" else 29.0)]
+    ]  # fmt: skip
+    runs = []
+    for i in range(2):
+        runs.append(tmp_path / f"r{i}.json")
+        runs[-1].write_text(json.dumps({"rows": rows}))
+    argv = ["--tables", str(tables), "--results", *map(str, runs), "--tokens", "1", "32"]
+    assert keep.main([*argv, "--shipped", str(shipped), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"drop {name(4, 64, 32)}: r 1: 0.950x, r 32: 0.967x, r 1: 0.950x, r 32: 0.967x",
+        f"drop {name(8, 64, 32)}: s 1: 0.950x, s 32: 1.033x, s 1: 0.950x, s 32: 1.033x"
+        " (kept: the buckets of 32 tokens)",
+        "0 of 2 tables kept, 1 in part",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == [name(8, 64, 32)]
+    text = (out / name(8, 64, 32)).read_text()
+    assert list(json.loads(text).items()) == [
+        ("_tuned", "t; then sweep; benchmarks/keep_faster_tables.py kept the picks of 32 tokens"
+         " (faster in the layer) and gave the shipped entries back at 1"),
+        ("1", "one"), ("4", "four"), ("32", "NEW"), ("64", "wide"), ("predecode", "p"),
+    ]  # fmt: skip
+    assert text.endswith("}\n")
+    # Without --shipped the rule is the table's whole, as before.
+    assert keep.main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "0 of 2 tables kept"
+    assert not list((tmp_path / "whole").iterdir())
+
+
+def test_a_shipped_table_that_is_not_json_is_one_line(tmp_path: Path, capsys) -> None:
+    tables, shipped = tmp_path / "tables", tmp_path / "shipped"
+    tables.mkdir(), shipped.mkdir()
+    (tables / name(8, 64, 32)).write_text('{"1": "a", "32": "b"}')
+    (shipped / name(8, 64, 32)).write_text("not json")
+    rows = [{"shape": "s", "experts": 8, "hidden": 64, "intermediate": 32, "tokens": t,
+             "column": c, "graph_us": us}
+            for t, c, us in [(1, "overlay", 10.0), (1, "before", 9.0), (32, "overlay", 1.0), (32, "before", 2.0)]]  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"rows": rows}))
+    argv = ["--tables", str(tables), "--results", str(tmp_path / "r.json"), "--tokens", "1", "32"]
+    assert keep.main([*argv, "--shipped", str(shipped), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("keep_faster_tables: ")
+    assert not (tmp_path / "out").exists()
