@@ -2,7 +2,7 @@
 
     python benchmarks/tune_nvfp4_moe.py --tree DIR [--shapes NAME,...] [--tokens N ...]
                                         [--write-table [DIR]] [--out DIR] [--wide]
-                                        [--split-gate-up] [--predecode]
+                                        [--split-gate-up] [--three-stages] [--predecode]
 
 DIR holds a vLLM tree with patch 0002 applied (the kernels live in
 vllm/model_executor/layers/fused_moe/experts/nvfp4_emulation_kernels.py, imported by
@@ -265,6 +265,18 @@ def widen() -> None:
     for tiles, extra in ((W13, WIDE_W13), (W2, WIDE_W2)):
         for bm, more in extra.items():
             tiles[bm] = list(dict.fromkeys(tiles[bm] + more))
+
+
+def three_stages() -> None:
+    """--three-stages: beside each tile of blocks of 8 tokens with four stages, its twin with
+    three. Where K is one or two steps (a shallow w2), the stages have little to overlap and
+    their shared memory limits the programs an SM holds: w2's 64-row tile on one warp at four
+    stages holds 19,968 bytes on sm_90 (11 programs an SM), at three 13,312 (14, then bound by
+    its registers); on an H100 (2026-12-07) a twin was w2's 32-token pick in five released
+    shards. Blocks of 8 only: ROCm runs none (platform_min_block_m)."""
+    for tiles in (W13, W2):
+        twins = [(n, k, w, 3, *more) for n, k, w, s, *more in tiles[8] if s == 4]
+        tiles[8] = list(dict.fromkeys(tiles[8] + twins))
 
 
 def split_gate_up() -> None:
@@ -1194,6 +1206,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep the w13 tiles with split_gate_up too (a warp for each 16 rows of gate or up)",
     )
     parser.add_argument(
+        "--three-stages",
+        action="store_true",
+        help="sweep each four-stage tile of blocks of 8 tokens with three stages too",
+    )
+    parser.add_argument(
         "--predecode",
         action="store_true",
         help="sweep the predecoded GEMMs' tiles and threshold instead (each shape's table keeps"
@@ -1232,6 +1249,8 @@ def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
     global K
     if args.wide:
         widen()
+    if args.three_stages:
+        three_stages()
     if args.split_gate_up:
         split_gate_up()
     tree = args.tree.resolve()
@@ -1336,7 +1355,11 @@ def sweep(args: argparse.Namespace, rows: list[dict]) -> int:
     )
     refuse_wrong_picks(picks)
     if args.write_table is not None:
-        options = (("wide", args.wide), ("split-gate-up", args.split_gate_up))
+        options = (
+            ("wide", args.wide),
+            ("split-gate-up", args.split_gate_up),
+            ("three-stages", args.three_stages),
+        )
         flags = "".join(f" --{flag}" for flag, on in options if on)
         counts = "" if every_bucket else f" --tokens {' '.join(map(str, tokens))}"
         sweep = (

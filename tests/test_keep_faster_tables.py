@@ -146,7 +146,8 @@ def test_shipped_folder_keeps_the_faster_buckets_alone(tmp_path: Path, capsys) -
     the shipped entry back, the key of 32 (none shipped) stays, the other keys and the predecode
     entry are the shipped ones, in the tuner's order; a table faster at no count is dropped."""
     tables, shipped, out = tmp_path / "tables", tmp_path / "shipped", tmp_path / "out"
-    tables.mkdir(), shipped.mkdir()
+    tables.mkdir()
+    shipped.mkdir()
     old = {"_tuned": "t", "1": "one", "4": "four", "64": "wide", "predecode": "p"}
     new = {"_tuned": "t; then sweep", "1": "ONE", "4": "four", "32": "NEW", "64": "wide", "predecode": "p"}  # fmt: skip
     for shape in ((8, 64, 32), (4, 64, 32)):
@@ -188,7 +189,8 @@ def test_shipped_folder_keeps_the_faster_buckets_alone(tmp_path: Path, capsys) -
 
 def test_a_shipped_table_that_is_not_json_is_one_line(tmp_path: Path, capsys) -> None:
     tables, shipped = tmp_path / "tables", tmp_path / "shipped"
-    tables.mkdir(), shipped.mkdir()
+    tables.mkdir()
+    shipped.mkdir()
     (tables / name(8, 64, 32)).write_text('{"1": "a", "32": "b"}')
     (shipped / name(8, 64, 32)).write_text("not json")
     rows = [{"shape": "s", "experts": 8, "hidden": 64, "intermediate": 32, "tokens": t,

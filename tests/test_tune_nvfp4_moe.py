@@ -247,3 +247,33 @@ def test_compile_processes_fit_the_gpu(
         "compile processes: 4 of 14, each holding up to 17.8 GiB of weights and buffers"
         " (79.0 GiB of the GPU free)\n"
     )
+
+
+def test_three_stages_adds_a_twin_to_each_four_stage_tile_of_blocks_of_8(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--three-stages: each four-stage tile of blocks of 8 tokens (the --wide ones too, after
+    widen) gets its three-stage twin, once; other blocks and tiles stay as they were."""
+    for name in ("W13", "W2"):
+        monkeypatch.setattr(tune, name, {bm: list(t) for bm, t in getattr(tune, name).items()})
+    before = {
+        name: {bm: list(t) for bm, t in getattr(tune, name).items()} for name in ("W13", "W2")
+    }
+    tune.widen()
+    widened = {
+        name: {bm: list(t) for bm, t in getattr(tune, name).items()} for name in ("W13", "W2")
+    }
+    tune.three_stages()
+    for name in ("W13", "W2"):
+        tiles = getattr(tune, name)
+        assert {bm: t for bm, t in tiles.items() if bm != 8} == {
+            bm: t for bm, t in widened[name].items() if bm != 8
+        }
+        four = [t for t in widened[name][8] if t[3] == 4]
+        twins = [(n, k, w, 3) for n, k, w, _ in four]
+        assert tiles[8] == list(dict.fromkeys(widened[name][8] + twins))
+        assert len(tiles[8]) > len(before[name][8])
+    assert (64, 128, 1, 3) in tune.W2[8] and (32, 128, 1, 3) in tune.W13[8]
+    once = list(tune.W2[8])
+    tune.three_stages()  # twice: nothing more
+    assert tune.W2[8] == once
