@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted(p.name for p in args.tables.glob("*.json"))
         if not names:
             raise ValueError(f"{args.tables}: no tables (*.json) there")
+        if args.shipped is not None and not args.shipped.is_dir():
+            raise ValueError(f"{args.shipped}: no such folder (--shipped: the shipped tables')")
         runs = [json.loads(p.read_text()) for p in args.results]
         found = verdicts(names, runs, set(args.tokens))
         partial = {

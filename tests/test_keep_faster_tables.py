@@ -202,3 +202,18 @@ def test_a_shipped_table_that_is_not_json_is_one_line(tmp_path: Path, capsys) ->
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("keep_faster_tables: ")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shipped_folder_that_is_not_there_is_one_line(tmp_path: Path, capsys) -> None:
+    """A wrong --shipped is an error, not a silent judgement of every table whole."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / name(8, 64, 32)).write_text("{}")
+    (tmp_path / "r.json").write_text('{"rows": []}')
+    argv = ["--tables", str(tables), "--results", str(tmp_path / "r.json"), "--tokens", "1"]
+    missing = tmp_path / "missing"
+    assert keep.main([*argv, "--shipped", str(missing), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"keep_faster_tables: {missing}: no such folder (--shipped: the shipped tables')\n"
+    )
+    assert not (tmp_path / "out").exists()
