@@ -272,8 +272,8 @@ def three_stages() -> None:
     three. Where K is one or two steps (a shallow w2), the stages have little to overlap and
     their shared memory limits the programs an SM holds: w2's 64-row tile on one warp at four
     stages holds 19,968 bytes on sm_90 (11 programs an SM), at three 13,312 (14, then bound by
-    its registers); on an H100 (2026-12-07) a twin was w2's 32-token pick in five released
-    shards. Blocks of 8 only: ROCm runs none (platform_min_block_m)."""
+    its registers); on an H100 (2026-12-07) a twin was w2's 32-token pick in six of the 12
+    released layers swept. Blocks of 8 only: ROCm runs none (platform_min_block_m)."""
     for tiles in (W13, W2):
         twins = [(n, k, w, 3, *more) for n, k, w, s, *more in tiles[8] if s == 4]
         tiles[8] = list(dict.fromkeys(tiles[8] + twins))
