@@ -104,11 +104,13 @@ def speedups(
 
 
 def restored(
-    table: dict[str, Any], shipped: dict[str, Any], keep: list[int], swept: set[int]
+    name: str, table: dict[str, Any], shipped: dict[str, Any], keep: list[int], swept: set[int]
 ) -> dict[str, Any]:
     """``table`` (a sweep of the counts ``swept`` over ``shipped``) with the buckets of the
     counts in ``keep`` alone: each other swept count's key as ``shipped`` has it (or none), and
     the note saying so."""
+    if not (isinstance(table, dict) and isinstance(shipped, dict)):
+        raise ValueError(f"{name}: the sweep's or the shipped table is not a JSON object")
     out = {k: v for k, v in table.items() if k.startswith("_")}
     back = sorted(swept - set(keep))
     note = (
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         found = verdicts(names, runs, set(args.tokens))
         partial = {
             v.table: restored(
+                v.table,
                 json.loads((args.tables / v.table).read_text()),
                 json.loads((args.shipped / v.table).read_text()),
                 v.faster_counts,
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             and v.faster_counts
             and (args.shipped / v.table).is_file()
         }
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         print(f"keep_faster_tables: {exc}", file=sys.stderr)
         return 2
     if args.out is not None:

@@ -187,12 +187,23 @@ def test_shipped_folder_keeps_the_faster_buckets_alone(tmp_path: Path, capsys) -
     assert not list((tmp_path / "whole").iterdir())
 
 
-def test_a_shipped_table_that_is_not_json_is_one_line(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "Expecting value"),
+        ("[1, 2]", f"{name(8, 64, 32)}: the sweep's or the shipped table is not a JSON object"),
+    ],
+)
+def test_a_shipped_table_that_is_not_a_json_object_is_one_line(
+    tmp_path: Path, capsys, text: str, message: str
+) -> None:
+    """Not JSON, or JSON that is not a table (a list: no key to give back), is an error, not a
+    table written without the shipped entries."""
     tables, shipped = tmp_path / "tables", tmp_path / "shipped"
     tables.mkdir()
     shipped.mkdir()
     (tables / name(8, 64, 32)).write_text('{"1": "a", "32": "b"}')
-    (shipped / name(8, 64, 32)).write_text("not json")
+    (shipped / name(8, 64, 32)).write_text(text)
     rows = [{"shape": "s", "experts": 8, "hidden": 64, "intermediate": 32, "tokens": t,
              "column": c, "graph_us": us}
             for t, c, us in [(1, "overlay", 10.0), (1, "before", 9.0), (32, "overlay", 1.0), (32, "before", 2.0)]]  # fmt: skip
@@ -200,7 +211,7 @@ def test_a_shipped_table_that_is_not_json_is_one_line(tmp_path: Path, capsys) ->
     argv = ["--tables", str(tables), "--results", str(tmp_path / "r.json"), "--tokens", "1", "32"]
     assert keep.main([*argv, "--shipped", str(shipped), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("keep_faster_tables: ")
+    assert err.count("\n") == 1 and err.startswith(f"keep_faster_tables: {message}")
     assert not (tmp_path / "out").exists()
 
 
