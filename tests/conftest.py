@@ -33,9 +33,10 @@ from vllm_patchset.overlay.upstream import Mirror
 # The real vLLM wheel's fixtures and the small kit's, for every test module.
 __all__ = ["full_pristine", "kit", "overlay", "pristine", "target", "wheel"]
 
-# Test directories in memory where the machine has a tmpfs with room (about 0.5 GB a session;
-# pytest keeps the last three): a session writes and removes some 70,000 files, which costs
-# a disk (ext4 mounted with `discard` here) about 30 s. PYTEST_DEBUG_TEMPROOT, when set, wins.
+# Test directories in memory where the machine has a tmpfs with room (pyproject.toml has pytest
+# remove a passing test's folder when it ends, and keep only the last failing session's): a
+# session writes and removes some 70,000 files, which costs a disk (ext4 mounted with `discard`
+# here) about 30 s. PYTEST_DEBUG_TEMPROOT, when set, wins.
 TMPFS = Path("/dev/shm")
 TMPFS_ROOM = 4 << 30
 

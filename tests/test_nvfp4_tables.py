@@ -154,6 +154,49 @@ def test_every_shipped_table_is_read(load: Any) -> None:
     assert h100 == sorted(shapes)
 
 
+def test_a_partial_keep_of_every_shipped_table_is_the_sweep_of_its_counts(load: Any) -> None:
+    """benchmarks/keep_faster_tables.py's partial keep, over every tile table patch 0002 ships
+    (their real bucket layouts: keys the sweep adds, keys it replaces, predecode entries): a
+    sweep of 1, 32 and 512 tokens over the shipped table (written as the tuner writes it, each
+    swept count's key its pick), kept at some of those counts, is the table a sweep of those
+    counts alone writes, key for key and in the same order; only its note says more."""
+    import keep_faster_tables as keep
+
+    module = load()[0].module
+    files = sorted(Path(module.TABLES_DIR).glob(f"{module.TABLE_PREFIX}*.json"))
+    generic = list(module.GENERIC_CONFIGS["cuda"].values())
+    swept = (1, 32, 512)
+    kept_sets = [(1,), (32,), (512,), (1, 32), (1, 512), (32, 512)]
+
+    def sweep(shipped: dict, counts: tuple[int, ...], text: str, origin: str) -> dict:
+        table = module.parse_table(text, origin)
+        for count in counts:  # a pick unlike the shipped entry at its key
+            table[count] = next(c for c in generic if c != table.get(count))
+        notes = {"tuned": "a sweep", "torch": "t", "shapes": shipped.get("_shapes", "")}
+        return json.loads(module.table_json(table, notes, module.parse_predecode(text, origin)))
+
+    checked = 0
+    for path in files:
+        text = path.read_text()
+        shipped = json.loads(text)
+        swept_table = sweep(shipped, swept, text, str(path))
+        for counts in kept_sets:
+            got = keep.restored(path.name, swept_table, shipped, list(counts), set(swept))
+            want = sweep(shipped, counts, text, str(path))
+            assert list(got) == list(want), path.name
+            assert {k: v for k, v in got.items() if k != "_tuned"} == {
+                k: v for k, v in want.items() if k != "_tuned"
+            }, (path.name, counts)
+            back = " ".join(str(c) for c in swept if c not in counts)
+            assert got["_tuned"] == (
+                f"a sweep; benchmarks/keep_faster_tables.py kept the picks of"
+                f" {' '.join(map(str, counts))} tokens (faster in the layer) and gave the"
+                f" shipped entries back at {back}"
+            )
+            checked += 1
+    assert checked == 6 * 95
+
+
 def test_table_file_taken(load: Any, tmp_path: Path) -> None:
     fused, log = load()
     module = fused.module
