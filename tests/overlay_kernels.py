@@ -646,12 +646,15 @@ def fused_apply(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None = None,
     global_num_experts: int = -1,
+    nan_filled: bool = True,
 ) -> torch.Tensor:
     """``experts.apply`` then the finalize's weight-and-reduce step, as FusedMoEKernel calls
     them: on NaN-filled workspaces of the experts' ``workspace_shapes``, the experts' output
     laid over workspace13's start as FusedMoEKernel lays it (it reuses workspace13 for it),
     and the layer's output (NaN first, as all of them: every element must be written; a read
-    of an unwritten one shows)."""
+    of an unwritten one shows). Not ``nan_filled``: left as torch.empty makes them, for
+    launches recorded and never run (recording_launches keeps every launch's tensors, and
+    filled ones held 4 GB of memory over fused_launches' walk)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
     shapes = experts.workspace_shapes(
@@ -659,7 +662,13 @@ def fused_apply(
         fused.silu,
     )  # fmt: skip
     ws13, ws2, out = (max(math.prod(s), 1) for s in shapes)
-    common = torch.full((max(ws13, out),), float("nan"), dtype=hidden.dtype)
+
+    def buffer(*size: int) -> torch.Tensor:
+        if not nan_filled:
+            return torch.empty(size, dtype=hidden.dtype)
+        return torch.full(size, float("nan"), dtype=hidden.dtype)
+
+    common = buffer(max(ws13, out))
     fused_out = common[:out].view(shapes[2])
     experts.apply(
         output=fused_out,
@@ -674,11 +683,11 @@ def fused_apply(
         a1q_scale=None,
         a2_scale=None,
         workspace13=common[:ws13],
-        workspace2=torch.full((ws2,), float("nan"), dtype=hidden.dtype),
+        workspace2=buffer(ws2),
         expert_tokens_meta=None,
         apply_router_weight_on_input=False,
     )
-    output = torch.full((tokens, hidden_size), float("nan"), dtype=hidden.dtype)
+    output = buffer(tokens, hidden_size)
     reduce = experts.finalize_weight_and_reduce_impl()
     return reduce.apply(output, fused_out, topk_weights, topk_ids, False)
 
@@ -824,7 +833,10 @@ def _drive(fused: FusedModule, tokens: list[int], fp16_rows: bool = True) -> Non
                     # one-operation conversion, and (with the expert map) not, so that
                     # both conversions compile.
                     experts.fast_scales = expert_map is None
-                    fused_apply(fused, experts, hidden, w13, w2, weights, ids, expert_map, e)
+                    fused_apply(
+                        fused, experts, hidden, w13, w2, weights, ids, expert_map, e,
+                        nan_filled=False,
+                    )  # fmt: skip
 
 
 # The kernels module's name of its generic predecode per platform (threshold and tiles).

@@ -75,8 +75,9 @@ def run(overlay: Overlay, pristine: Pristine, platform: Any) -> dict[str, Any]:
                         ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)]).int()
                         hidden = torch.zeros(m, h, dtype=dtype)
                         kernels.fused_apply(
-                            fused, experts, hidden, w1_laid, w2_laid, torch.rand(m, top_k), ids
-                        )
+                            fused, experts, hidden, w1_laid, w2_laid, torch.rand(m, top_k), ids,
+                            nan_filled=False,
+                        )  # fmt: skip
     return {"launches": launches, "unfused": len(unfused), "log": log.lines, "tiled": tiled}
 
 
