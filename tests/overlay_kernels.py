@@ -654,7 +654,7 @@ def fused_apply(
     and the layer's output (NaN first, as all of them: every element must be written; a read
     of an unwritten one shows). Not ``nan_filled``: left as torch.empty makes them, for
     launches recorded and never run (recording_launches keeps every launch's tensors, and
-    filled ones held 6 GB of memory over fused_launches. walks)."""
+    filled ones held 6 GB of memory over fused_launches' two walks)."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.size(1)
     shapes = experts.workspace_shapes(
